@@ -1,0 +1,1 @@
+"""The Kopf operator that turns a GRPOJob into a KubeRay RayCluster, environment pods and a trainer."""

@@ -1,0 +1,436 @@
+"""A real Kubernetes control plane on loopback, with the KubeRay operator and kwok's fake GPU nodes.
+
+    python -m grpojob_testing.cluster up            # build if needed, start, print the kubeconfig path
+    python -m grpojob_testing.cluster kubeconfig    # print the kubeconfig path of a running cluster
+    python -m grpojob_testing.cluster status        # which processes run, on which ports
+    python -m grpojob_testing.cluster down          # stop every process and delete the state
+
+Processes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the KubeRay operator and
+kwok, each started from the programs `grpojob_testing.build` made from pinned sources, with flags
+close to those of controller-runtime's envtest and kwokctl's binary runtime. A cluster lives in a
+state directory (``--name`` picks one under ~/.cache/grpojob/clusters/) holding its certificates,
+kubeconfig, etcd data, logs and ``cluster.json`` (ports and process ids), so `down` from another
+shell finds and stops everything `up` started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from grpojob_testing import build, nodes, pki
+
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+POD_CIDR = "10.244.0.1/16"
+CLUSTER_DOMAIN = "cluster.local"
+PROCESS_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kuberay-operator")
+# kwok's own stage definitions, shipped in its module: nodes become Ready at once and renew their
+# lease; pods start, become Ready and (for Job pods) complete, as kwokctl configures by default.
+KWOK_STAGES = ("kustomize/stage/node/fast", "kustomize/stage/node/heartbeat-with-lease", "kustomize/stage/pod/fast")
+
+
+def clusters_root() -> Path:
+    return build.cache_root() / "clusters"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float, interval: float = 0.25) -> None:
+    """Poll ``check`` until it is true; raise TimeoutError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclass
+class Cluster:
+    """One control plane and its state directory. `up` starts it; `down` stops it and cleans up."""
+
+    state_dir: Path
+    ports: dict[str, int] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+    _children: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def named(cls, name: str = "default") -> Cluster:
+        cluster = cls(clusters_root() / name)
+        cluster.load()
+        return cluster
+
+    # -- paths --------------------------------------------------------------------------------
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "cluster.json"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def pki(self) -> pki.Pki:
+        return pki.Pki(self.state_dir / "pki")
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+
+    # -- state --------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        if self.state_file.exists():
+            state = json.loads(self.state_file.read_text())
+            self.ports, self.pids = state["ports"], state["pids"]
+
+    def save(self) -> None:
+        self.state_file.write_text(json.dumps({"ports": self.ports, "pids": self.pids}, indent=2))
+
+    def running(self) -> dict[str, bool]:
+        return {name: process_alive(pid) for name, pid in self.pids.items()}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def up(self, *, cpu_nodes: int = 2, gpu_nodes: int = 4, log=sys.stderr) -> Path:
+        """Build what is missing, start every process, install the KubeRay CRDs and the fake nodes.
+
+        Returns the admin kubeconfig. On any failure the processes already started are stopped.
+        """
+        self.load()
+        if self.pids and any(self.running().values()):
+            raise RuntimeError(f"a cluster already runs from {self.state_dir}; run `down` first")
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        self.log_dir.mkdir(parents=True)
+        self.pids, self.ports = {}, {}
+        components = build.load_components()
+        bins = {name: build.build(component, log) for name, component in components.items()}
+        started = time.monotonic()
+        try:
+            self._start_control_plane(bins)
+            self._install_kuberay(bins["kuberay"], components["kuberay"])
+            self._start_kwok(bins["kwok"], components["kwok"])
+            self.apply_objects(nodes.fake_nodes(cpu_nodes, gpu_nodes))
+            self._wait_nodes_ready(cpu_nodes + gpu_nodes)
+            self._wait_default_service_account()
+        except BaseException:
+            self.down(keep_logs=True)
+            raise
+        print(f"cluster up in {time.monotonic() - started:.1f}s; kubeconfig: {self.kubeconfig}", file=log)
+        return self.kubeconfig
+
+    def down(self, *, keep_logs: bool = False) -> None:
+        """Stop every process `up` started (SIGTERM, then SIGKILL) and remove the state directory."""
+        self.load()
+        for name in reversed([n for n in PROCESS_ORDER if n in self.pids]):
+            self._stop(name, self.pids[name])
+        self.pids = {}
+        if keep_logs:
+            for path in self.state_dir.iterdir() if self.state_dir.exists() else []:
+                if path != self.log_dir:
+                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+        else:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def _stop(self, name: str, pid: int) -> None:
+        child = self._children.pop(name, None)
+        for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            if child is not None:
+                try:
+                    child.wait(grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            try:
+                wait_until(lambda: not process_alive(pid), f"{name} (pid {pid}) to exit", grace, 0.1)
+                break
+            except TimeoutError:
+                continue
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        log_file = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it open
+        child = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        log_file.close()
+        self._children[name] = child
+        self.pids[name] = child.pid
+        self.save()
+
+    def _wait_healthy(self, name: str, url: str, timeout: float = 120.0, client_cert: bool = False) -> None:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        if client_cert:
+            context.load_cert_chain(self.pki.admin_cert, self.pki.admin_key)
+
+        def healthy() -> bool:
+            if not process_alive(self.pids[name]):
+                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited during start-up; end of its log:\n{tail}")
+            try:
+                with urllib.request.urlopen(url, timeout=2, context=context) as response:
+                    return response.status == 200
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                return False
+
+        wait_until(healthy, f"{name} at {url}", timeout)
+
+    def _start_control_plane(self, bins: dict[str, Path]) -> None:
+        k8s = bins["kubernetes"]
+        for name in ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            self.ports[name] = free_port()
+        p = pki.generate(
+            self.state_dir / "pki",
+            KUBERNETES_SERVICE_IP,
+            ["kubernetes", "kubernetes.default", "kubernetes.default.svc", f"kubernetes.default.svc.{CLUSTER_DOMAIN}"],
+        )
+        self._write_kubeconfig()
+
+        etcd_url = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer_url = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        self._spawn(
+            "etcd",
+            [
+                str(bins["etcd"] / "etcd"),
+                "--name=default",
+                f"--data-dir={self.state_dir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=8589934592",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_healthy("etcd", f"{etcd_url}/health")
+
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(k8s / "kube-apiserver"),
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.ports['kube-apiserver']}",
+                f"--etcd-servers={etcd_url}",
+                f"--cert-dir={self.state_dir / 'apiserver'}",
+                f"--tls-cert-file={p.serving_cert}",
+                f"--tls-private-key-file={p.serving_key}",
+                f"--client-ca-file={p.ca_cert}",
+                f"--service-account-issuer=https://kubernetes.default.svc.{CLUSTER_DOMAIN}",
+                f"--service-account-key-file={p.service_account_pub}",
+                f"--service-account-signing-key-file={p.service_account_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--enable-admission-plugins=ExtendedResourceToleration",
+                "--allow-privileged=true",
+                "--v=1",
+            ],
+        )
+        self._wait_healthy("kube-apiserver", f"{self.server}/readyz", client_cert=True)
+
+        common = [
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            "--v=1",
+        ]
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(k8s / "kube-controller-manager"),
+                *common,
+                f"--secure-port={self.ports['kube-controller-manager']}",
+                f"--service-account-private-key-file={p.service_account_key}",
+                f"--root-ca-file={p.ca_cert}",
+                f"--cluster-signing-cert-file={p.ca_cert}",
+                f"--cluster-signing-key-file={p.ca_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [str(k8s / "kube-scheduler"), *common, f"--secure-port={self.ports['kube-scheduler']}"],
+        )
+        for name in ("kube-controller-manager", "kube-scheduler"):
+            self._wait_healthy(name, f"https://127.0.0.1:{self.ports[name]}/healthz")
+
+    def _install_kuberay(self, kuberay_bin: Path, component: build.Component) -> None:
+        crds = kuberay_bin / "crds"
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+        self.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s", "crd/rayclusters.ray.io", "crd/rayjobs.ray.io"
+        )
+        self.ports["kuberay-operator"] = free_port()
+        self.ports["kuberay-metrics"] = free_port()
+        self._spawn(
+            "kuberay-operator",
+            [
+                str(kuberay_bin / "ray-operator"),
+                f"--health-probe-bind-address=127.0.0.1:{self.ports['kuberay-operator']}",
+                f"--metrics-addr=127.0.0.1:{self.ports['kuberay-metrics']}",
+                "--enable-leader-election=false",
+                "--log-stdout-encoder=console",
+            ],
+            env={"KUBECONFIG": str(self.kubeconfig)},
+        )
+        self._wait_healthy("kuberay-operator", f"http://127.0.0.1:{self.ports['kuberay-operator']}/readyz")
+
+    def _start_kwok(self, kwok_bin: Path, component: build.Component) -> None:
+        source = build.module_dir(component)
+        documents = []
+        for stage_dir in KWOK_STAGES:
+            for path in sorted((source / stage_dir).glob("*.yaml")):
+                if path.name != "kustomization.yaml":
+                    documents.append(path.read_text())
+        config = self.state_dir / "kwok-stages.yaml"
+        config.write_text("\n---\n".join(documents))
+        self.ports["kwok"] = free_port()
+        self._spawn(
+            "kwok",
+            [
+                str(kwok_bin / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={config}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={nodes.KWOK_ANNOTATION}={nodes.KWOK_ANNOTATION_VALUE}",
+                f"--cidr={POD_CIDR}",
+                "--node-ip=10.0.0.1",
+                f"--server-address=127.0.0.1:{self.ports['kwok']}",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
+        self._wait_healthy("kwok", f"http://127.0.0.1:{self.ports['kwok']}/healthz")
+
+    def _wait_nodes_ready(self, count: int) -> None:
+        def all_ready() -> bool:
+            out = self.kubectl(
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+            )
+            return out.split().count("True") >= count
+
+        wait_until(all_ready, f"{count} fake nodes to be Ready", 60)
+
+    def _wait_default_service_account(self) -> None:
+        wait_until(
+            lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False) != "",
+            "the default ServiceAccount",
+            60,
+        )
+
+    # -- client helpers -----------------------------------------------------------------------
+
+    def _write_kubeconfig(self) -> None:
+        p = self.pki
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "grpojob-test", "cluster": {"server": self.server, "certificate-authority": str(p.ca_cert)}}
+            ],
+            "users": [
+                {
+                    "name": "grpojob-admin",
+                    "user": {"client-certificate": str(p.admin_cert), "client-key": str(p.admin_key)},
+                }
+            ],
+            "contexts": [{"name": "grpojob-test", "context": {"cluster": "grpojob-test", "user": "grpojob-admin"}}],
+            "current-context": "grpojob-test",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
+        """Run the pinned kubectl against this cluster; return its stdout."""
+        kubectl = build.load_components()["kubernetes"].bin_dir / "kubectl"
+        result = subprocess.run(
+            [str(kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout if result.returncode == 0 else ""
+
+    def apply_objects(self, objects: list[dict]) -> None:
+        """Server-side apply a list of objects."""
+        self.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(objects))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpojob_testing.cluster", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["up", "down", "kubeconfig", "status"])
+    parser.add_argument("--name", default="default", help="which cluster (a state directory under the cache)")
+    parser.add_argument("--cpu-nodes", type=int, default=2)
+    parser.add_argument("--gpu-nodes", type=int, default=4)
+    args = parser.parse_args(argv)
+    cluster = Cluster.named(args.name)
+    if args.command == "up":
+        print(cluster.up(cpu_nodes=args.cpu_nodes, gpu_nodes=args.gpu_nodes))
+    elif args.command == "down":
+        cluster.down()
+    elif args.command == "kubeconfig":
+        if not cluster.pids or not all(cluster.running().values()):
+            print(f"no running cluster in {cluster.state_dir}", file=sys.stderr)
+            return 1
+        print(cluster.kubeconfig)
+    else:
+        for name, alive in cluster.running().items():
+            print(f"{name:26} pid {cluster.pids[name]:>7}  {'running' if alive else 'gone'}")
+        for name, port in cluster.ports.items():
+            print(f"{name:26} port {port}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

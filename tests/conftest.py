@@ -1,0 +1,65 @@
+"""Fixtures shared by every test level.
+
+Integration tests run against a real control plane: by default the session starts one on loopback
+(`grpojob_testing.cluster`) and stops it at the end; with ``GRPOJOB_TEST_KUBECONFIG`` set they use
+that cluster instead (kind, for example). Each test gets a namespace of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+EXISTING_CLUSTER_ENV = "GRPOJOB_TEST_KUBECONFIG"
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Iterator[Path]:
+    """Admin kubeconfig of the cluster the integration tests run against."""
+    existing = os.environ.get(EXISTING_CLUSTER_ENV)
+    if existing:
+        yield Path(existing)
+        return
+    from grpojob_testing.cluster import Cluster, clusters_root
+
+    cluster = Cluster(clusters_root() / f"pytest-{os.getpid()}")
+    cluster.up()
+    try:
+        yield cluster.kubeconfig
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="session")
+def api_client(kubeconfig: Path):
+    """A Kubernetes API client for the test cluster."""
+    from kubernetes import config
+
+    client = config.new_client_from_config(str(kubeconfig))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def namespace(api_client, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test (with its default ServiceAccount), deleted afterwards."""
+    from kubernetes import client
+
+    from grpojob_testing.cluster import wait_until
+
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{slug}-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(api_client)
+    core.create_namespace({"metadata": {"name": name, "labels": {"grpojob.dev/test": "true"}}})
+
+    def has_default_service_account() -> bool:
+        return any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items)
+
+    wait_until(has_default_service_account, f"the default ServiceAccount in {name}", 60)
+    yield name
+    core.delete_namespace(name)

@@ -1,0 +1,108 @@
+"""The test control plane is real: the KubeRay operator, kube-scheduler, kwok and the garbage
+collector of kube-controller-manager all do their part for a RayCluster with a GPU worker group."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from grpojob_testing.cluster import wait_until
+from grpojob_testing.nodes import GPU_RESOURCE, NODE_ROLE_LABEL
+
+pytestmark = pytest.mark.integration
+
+RAY_IMAGE = "rayproject/ray:2.60.0"
+
+
+def raycluster(name: str, gpu_workers: int) -> dict:
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": name},
+        "spec": {
+            "headGroupSpec": {
+                "rayStartParams": {},
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "ray-head",
+                                "image": RAY_IMAGE,
+                                "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
+                            }
+                        ]
+                    }
+                },
+            },
+            "workerGroupSpecs": [
+                {
+                    "groupName": "gpu",
+                    "replicas": gpu_workers,
+                    "minReplicas": gpu_workers,
+                    "maxReplicas": gpu_workers,
+                    "rayStartParams": {},
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "ray-worker",
+                                    "image": RAY_IMAGE,
+                                    "resources": {
+                                        "requests": {"cpu": "8", "memory": "64Gi", GPU_RESOURCE: "8"},
+                                        "limits": {GPU_RESOURCE: "8"},
+                                    },
+                                }
+                            ]
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def test_raycluster_runs_on_fake_gpu_nodes_and_is_garbage_collected(api_client, namespace):
+    core = client.CoreV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    name = "smoke"
+    selector = f"ray.io/cluster={name}"
+    custom.create_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", raycluster(name, gpu_workers=3))
+
+    def pods() -> list:
+        return core.list_namespaced_pod(namespace, label_selector=selector).items
+
+    def all_pods_running_and_ready() -> bool:
+        current = pods()
+        return len(current) == 4 and all(
+            p.status.phase == "Running"
+            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+            for p in current
+        )
+
+    wait_until(all_pods_running_and_ready, "the head and 3 GPU workers to be Running and Ready", 120)
+
+    service = core.read_namespaced_service(f"{name}-head-svc", namespace)
+    assert service.spec.selector["ray.io/cluster"] == name
+
+    roles = {n.metadata.name: n.metadata.labels[NODE_ROLE_LABEL] for n in core.list_node().items}
+    by_type: dict[str, list[str]] = {"head": [], "worker": []}
+    for pod in pods():
+        by_type[pod.metadata.labels["ray.io/node-type"]].append(roles[pod.spec.node_name])
+    assert by_type["head"] == ["cpu"], "the CPU-only head must stay off the tainted GPU nodes"
+    assert by_type["worker"] == ["gpu"] * 3, "GPU workers must be bound to GPU nodes"
+    # 3 workers x 8 GPUs cannot share a node: the scheduler honoured the GPU capacity.
+    assert len({p.spec.node_name for p in pods() if p.metadata.labels["ray.io/node-type"] == "worker"}) == 3
+
+    def head_pod_ready() -> bool:
+        status = custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", name).get("status", {})
+        return any(c["type"] == "HeadPodReady" and c["status"] == "True" for c in status.get("conditions", []))
+
+    wait_until(head_pod_ready, "the RayCluster's HeadPodReady condition", 60)
+
+    custom.delete_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", name)
+    wait_until(lambda: not pods(), "the garbage collector to delete the RayCluster's pods", 60)
+
+    def head_service_gone() -> bool:
+        return not core.list_namespaced_service(namespace, field_selector=f"metadata.name={name}-head-svc").items
+
+    wait_until(head_service_gone, "the garbage collector to delete the head Service", 60)
