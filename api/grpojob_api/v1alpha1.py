@@ -1,0 +1,428 @@
+"""The GRPOJob API, `grpo.dev/v1alpha1`: the one source of truth for the CRD, the operator and the trainer.
+
+Field names are camelCase on the wire (as in every Kubernetes API) and snake_case in Python. Every
+field has a docstring; it becomes the CRD's OpenAPI description, so `kubectl explain grpojob.spec`
+shows it. Constraints live in ``Field(...)``; rules that span fields are validators here and CEL
+rules in the generated CRD (`grpojob_api.crd`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "grpo.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "GRPOJob"
+PLURAL = "grpojobs"
+SINGULAR = "grpojob"
+SHORT_NAMES = ("grpo",)
+
+# KubeRay derives pod and Service names from the RayCluster name and caps it at 53 characters; the
+# longest child name we derive is `<job>-env-<environment>` (a Service: a DNS-1035 label, 63 max).
+MAX_JOB_NAME_LENGTH = 40
+MAX_ENVIRONMENT_NAME_LENGTH = 18
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+DnsLabel = Annotated[str, StringConstraints(pattern=DNS_LABEL, min_length=1, max_length=MAX_ENVIRONMENT_NAME_LENGTH)]
+Quantity = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")]
+
+
+class ApiModel(BaseModel):
+    """Base of every API object: camelCase aliases, unknown fields refused, docstrings as descriptions."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# spec
+
+
+class PvcSource(ApiModel):
+    """A path inside a PersistentVolumeClaim, mounted read-only where it is needed."""
+
+    claim_name: str = Field(min_length=1)
+    """Name of the PersistentVolumeClaim in the GRPOJob's namespace."""
+    path: str = Field(default="", pattern=r"^[^/].*$|^$")
+    """Path inside the volume (relative; empty for its root)."""
+
+
+class ModelSpec(ApiModel):
+    """The policy model: a Hugging Face model directory (weights, config, tokenizer, chat template)."""
+
+    path: str = Field(min_length=1)
+    """Local path of the model directory; with `pvc`, the path inside the claim. Never a hub id:
+    models load from local files only."""
+    pvc: PvcSource | None = None
+    """Claim holding the model; mounted read-only into the Ray pods and the trainer."""
+    served_model_name: str = Field(default="policy", min_length=1, max_length=128)
+    """Name the generation server answers to (`model` in OpenAI requests, `/v1/models`)."""
+
+
+class GenerationBackend(StrEnum):
+    VLLM = "vllm"
+    TRANSFORMERS = "transformers"
+
+
+class GenerationSpec(ApiModel):
+    """The generation engines (one per `generation` Ray worker) and the sampling parameters.
+
+    Sampling parameters are enforced on-policy: a request whose temperature or top-p differ is refused.
+    """
+
+    backend: GenerationBackend = GenerationBackend.VLLM
+    """Engine behind the OpenAI-compatible server: `vllm` on GPUs, `transformers` on CPU or GPU."""
+    replicas: int = Field(default=1, ge=1, le=256)
+    """Number of generation engines (pods of the `generation` worker group)."""
+    gpus_per_replica: int = Field(default=1, ge=0, le=8)
+    """GPUs per engine, which is also vLLM's tensor-parallel size (0 runs on CPU)."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may use."""
+    max_model_len: int = Field(default=4096, ge=16, le=1_048_576)
+    """Longest prompt plus generation, in tokens."""
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    """Sampling temperature used for every rollout."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus-sampling top-p used for every rollout."""
+    max_new_tokens: int = Field(default=1024, ge=1, le=1_048_576)
+    """Most tokens one model call may generate."""
+
+    @model_validator(mode="after")
+    def _new_tokens_fit(self) -> GenerationSpec:
+        if self.max_new_tokens >= self.max_model_len:
+            raise ValueError(
+                f"spec.generation.maxNewTokens ({self.max_new_tokens}) must be smaller than "
+                f"spec.generation.maxModelLen ({self.max_model_len}) to leave room for the prompt"
+            )
+        return self
+
+
+class OptimizerSpec(ApiModel):
+    """AdamW settings."""
+
+    name: Literal["adamw"] = "adamw"
+    """Optimizer (AdamW only, for now)."""
+    learning_rate: float = Field(default=1e-6, gt=0.0, le=1.0)
+    """Peak learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Decoupled weight decay."""
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(default=0.999, ge=0.0, lt=1.0)
+    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    """Gradients are clipped to this global L2 norm."""
+
+
+class TrainingSpec(ApiModel):
+    """The policy trainers (the `policy` Ray worker group)."""
+
+    replicas: int = Field(default=1, ge=1, le=256)
+    """Number of training workers (pods of the `policy` worker group)."""
+    gpus_per_replica: int = Field(default=1, ge=0, le=8)
+    """GPUs per training worker (0 trains on CPU)."""
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    """Optimizer settings."""
+    micro_batch_size: int = Field(default=4, ge=1, le=4096)
+    """Sequences per forward/backward pass; gradients accumulate over the step's batch."""
+
+
+class KlEstimator(StrEnum):
+    K1 = "k1"
+    K3 = "k3"
+
+
+class LossAggregation(StrEnum):
+    TOKEN = "token"
+    SEQUENCE = "sequence"
+
+
+class AdvantageSpec(ApiModel):
+    """How rewards become group-relative advantages."""
+
+    normalize_std: bool = True
+    """Divide by the group's reward standard deviation (false: Dr. GRPO's no-std variant)."""
+    leave_one_out: bool = False
+    """Baseline each sample with the mean of the other samples of its group (RLOO)."""
+
+
+class GrpoSpec(ApiModel):
+    """The GRPO algorithm."""
+
+    prompts_per_step: int = Field(default=8, ge=1, le=65_536)
+    """Dataset rows per training step."""
+    generations_per_prompt: int = Field(default=8, ge=2, le=1024)
+    """Rollouts per row; they form one group for the advantage baseline."""
+    max_steps: int = Field(default=100, ge=1, le=10_000_000)
+    """Training steps to run."""
+    advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)
+    """Advantage normalisation."""
+    clip_low: float = Field(default=0.2, ge=0.0, le=1.0)
+    """PPO ratio clip below 1 (ratio >= 1 - clipLow)."""
+    clip_high: float = Field(default=0.28, ge=0.0, le=10.0)
+    """PPO ratio clip above 1 (ratio <= 1 + clipHigh)."""
+    kl_coef: float = Field(default=0.0, ge=0.0)
+    """Weight of the KL penalty to the reference (initial) policy; 0 disables it."""
+    kl_estimator: KlEstimator = KlEstimator.K3
+    """KL estimator: k1 (log-ratio) or k3 (unbiased, non-negative)."""
+    loss_aggregation: LossAggregation = LossAggregation.TOKEN
+    """`token`: mean over all generated tokens of the batch; `sequence`: mean of per-sequence means."""
+    importance_sampling_cap: float | None = Field(default=2.0, gt=0.0)
+    """Truncated importance sampling: the trainer/generator probability ratio is capped at this value
+    (null disables the correction)."""
+    seed: int = Field(default=0, ge=0)
+    """Seed for data order and sampling."""
+
+
+class SecretKeyRef(ApiModel):
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+
+
+class EnvVar(ApiModel):
+    """An environment variable: a literal value or a key of a Secret (never a secret in plain text)."""
+
+    name: str = Field(min_length=1, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    value: str | None = None
+    secret_key_ref: SecretKeyRef | None = None
+    """Take the value from a Secret."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if (self.value is None) == (self.secret_key_ref is None):
+            raise ValueError(f"env {self.name}: set exactly one of value or secretKeyRef")
+        return self
+
+
+class Resources(ApiModel):
+    """Container resource requests and limits (Kubernetes quantities)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class EnvironmentSpec(ApiModel):
+    """One Penguin (NeMo Gym-compatible) environment server: agent `/run`, `/seed_session`, `/verify`."""
+
+    name: DnsLabel
+    """Environment name: the `agent_ref.name` of the dataset rows it serves, and part of child names."""
+    image: str | None = None
+    """Container image (default: the operator's environment image)."""
+    command: list[str] = Field(default_factory=list)
+    """Entrypoint; the same command runs as a local process under `grpojob run`."""
+    args: list[str] = Field(default_factory=list)
+    """Arguments to the entrypoint."""
+    replicas: int = Field(default=1, ge=1, le=1024)
+    """Pods serving this environment behind one Service."""
+    port: int = Field(default=8080, ge=1024, le=65535)
+    """Port the server listens on."""
+    resources: Resources = Field(default_factory=Resources)
+    """Requests and limits of each pod."""
+    env: list[EnvVar] = Field(default_factory=list)
+    """Extra environment variables."""
+
+
+class ConfigMapSource(ApiModel):
+    name: str = Field(min_length=1)
+    """ConfigMap in the GRPOJob's namespace."""
+    key: str = Field(default="train.jsonl", min_length=1)
+    """Key holding the JSONL rows."""
+
+
+class DatasetSpec(ApiModel):
+    """Training rows, JSONL in NeMo Gym's row format (`responses_create_params`, `agent_ref`, task fields).
+
+    Exactly one of `path` (local or inside `pvc`) or `configMap`.
+    """
+
+    path: str | None = None
+    """Path of the JSONL file (local under `grpojob run`; inside `pvc` on Kubernetes)."""
+    pvc: PvcSource | None = None
+    """Claim holding `path`."""
+    config_map: ConfigMapSource | None = None
+    """ConfigMap holding the rows."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        if (self.path is None) == (self.config_map is None):
+            raise ValueError("spec.dataset: set exactly one of path or configMap")
+        if self.pvc is not None and self.path is None:
+            raise ValueError("spec.dataset.pvc needs spec.dataset.path (the file inside the claim)")
+        return self
+
+
+class CheckpointSpec(ApiModel):
+    """Checkpoints (model, optimizer, step, RNG state, data position); a restarted trainer resumes."""
+
+    pvc: PvcSource | None = None
+    """Claim to write checkpoints to (on Kubernetes); without it checkpoints stay in the pod."""
+    path: str = "checkpoints"
+    """Directory (inside the claim, or local under `grpojob run`)."""
+    interval: int = Field(default=10, ge=1)
+    """Save every this many steps (and after the last)."""
+    keep: int = Field(default=2, ge=1)
+    """Newest checkpoints kept."""
+
+
+class ImagesSpec(ApiModel):
+    """Container images; each defaults to the operator's setting."""
+
+    ray: str | None = None
+    """Image of the Ray head and workers (trainer image with Ray, vLLM, PyTorch)."""
+    trainer: str | None = None
+    """Image of the trainer Job (defaults to `ray`)."""
+    environment: str | None = None
+    """Default image of environment servers."""
+
+
+class CleanupPolicy(StrEnum):
+    """What is deleted when a GRPOJob finishes."""
+
+    DELETE_CLUSTER = "DeleteCluster"
+    """Delete the RayCluster and environment servers, keep the trainer Job for its logs."""
+    DELETE_ALL = "DeleteAll"
+    """Delete every child, the trainer Job included."""
+    KEEP_ALL = "KeepAll"
+    """Keep everything (for debugging; GPUs stay allocated)."""
+
+
+class GRPOJobSpec(ApiModel):
+    """Desired state of a GRPOJob."""
+
+    model: ModelSpec
+    """The policy model."""
+    dataset: DatasetSpec
+    """Training rows."""
+    environments: list[EnvironmentSpec] = Field(min_length=1, max_length=16)
+    """Environment servers; each dataset row's `agent_ref.name` picks one."""
+    generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    """Generation engines and sampling."""
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    """Policy trainers."""
+    grpo: GrpoSpec = Field(default_factory=GrpoSpec)
+    """The algorithm."""
+    checkpointing: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Checkpoints."""
+    images: ImagesSpec = Field(default_factory=ImagesSpec)
+    """Images, defaulted from operator settings."""
+    suspend: bool = False
+    """True removes the RayCluster, environment servers and trainer but keeps the GRPOJob (Kueue)."""
+    backoff_limit: int = Field(default=3, ge=0, le=100)
+    """Failed trainer attempts retried before the job fails."""
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Fail the job when it has run this long (counted from its start)."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Delete the GRPOJob this long after it succeeds or fails."""
+    cleanup_policy: CleanupPolicy = CleanupPolicy.DELETE_CLUSTER
+    """What to delete when the job finishes."""
+
+    @field_validator("environments")
+    @classmethod
+    def _unique_environment_names(cls, environments: list[EnvironmentSpec]) -> list[EnvironmentSpec]:
+        names = [e.name for e in environments]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"spec.environments: duplicate names {duplicates}")
+        return environments
+
+
+# --------------------------------------------------------------------------------------------------
+# status
+
+
+class Phase(StrEnum):
+    """Coarse lifecycle for humans and `kubectl get`; machines read `conditions`."""
+
+    PENDING = "Pending"
+    INITIALIZING = "Initializing"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+    def is_terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class ConditionType(StrEnum):
+    RAY_CLUSTER_READY = "RayClusterReady"
+    ENDPOINTS_PUBLISHED = "EndpointsPublished"
+    ENVIRONMENTS_READY = "EnvironmentsReady"
+    TRAINER_RUNNING = "TrainerRunning"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class Condition(ApiModel):
+    """A Kubernetes condition (metav1.Condition)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: datetime
+    observed_generation: int | None = None
+
+
+class GRPOJobStatus(ApiModel):
+    """Observed state of a GRPOJob, written only by the operator's status writer."""
+
+    phase: Phase = Phase.PENDING
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    attempt: int = 0
+    """Trainer attempt, counted from 1; incremented on each retry."""
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+    step: int | None = None
+    """Last finished training step, as the trainer reported it."""
+    mean_reward: float | None = None
+    """Mean reward of the last finished step."""
+    gcs_address: str | None = None
+    """The Ray GCS address published in `<job>-endpoints`."""
+    reason: str | None = None
+    """Why the job is in its phase (CamelCase), mirrored from the deciding condition."""
+    message: str | None = None
+
+
+class ObjectMeta(ApiModel):
+    """The parts of metadata that matter to validation and to `grpojob run`."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+    name: str = Field(min_length=1, max_length=MAX_JOB_NAME_LENGTH, pattern=DNS_LABEL)
+    namespace: str | None = None
+
+
+class GRPOJob(ApiModel):
+    """A GRPO post-training run."""
+
+    api_version: Literal["grpo.dev/v1alpha1"] = API_VERSION  # type: ignore[assignment]
+    kind: Literal["GRPOJob"] = KIND  # type: ignore[assignment]
+    metadata: ObjectMeta
+    spec: GRPOJobSpec
+    status: GRPOJobStatus | None = None
+
+
+def parse_job(manifest: dict[str, Any]) -> GRPOJob:
+    """Validate a GRPOJob manifest (as applied with kubectl or read by `grpojob run`)."""
+    return GRPOJob.model_validate(manifest)
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location (by alias) as a Kubernetes field path: ("spec", "environments", 0,
+    "port") → `spec.environments[0].port`."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else ("." if path else "") + str(part)
+    return path
