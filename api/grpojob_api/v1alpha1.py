@@ -402,6 +402,9 @@ class ObjectMeta(ApiModel):
 
     name: str = Field(min_length=1, max_length=MAX_JOB_NAME_LENGTH, pattern=DNS_LABEL)
     namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    creation_timestamp: datetime | None = None
 
 
 class GRPOJob(ApiModel):

@@ -40,9 +40,10 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"
 POD_CIDR = "10.244.0.1/16"
 CLUSTER_DOMAIN = "cluster.local"
 PROCESS_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kuberay-operator")
-# kwok's own stage definitions, shipped in its module: nodes become Ready at once and renew their
-# lease; pods start, become Ready and (for Job pods) complete, as kwokctl configures by default.
-KWOK_STAGES = ("kustomize/stage/node/fast", "kustomize/stage/node/heartbeat-with-lease", "kustomize/stage/pod/fast")
+# Node lifecycles are kwok's own stage definitions, shipped in its module (nodes become Ready at once
+# and renew their lease, as kwokctl configures them); pod lifecycles are ours (see the file).
+KWOK_NODE_STAGES = ("kustomize/stage/node/fast", "kustomize/stage/node/heartbeat-with-lease")
+KWOK_POD_STAGES = Path(__file__).resolve().parent.parent / "kwok" / "pod-stages.yaml"
 
 
 def clusters_root() -> Path:
@@ -325,11 +326,13 @@ class Cluster:
 
     def _start_kwok(self, kwok_bin: Path, component: build.Component) -> None:
         source = build.module_dir(component)
-        documents = []
-        for stage_dir in KWOK_STAGES:
-            for path in sorted((source / stage_dir).glob("*.yaml")):
-                if path.name != "kustomization.yaml":
-                    documents.append(path.read_text())
+        documents = [
+            path.read_text()
+            for stage_dir in KWOK_NODE_STAGES
+            for path in sorted((source / stage_dir).glob("*.yaml"))
+            if path.name != "kustomization.yaml"
+        ]
+        documents.append(KWOK_POD_STAGES.read_text())
         config = self.state_dir / "kwok-stages.yaml"
         config.write_text("\n---\n".join(documents))
         self.ports["kwok"] = free_port()

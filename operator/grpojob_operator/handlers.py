@@ -1,0 +1,160 @@
+"""Kopf wiring: watch caches of the children, and the one reconcile pass every GRPOJob gets.
+
+Every child kind is watched into a Kopf index keyed by (namespace, job name), filtered by the
+`grpo.dev/job` label, holding only the summaries of `grpojob_operator.observe`. A timer per GRPOJob
+(first run as soon as the job is seen, then every `reconcile_interval_seconds`) calls `reconcile`,
+which reads those indexes (no API read), asks the state machine for a plan, carries it out, writes
+the status once if it changed, and posts the events.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from grpojob_api import v1alpha1 as api
+from grpojob_operator import metrics, names, state
+from grpojob_operator.kube import Kube, new_api_client
+from grpojob_operator.observe import Observed, summarize
+from grpojob_operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+# kind, group, version, plural of every child kind the operator watches.
+WATCHED_CHILDREN = (
+    ("Pod", "", "v1", "pods"),
+    ("ConfigMap", "", "v1", "configmaps"),
+    ("Service", "", "v1", "services"),
+    ("ServiceAccount", "", "v1", "serviceaccounts"),
+    ("Deployment", "apps", "v1", "deployments"),
+    ("Job", "batch", "v1", "jobs"),
+    ("Role", "rbac.authorization.k8s.io", "v1", "roles"),
+    ("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("RayCluster", "ray.io", "v1", "rayclusters"),
+)
+
+
+def index_id(kind: str) -> str:
+    return f"children_{kind.lower()}"
+
+
+def observed_from_indexes(indexes: dict[str, Any], namespace: str, job: str) -> Observed:
+    """Gather one job's children from the Kopf indexes (each a mapping key → store of summaries)."""
+    children = {}
+    for kind, *_ in WATCHED_CHILDREN:
+        store = indexes[index_id(kind)].get((namespace, job), [])
+        children[kind] = {summary.name: summary for summary in store}
+    return Observed(children)
+
+
+def status_document(status: api.GRPOJobStatus) -> dict[str, Any]:
+    """The status as written to the API (None fields included, so a merge patch clears them)."""
+    return status.model_dump(mode="json", by_alias=True)
+
+
+def reconcile(
+    body: dict[str, Any], observed: Observed, settings: OperatorSettings, kube: Kube, now: datetime
+) -> state.Plan:
+    """One pass: plan, act in order, write the status if it changed, post events."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    plan = state.plan(body, observed, settings, now)
+    where = f"{namespace}/{name}"
+    for action in plan.actions:
+        if isinstance(action, state.Create):
+            if kube.create(action.manifest):
+                log.info(
+                    "%s/%s: created %s %s",
+                    namespace,
+                    name,
+                    action.manifest["kind"],
+                    action.manifest["metadata"]["name"],
+                )
+        elif isinstance(action, state.Replace):
+            kube.replace(action.manifest)
+            log.info(
+                "%s/%s: updated %s %s", namespace, name, action.manifest["kind"], action.manifest["metadata"]["name"]
+            )
+        elif isinstance(action, state.Delete):
+            kube.delete(action.kind, namespace, action.name, action.propagation)
+            log.info("%s: deleted %s %s", where, action.kind, action.name)
+        elif isinstance(action, state.DeleteJob):
+            kube.delete(api.KIND, namespace, name)
+            log.info("%s: deleted (ttlSecondsAfterFinished)", where)
+    document = status_document(plan.status)
+    if document != status_document(_parse_status(body)) or not body.get("status"):
+        kube.write_status(namespace, name, document)
+    for event in plan.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    return plan
+
+
+def _parse_status(body: dict[str, Any]) -> api.GRPOJobStatus:
+    try:
+        return api.GRPOJobStatus.model_validate(body.get("status") or {})
+    except ValueError:
+        return api.GRPOJobStatus()
+
+
+def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
+    """Register the indexes, the reconcile timer, the probe and the clean-up of per-job metrics."""
+    for kind, group, version, plural in WATCHED_CHILDREN:
+        _register_index(registry, kind, group, version, plural)
+
+    @kopf.timer(
+        api.GROUP,
+        api.VERSION,
+        api.PLURAL,
+        id="reconcile",
+        interval=settings.reconcile_interval_seconds,
+        registry=registry,
+    )
+    def reconcile_job(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+        started = time.monotonic()
+        observed = observed_from_indexes(kwargs, namespace, name)
+        raw = dict(body)
+        plan = reconcile(raw, observed, memo.settings, memo.kube, datetime.now(UTC))
+        metrics.observe_pass(raw, plan.status, time.monotonic() - started)
+
+    @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, id="forget", optional=True, registry=registry)
+    def forget_job(namespace: str, name: str, **_: Any) -> None:
+        metrics.forget(namespace, name)
+
+    @kopf.on.startup(registry=registry)
+    def configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure(settings)
+
+    @kopf.on.probe(id="jobs", registry=registry)
+    def jobs_probe(**_: Any) -> int:
+        return metrics.known_jobs()
+
+
+def _register_index(registry: kopf.OperatorRegistry, kind: str, group: str, version: str, plural: str) -> None:
+    def index(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], Any]:
+        return {(namespace, labels[names.JOB_LABEL]): summarize(kind, dict(body))}
+
+    kopf.index(
+        group or "",
+        version,
+        plural,
+        id=index_id(kind),
+        labels={names.JOB_LABEL: kopf.PRESENT},
+        registry=registry,
+    )(index)
+
+
+def configure(kopf_settings: kopf.OperatorSettings) -> None:
+    """Kopf's own settings: standalone (no peering CRDs), our finalizer name, quiet event posting."""
+    kopf_settings.peering.standalone = True
+    kopf_settings.persistence.finalizer = "grpo.dev/operator"
+    kopf_settings.posting.level = logging.INFO
+    kopf_settings.watching.server_timeout = 300
+    kopf_settings.networking.request_timeout = 60
+
+
+def new_memo(settings: OperatorSettings) -> kopf.Memo:
+    return kopf.Memo(settings=settings, kube=Kube(new_api_client()))

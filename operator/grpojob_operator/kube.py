@@ -1,0 +1,107 @@
+"""The operator's writes to the Kubernetes API: create, replace and delete children, write the status.
+
+Thin and generic over kinds: the paths come from `RESOURCES`. A create that finds the object already
+there (HTTP 409) and a delete that finds it gone (404) are successes, which makes every pass
+idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from grpojob_api import v1alpha1 as api
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+
+    def collection(self, namespace: str) -> str:
+        prefix = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        return f"{prefix}/namespaces/{namespace}/{self.plural}"
+
+
+RESOURCES: dict[str, Resource] = {
+    "ConfigMap": Resource("", "v1", "configmaps"),
+    "Service": Resource("", "v1", "services"),
+    "ServiceAccount": Resource("", "v1", "serviceaccounts"),
+    "Deployment": Resource("apps", "v1", "deployments"),
+    "Job": Resource("batch", "v1", "jobs"),
+    "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "RayCluster": Resource("ray.io", "v1", "rayclusters"),
+    api.KIND: Resource(api.GROUP, api.VERSION, api.PLURAL),
+}
+
+
+def new_api_client() -> client.ApiClient:
+    """An API client from the in-cluster service account, or the kubeconfig outside a cluster."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+class Kube:
+    """Writes, each counted in ``writes`` (the scale benchmark reads it)."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api = api_client
+        self.writes = 0
+
+    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        self.writes += 1
+        return self.api.call_api(
+            path,
+            method,
+            body=body,
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            response_type="object",
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+        )
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        """Create a child; False when it already exists."""
+        meta = manifest["metadata"]
+        try:
+            self._call("POST", RESOURCES[manifest["kind"]].collection(meta["namespace"]), manifest)
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def replace(self, manifest: dict[str, Any]) -> None:
+        """Overwrite a child's content (merge patch of its data/spec; no read-modify-write race on
+        fields we do not own)."""
+        meta = manifest["metadata"]
+        path = f"{RESOURCES[manifest['kind']].collection(meta['namespace'])}/{meta['name']}"
+        patch = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata")}
+        self._call("PATCH", path, patch, "application/merge-patch+json")
+
+    def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> bool:
+        """Delete a child; False when it was already gone."""
+        path = f"{RESOURCES[kind].collection(namespace)}/{name}"
+        try:
+            self._call("DELETE", path, {"propagationPolicy": propagation})
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """The only status write of the operator (merge patch of the status subresource)."""
+        path = f"{RESOURCES[api.KIND].collection(namespace)}/{name}/status"
+        self._call("PATCH", path, {"status": status}, "application/merge-patch+json")

@@ -1,0 +1,495 @@
+"""Pure functions that build every child of a GRPOJob as a dict. No API calls here.
+
+Each builder takes the validated job and the operator settings and returns the complete object,
+owner reference included, so creating it is one POST and tests need no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from grpojob_api import v1alpha1 as api
+from grpojob_operator import names
+from grpojob_operator.settings import OperatorSettings
+
+GPU_RESOURCE = "nvidia.com/gpu"
+CONFIG_FILE = "grpojob.yaml"
+CONFIG_MOUNT = "/etc/grpojob"
+DATASET_MOUNT = "/data/dataset"
+MODEL_MOUNT = "/data/model"
+CHECKPOINT_MOUNT = "/data/checkpoints"
+RAY_CLIENT_PORT = 10001
+NON_ROOT_UID = 1000
+
+Manifest = dict[str, Any]
+
+
+def _job_ref(job: api.GRPOJob) -> tuple[str, str]:
+    if not job.metadata.namespace:
+        raise ValueError("the GRPOJob has no namespace")
+    return job.metadata.name, job.metadata.namespace
+
+
+def owner_reference(job: api.GRPOJob) -> dict[str, Any]:
+    """The controller owner reference that makes a child belong to (and be deleted with) the job."""
+    if not job.metadata.uid:
+        raise ValueError("the GRPOJob has no uid (build children from the object read from the API)")
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": job.metadata.name,
+        "uid": job.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: api.GRPOJob, name: str, component: str, extra_labels: dict[str, str] | None = None) -> Manifest:
+    job_name, namespace = _job_ref(job)
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": {**names.job_labels(job_name, component), **(extra_labels or {})},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def pod_security_context() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "fsGroup": NON_ROOT_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> Manifest:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def service_dns(service: str, namespace: str, settings: OperatorSettings) -> str:
+    return f"{service}.{namespace}.svc.{settings.cluster_domain}"
+
+
+# ------------------------------------------------------------------------------------------------
+# volumes
+
+
+def _pvc_volume(volume_name: str, source: api.PvcSource, read_only: bool) -> Manifest:
+    return {"name": volume_name, "persistentVolumeClaim": {"claimName": source.claim_name, "readOnly": read_only}}
+
+
+def model_path(job: api.GRPOJob) -> str:
+    """Where the model directory is inside the pods."""
+    model = job.spec.model
+    return f"{MODEL_MOUNT}/{model.path.strip('/')}" if model.pvc else model.path
+
+
+def _model_volumes(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest]]:
+    pvc = job.spec.model.pvc
+    if pvc is None:
+        return [], []
+    mount = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
+    if pvc.path:
+        mount["subPath"] = pvc.path
+    return [_pvc_volume("model", pvc, read_only=True)], [mount]
+
+
+# ------------------------------------------------------------------------------------------------
+# RayCluster
+
+
+def _worker_resources(gpus: int) -> Manifest:
+    if gpus == 0:
+        return {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+    memory = f"{32 * gpus}Gi"
+    return {
+        "requests": {"cpu": str(8 * gpus), "memory": memory, GPU_RESOURCE: str(gpus)},
+        "limits": {"memory": memory, GPU_RESOURCE: str(gpus)},
+    }
+
+
+def _worker_group(
+    job: api.GRPOJob, group: str, replicas: int, gpus: int, image: str, ports: list[Manifest]
+) -> Manifest:
+    job_name, _ = _job_ref(job)
+    volumes, mounts = _model_volumes(job)
+    labels = names.job_labels(job_name, group)
+    return {
+        "groupName": group,
+        "replicas": replicas,
+        "minReplicas": replicas,
+        "maxReplicas": replicas,
+        # A custom Ray resource per group lets the trainer place its actors on the right pods.
+        "rayStartParams": {"resources": json.dumps({group: 1})},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {
+                "securityContext": pod_security_context(),
+                "volumes": [*volumes, {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+                "containers": [
+                    {
+                        "name": "ray-worker",
+                        "image": image,
+                        "resources": _worker_resources(gpus),
+                        "ports": ports,
+                        "volumeMounts": [*mounts, {"name": "shm", "mountPath": "/dev/shm"}],
+                        "securityContext": container_security_context(),
+                    }
+                ],
+            },
+        },
+    }
+
+
+def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
+    """The RayCluster: a CPU head that runs no work, and the `generation` and `policy` GPU groups."""
+    job_name, _ = _job_ref(job)
+    names_ = names.ChildNames(job_name)
+    image = job.spec.images.ray or settings.ray_image
+    volumes, mounts = _model_volumes(job)
+    generation, training = job.spec.generation, job.spec.training
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": _metadata(job, names_.raycluster, "ray"),
+        "spec": {
+            "rayVersion": settings.ray_version,
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": {
+                "serviceType": "ClusterIP",
+                "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
+                "template": {
+                    "metadata": {"labels": names.job_labels(job_name, "ray-head")},
+                    "spec": {
+                        "securityContext": pod_security_context(),
+                        "volumes": volumes,
+                        "containers": [
+                            {
+                                "name": "ray-head",
+                                "image": image,
+                                "resources": {
+                                    "requests": {"cpu": "2", "memory": "8Gi"},
+                                    "limits": {"memory": "8Gi"},
+                                },
+                                "ports": [
+                                    {"name": "gcs", "containerPort": names.GCS_PORT},
+                                    {"name": "dashboard", "containerPort": names.DASHBOARD_PORT},
+                                    {"name": "client", "containerPort": RAY_CLIENT_PORT},
+                                ],
+                                "volumeMounts": mounts,
+                                "securityContext": container_security_context(),
+                            }
+                        ],
+                    },
+                },
+            },
+            "workerGroupSpecs": [
+                _worker_group(
+                    job,
+                    names.GENERATION_GROUP,
+                    generation.replicas,
+                    generation.gpus_per_replica,
+                    image,
+                    [{"name": "http", "containerPort": names.GENERATION_PORT}],
+                ),
+                _worker_group(job, names.POLICY_GROUP, training.replicas, training.gpus_per_replica, image, []),
+            ],
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# config, services, endpoints, progress
+
+
+def render_job_config(job: api.GRPOJob) -> str:
+    """The trainer's config: the GRPOJob itself (name, namespace and spec), as YAML."""
+    document = {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": job.metadata.name, "namespace": job.metadata.namespace},
+        "spec": job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+    }
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def build_config_map(job: api.GRPOJob) -> Manifest:
+    job_name, _ = _job_ref(job)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, names.ChildNames(job_name).config, "config"),
+        "data": {CONFIG_FILE: render_job_config(job)},
+    }
+
+
+def build_generation_service(job: api.GRPOJob) -> Manifest:
+    """Headless Service over the generation workers: the OpenAI-compatible policy endpoint."""
+    job_name, _ = _job_ref(job)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, names.ChildNames(job_name).generation_service, "generation"),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {names.RAY_CLUSTER_LABEL: job_name, names.RAY_GROUP_LABEL: names.GENERATION_GROUP},
+            "ports": [{"name": "http", "port": names.GENERATION_PORT, "targetPort": names.GENERATION_PORT}],
+            "publishNotReadyAddresses": False,
+        },
+    }
+
+
+def environment_urls(job: api.GRPOJob, settings: OperatorSettings) -> dict[str, str]:
+    """Base URL of each environment's Service, by environment name."""
+    job_name, namespace = _job_ref(job)
+    child = names.ChildNames(job_name)
+    return {
+        env.name: f"http://{service_dns(child.environment(env.name), namespace, settings)}:{env.port}"
+        for env in job.spec.environments
+    }
+
+
+def gcs_address(job: api.GRPOJob, settings: OperatorSettings) -> str:
+    job_name, namespace = _job_ref(job)
+    return f"{service_dns(names.ChildNames(job_name).head_service, namespace, settings)}:{names.GCS_PORT}"
+
+
+def endpoints_data(job: api.GRPOJob, settings: OperatorSettings, head_pod_ip: str, attempt: int) -> dict[str, str]:
+    """The `<job>-endpoints` contract of DESIGN.md; every key is an environment variable name."""
+    job_name, namespace = _job_ref(job)
+    child = names.ChildNames(job_name)
+    head = service_dns(child.head_service, namespace, settings)
+    return {
+        "RAY_GCS_ADDRESS": gcs_address(job, settings),
+        "RAY_HEAD_POD_IP": head_pod_ip,
+        "RAY_DASHBOARD_URL": f"http://{head}:{names.DASHBOARD_PORT}",
+        "POLICY_BASE_URL": (
+            f"http://{service_dns(child.generation_service, namespace, settings)}:{names.GENERATION_PORT}/v1"
+        ),
+        "PENGUIN_ENV_URLS": json.dumps(environment_urls(job, settings), sort_keys=True),
+        "GRPOJOB_NAME": job_name,
+        "GRPOJOB_ATTEMPT": str(attempt),
+    }
+
+
+def build_endpoints(job: api.GRPOJob, settings: OperatorSettings, head_pod_ip: str, attempt: int) -> Manifest:
+    job_name, _ = _job_ref(job)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, names.ChildNames(job_name).endpoints, "endpoints"),
+        "data": endpoints_data(job, settings, head_pod_ip, attempt),
+    }
+
+
+def build_progress(job: api.GRPOJob) -> Manifest:
+    """The ConfigMap the trainer reports progress into (created empty by the operator, since a Role
+    can grant `update` on one named object but not `create`)."""
+    job_name, _ = _job_ref(job)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, names.ChildNames(job_name).progress, "progress"),
+        "data": {},
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# environments
+
+
+def _env_vars(variables: list[api.EnvVar]) -> list[Manifest]:
+    out = []
+    for var in variables:
+        if var.secret_key_ref is not None:
+            ref = var.secret_key_ref
+            out.append({"name": var.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        else:
+            out.append({"name": var.name, "value": var.value})
+    return out
+
+
+def _endpoints_env_from(job: api.GRPOJob) -> list[Manifest]:
+    job_name, _ = _job_ref(job)
+    return [{"configMapRef": {"name": names.ChildNames(job_name).endpoints}}]
+
+
+def build_environment_deployment(job: api.GRPOJob, env: api.EnvironmentSpec, settings: OperatorSettings) -> Manifest:
+    """Deployment of one Penguin environment server; it reads `<job>-endpoints` through envFrom."""
+    job_name, _ = _job_ref(job)
+    selector = {names.JOB_LABEL: job_name, names.ENVIRONMENT_LABEL: env.name}
+    labels = {**names.job_labels(job_name, "environment"), **selector}
+    container: Manifest = {
+        "name": "environment",
+        "image": env.image or job.spec.images.environment or settings.environment_image,
+        "env": [{"name": "PORT", "value": str(env.port)}, *_env_vars(env.env)],
+        "envFrom": _endpoints_env_from(job),
+        "ports": [{"name": "http", "containerPort": env.port}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": env.port}, "periodSeconds": 5},
+        "resources": env.resources.model_dump(exclude_defaults=False),
+        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if env.command:
+        container["command"] = env.command
+    if env.args:
+        container["args"] = env.args
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(job, names.ChildNames(job_name).environment(env.name), "environment", selector),
+        "spec": {
+            "replicas": env.replicas,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "securityContext": pod_security_context(),
+                    "automountServiceAccountToken": False,
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def build_environment_service(job: api.GRPOJob, env: api.EnvironmentSpec) -> Manifest:
+    job_name, _ = _job_ref(job)
+    selector = {names.JOB_LABEL: job_name, names.ENVIRONMENT_LABEL: env.name}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, names.ChildNames(job_name).environment(env.name), "environment", selector),
+        "spec": {"selector": selector, "ports": [{"name": "http", "port": env.port, "targetPort": env.port}]},
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# trainer
+
+
+def build_trainer_rbac(job: api.GRPOJob) -> list[Manifest]:
+    """ServiceAccount, Role and RoleBinding of the trainer: it may read and update its own progress
+    ConfigMap, and nothing else."""
+    job_name, _ = _job_ref(job)
+    child = names.ChildNames(job_name)
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _metadata(job, child.trainer, "trainer"),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _metadata(job, child.trainer, "trainer"),
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "resourceNames": [child.progress],
+                    "verbs": ["get", "update", "patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(job, child.trainer, "trainer"),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": child.trainer},
+            "subjects": [{"kind": "ServiceAccount", "name": child.trainer}],
+        },
+    ]
+
+
+def _dataset_volume(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest], str]:
+    dataset = job.spec.dataset
+    if dataset.config_map is not None:
+        volume = {"name": "dataset", "configMap": {"name": dataset.config_map.name}}
+        mount = {"name": "dataset", "mountPath": DATASET_MOUNT, "readOnly": True}
+        return [volume], [mount], f"{DATASET_MOUNT}/{dataset.config_map.key}"
+    if dataset.pvc is not None:
+        mount = {"name": "dataset", "mountPath": DATASET_MOUNT, "readOnly": True}
+        if dataset.pvc.path:
+            mount["subPath"] = dataset.pvc.path
+        return [_pvc_volume("dataset", dataset.pvc, read_only=True)], [mount], f"{DATASET_MOUNT}/{dataset.path}"
+    return [], [], str(dataset.path)
+
+
+def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int) -> Manifest:
+    """The trainer Job of one attempt: joins the Ray cluster at `RAY_GCS_ADDRESS` (from the endpoints
+    ConfigMap) and runs the GRPO loop. The Job itself never retries: the operator counts attempts."""
+    job_name, _ = _job_ref(job)
+    child = names.ChildNames(job_name)
+    attempt_label = {names.ATTEMPT_LABEL: str(attempt)}
+    model_volumes, model_mounts = _model_volumes(job)
+    dataset_volumes, dataset_mounts, dataset_path = _dataset_volume(job)
+    checkpoint_dir = "/tmp/checkpoints"
+    volumes = [
+        {"name": "config", "configMap": {"name": child.config}},
+        {"name": "tmp", "emptyDir": {}},
+        *model_volumes,
+        *dataset_volumes,
+    ]
+    mounts = [
+        {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+        *model_mounts,
+        *dataset_mounts,
+    ]
+    checkpoint = job.spec.checkpointing
+    if checkpoint.pvc is not None:
+        volumes.append(_pvc_volume("checkpoints", checkpoint.pvc, read_only=False))
+        mount = {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}
+        if checkpoint.pvc.path:
+            mount["subPath"] = checkpoint.pvc.path
+        mounts.append(mount)
+        checkpoint_dir = f"{CHECKPOINT_MOUNT}/{checkpoint.path}"
+    labels = {**names.job_labels(job_name, "trainer"), **attempt_label}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(job, child.trainer, "trainer", attempt_label),
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": child.trainer,
+                    "securityContext": pod_security_context(),
+                    "volumes": volumes,
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": job.spec.images.trainer or settings.default_trainer_image(),
+                            "command": ["grpojob", "train", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+                            "envFrom": _endpoints_env_from(job),
+                            "env": [
+                                {"name": "GRPOJOB_PROGRESS_CONFIGMAP", "value": child.progress},
+                                {"name": "GRPOJOB_MODEL_PATH", "value": model_path(job)},
+                                {"name": "GRPOJOB_DATASET_PATH", "value": dataset_path},
+                                {"name": "GRPOJOB_CHECKPOINT_DIR", "value": checkpoint_dir},
+                                {
+                                    "name": "POD_NAMESPACE",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+                                },
+                            ],
+                            "resources": {
+                                "requests": {"cpu": "2", "memory": "8Gi"},
+                                "limits": {"memory": "8Gi"},
+                            },
+                            "volumeMounts": mounts,
+                            "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+                        }
+                    ],
+                },
+            },
+        },
+    }

@@ -1,0 +1,74 @@
+"""The only place that names a GRPOJob's children and the labels that tie them to it.
+
+Every child has a deterministic name derived from the job's name, so an operator that restarts at
+any point finds what it already created instead of creating it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+JOB_LABEL = "grpo.dev/job"
+COMPONENT_LABEL = "grpo.dev/component"
+ENVIRONMENT_LABEL = "grpo.dev/environment"
+ATTEMPT_LABEL = "grpo.dev/attempt"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "grpojob-operator"
+
+# KubeRay's labels on the pods it creates.
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+RAY_GROUP_LABEL = "ray.io/group"
+
+GENERATION_GROUP = "generation"
+POLICY_GROUP = "policy"
+GENERATION_PORT = 8000
+GCS_PORT = 6379
+DASHBOARD_PORT = 8265
+
+
+@dataclass(frozen=True)
+class ChildNames:
+    """Names of every child of the GRPOJob ``job`` (see the table in DESIGN.md)."""
+
+    job: str
+
+    @property
+    def raycluster(self) -> str:
+        return self.job
+
+    @property
+    def head_service(self) -> str:
+        """The Service KubeRay creates for the head."""
+        return f"{self.job}-head-svc"
+
+    @property
+    def config(self) -> str:
+        return f"{self.job}-config"
+
+    @property
+    def generation_service(self) -> str:
+        return f"{self.job}-generation"
+
+    @property
+    def endpoints(self) -> str:
+        return f"{self.job}-endpoints"
+
+    @property
+    def progress(self) -> str:
+        """ConfigMap the trainer writes its progress to (see `grpojob_operator.progress`)."""
+        return f"{self.job}-progress"
+
+    @property
+    def trainer(self) -> str:
+        """The trainer Job, its ServiceAccount, Role and RoleBinding."""
+        return f"{self.job}-trainer"
+
+    def environment(self, environment: str) -> str:
+        """Deployment and Service of one environment."""
+        return f"{self.job}-env-{environment}"
+
+
+def job_labels(job: str, component: str) -> dict[str, str]:
+    """Labels every child carries: which job, which part of it, who manages it."""
+    return {JOB_LABEL: job, COMPONENT_LABEL: component, MANAGED_BY_LABEL: MANAGED_BY}

@@ -1,0 +1,180 @@
+"""What the operator sees of a GRPOJob's children: small, immutable summaries of the API objects.
+
+The operator keeps these summaries in Kopf indexes (in-memory caches fed by watches), so a reconcile
+pass reads no API object: `summarize` turns a watched body into the summary the state machine needs,
+and `Observed` gathers a job's summaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from grpojob_operator import names
+
+# Container states that never resolve on their own: the job fails fast on them after a grace period.
+STUCK_WAITING_REASONS = frozenset(
+    {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CrashLoopBackOff", "CreateContainerConfigError"}
+)
+
+
+def _time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def _condition(conditions: list[dict[str, Any]] | None, kind: str) -> dict[str, Any] | None:
+    return next((c for c in conditions or [] if c.get("type") == kind), None)
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    name: str
+    component: str
+    attempt: int | None
+    phase: str
+    ready: bool
+    ip: str | None
+    deleting: bool
+    created: datetime | None
+    ready_since: datetime | None
+    """When the Ready condition last changed (how long a pod has been broken)."""
+    stuck: tuple[tuple[str, str, str], ...] = ()
+    """(container, reason, message) of containers waiting in a reason from STUCK_WAITING_REASONS."""
+    terminated: tuple[tuple[str, int, str], ...] = ()
+    """(container, exit code, reason and message) of terminated containers."""
+
+
+@dataclass(frozen=True)
+class TrainerJobInfo:
+    name: str
+    attempt: int
+    complete: bool
+    failed: bool
+    failure_message: str
+    deleting: bool
+
+
+@dataclass(frozen=True)
+class DeploymentInfo:
+    name: str
+    replicas: int
+    ready_replicas: int
+
+
+@dataclass(frozen=True)
+class RayClusterInfo:
+    name: str
+    head_pod_ready: bool
+    state: str
+    ready_workers: int
+    desired_workers: int
+    deleting: bool
+
+
+@dataclass(frozen=True)
+class ConfigMapInfo:
+    name: str
+    data: tuple[tuple[str, str], ...]
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.data)
+
+
+@dataclass(frozen=True)
+class OtherInfo:
+    """A child whose contents do not matter, only its existence (Service, ServiceAccount, RBAC)."""
+
+    name: str
+    deleting: bool
+
+
+Summary = PodInfo | TrainerJobInfo | DeploymentInfo | RayClusterInfo | ConfigMapInfo | OtherInfo
+
+
+def summarize(kind: str, body: dict[str, Any]) -> Summary:
+    """Reduce a watched object of ``kind`` to what the state machine reads."""
+    meta = body.get("metadata", {})
+    status = body.get("status") or {}
+    name = meta.get("name", "")
+    deleting = meta.get("deletionTimestamp") is not None
+    labels = meta.get("labels") or {}
+    if kind == "Pod":
+        ready = _condition(status.get("conditions"), "Ready")
+        stuck, terminated = [], []
+        for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            state = container.get("state") or {}
+            waiting, ended = state.get("waiting") or {}, state.get("terminated")
+            if waiting.get("reason") in STUCK_WAITING_REASONS:
+                stuck.append((container.get("name", ""), waiting["reason"], waiting.get("message", "")))
+            if ended:
+                detail = " ".join(filter(None, [ended.get("reason"), ended.get("message")]))
+                terminated.append((container.get("name", ""), int(ended.get("exitCode", 0)), detail))
+        attempt = labels.get(names.ATTEMPT_LABEL)
+        return PodInfo(
+            name=name,
+            component=labels.get(names.COMPONENT_LABEL, ""),
+            attempt=int(attempt) if attempt and attempt.isdigit() else None,
+            phase=status.get("phase", "Pending"),
+            ready=bool(ready and ready.get("status") == "True"),
+            ip=status.get("podIP"),
+            deleting=deleting,
+            created=_time(meta.get("creationTimestamp")),
+            ready_since=_time(ready.get("lastTransitionTime")) if ready else None,
+            stuck=tuple(stuck),
+            terminated=tuple(terminated),
+        )
+    if kind == "Job":
+        conditions = status.get("conditions")
+        failed = _condition(conditions, "Failed")
+        complete = _condition(conditions, "Complete")
+        attempt = labels.get(names.ATTEMPT_LABEL, "0")
+        return TrainerJobInfo(
+            name=name,
+            attempt=int(attempt) if attempt.isdigit() else 0,
+            complete=bool(complete and complete.get("status") == "True"),
+            failed=bool(failed and failed.get("status") == "True"),
+            failure_message=(failed or {}).get("message", "") or (failed or {}).get("reason", ""),
+            deleting=deleting,
+        )
+    if kind == "Deployment":
+        return DeploymentInfo(
+            name=name,
+            replicas=int((body.get("spec") or {}).get("replicas", 1)),
+            ready_replicas=int(status.get("readyReplicas") or 0),
+        )
+    if kind == "RayCluster":
+        head = _condition(status.get("conditions"), "HeadPodReady")
+        desired = sum(int(g.get("replicas", 0)) for g in (body.get("spec") or {}).get("workerGroupSpecs", []))
+        return RayClusterInfo(
+            name=name,
+            head_pod_ready=bool(head and head.get("status") == "True"),
+            state=status.get("state", ""),
+            ready_workers=int(status.get("readyWorkerReplicas") or 0),
+            desired_workers=desired,
+            deleting=deleting,
+        )
+    if kind == "ConfigMap":
+        return ConfigMapInfo(name=name, data=tuple(sorted((body.get("data") or {}).items())))
+    return OtherInfo(name=name, deleting=deleting)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Every child of one GRPOJob, by kind and name, as last seen by the watches."""
+
+    children: dict[str, dict[str, Summary]] = field(default_factory=dict)
+
+    def get(self, kind: str, name: str) -> Any:
+        return self.children.get(kind, {}).get(name)
+
+    def has(self, kind: str, name: str) -> bool:
+        return name in self.children.get(kind, {})
+
+    def pods(self) -> list[PodInfo]:
+        return sorted(self.children.get("Pod", {}).values(), key=lambda p: p.name)  # type: ignore[arg-type]
+
+    def head_pod(self) -> PodInfo | None:
+        """The live head pod with an IP, if there is one."""
+        heads = [p for p in self.pods() if p.component == "ray-head" and not p.deleting and p.ip]
+        return heads[0] if heads else None

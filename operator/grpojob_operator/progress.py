@@ -1,0 +1,49 @@
+"""How training progress travels from the trainer to `kubectl get grpojobs`.
+
+The trainer writes `{"step": "12", "meanReward": "0.41"}` into the ConfigMap `<job>-progress` after
+every step; the operator copies it into `status.step` and `status.meanReward` on its next pass.
+
+Why a ConfigMap, and not the trainer patching the GRPOJob status or the operator scraping the
+trainer's metrics:
+- the status keeps one writer (the operator's reconcile), so a trainer can never race the operator
+  or write a phase;
+- the trainer's rights are as narrow as Kubernetes RBAC allows: `get`/`update`/`patch` on one
+  ConfigMap by name (`resourceNames`), which the operator creates empty for it;
+- the operator already watches the job's ConfigMaps, so it learns of a report without polling and
+  without reaching into the pod network (which it may not be allowed to, and which a fake node in
+  the tests does not have).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+STEP_KEY = "step"
+MEAN_REWARD_KEY = "meanReward"
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    step: int
+    mean_reward: float | None
+
+
+def progress_data(step: int, mean_reward: float | None) -> dict[str, str]:
+    """What the trainer writes into `<job>-progress` after a step."""
+    data = {STEP_KEY: str(step)}
+    if mean_reward is not None and math.isfinite(mean_reward):
+        data[MEAN_REWARD_KEY] = f"{mean_reward:.6g}"
+    return data
+
+
+def parse_progress(data: dict[str, str]) -> ProgressReport | None:
+    """Read a progress report; None when there is none yet or it cannot be read."""
+    try:
+        step = int(data[STEP_KEY])
+        reward = float(data[MEAN_REWARD_KEY]) if MEAN_REWARD_KEY in data else None
+    except (KeyError, ValueError):
+        return None
+    if step < 0 or (reward is not None and not math.isfinite(reward)):
+        return None
+    return ProgressReport(step=step, mean_reward=reward)

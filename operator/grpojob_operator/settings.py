@@ -1,0 +1,73 @@
+"""Operator settings, from command-line flags or `GRPOJOB_*` environment variables (flags win)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_RAY_IMAGE = "ghcr.io/grpojob/trainer:0.1.0"
+DEFAULT_ENVIRONMENT_IMAGE = "ghcr.io/grpojob/penguin-env:0.1.0"
+RAY_VERSION = "2.60.0"
+
+
+class OperatorSettings(BaseModel):
+    """Everything the operator needs to know that is not in a GRPOJob."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty watches the whole cluster."""
+    cluster_domain: str = "cluster.local"
+    """DNS suffix of Services, used in the addresses published in `<job>-endpoints`."""
+    ray_image: str = DEFAULT_RAY_IMAGE
+    """Default image of Ray pods (and of the trainer, unless set separately)."""
+    trainer_image: str | None = None
+    """Default image of the trainer Job (defaults to `ray_image`)."""
+    environment_image: str = DEFAULT_ENVIRONMENT_IMAGE
+    """Default image of environment servers."""
+    ray_version: str = RAY_VERSION
+    """Ray version declared in every RayCluster; must match the images."""
+    log_level: str = "INFO"
+    metrics_port: int = Field(default=8080, ge=0, le=65535)
+    """Port of the Prometheus metrics endpoint (0 disables it)."""
+    probe_port: int = Field(default=8081, ge=0, le=65535)
+    """Port of the liveness endpoint `/healthz` (0 disables it)."""
+    reconcile_interval_seconds: float = Field(default=2.0, gt=0)
+    """How often each GRPOJob is reconciled; reads come from watch caches, so a pass costs no API call
+    unless something must change."""
+    pod_failure_grace_seconds: float = Field(default=120.0, ge=0)
+    """How long a child pod may sit in ImagePullBackOff, ErrImagePull or CrashLoopBackOff before the job
+    fails."""
+
+    def default_trainer_image(self) -> str:
+        return self.trainer_image or self.ray_image
+
+
+_ENV_PREFIX = "GRPOJOB_"
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> OperatorSettings:
+    """Settings from flags (``--cluster-domain x``, ``--namespace a --namespace b``) over environment
+    variables (``GRPOJOB_CLUSTER_DOMAIN``, ``GRPOJOB_NAMESPACES=a,b``) over defaults."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    for name in OperatorSettings.model_fields:
+        raw = environ.get(_ENV_PREFIX + name.upper())
+        if raw:
+            values[name] = tuple(n for n in raw.split(",") if n) if name == "namespaces" else raw
+    parser = argparse.ArgumentParser(prog="python -m grpojob_operator", description="The GRPOJob operator.")
+    for name, field in OperatorSettings.model_fields.items():
+        if name == "namespaces":
+            parser.add_argument("--namespace", dest="namespaces", action="append", help=field.description)
+        else:
+            parser.add_argument(_flag(name), dest=name, help=field.description)
+    parsed = parser.parse_args(list(argv or []))
+    values.update({k: (tuple(v) if k == "namespaces" else v) for k, v in vars(parsed).items() if v is not None})
+    return OperatorSettings.model_validate(values)

@@ -1,0 +1,393 @@
+"""The GRPOJob state machine, in one place: from the job and what is observed of its children to the
+actions to take and the status to write. Pure: no API calls, no clock (``now`` is an argument).
+
+    Pending ─▶ Initializing ─▶ Running ─▶ Succeeded
+                   │   ▲          │
+                   │   └─ retry ──┤ (trainer failed, attempt ≤ backoffLimit)
+                   ▼              ▼
+                 Failed ◀──── Failed (InvalidSpec, DeadlineExceeded, a stuck pod, BackoffLimitExceeded)
+    any non-terminal phase ◀─▶ Suspended (spec.suspend)
+
+Order of the children (DESIGN.md): RayCluster, `<job>-config`, `<job>-generation` (and the trainer's
+progress ConfigMap and RBAC) → wait for the RayCluster's HeadPodReady condition and a head pod with
+an IP → write `<job>-endpoints` → environment Deployments/Services and the trainer Job, which read
+the endpoints with envFrom. A retry first records the new attempt in the status, then deletes the
+old trainer Job with foreground propagation (its pods go first), then creates the next one, so an
+operator restarted between any two of those steps neither loses nor repeats an attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from grpojob_api import v1alpha1 as api
+from grpojob_api.v1alpha1 import ConditionType, Phase
+from grpojob_operator import manifests, names
+from grpojob_operator.observe import ConfigMapInfo, DeploymentInfo, Observed, PodInfo, RayClusterInfo, TrainerJobInfo
+from grpojob_operator.progress import parse_progress
+from grpojob_operator.settings import OperatorSettings
+
+
+@dataclass(frozen=True)
+class Create:
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Replace:
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Delete:
+    api_version: str
+    kind: str
+    name: str
+    propagation: Literal["Background", "Foreground"] = "Background"
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete the GRPOJob itself (ttlSecondsAfterFinished)."""
+
+
+Action = Create | Replace | Delete | DeleteJob
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    """What one reconcile pass does: actions in order, then one status write, then events."""
+
+    status: api.GRPOJobStatus
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------
+# status helpers
+
+
+def set_condition(
+    status: api.GRPOJobStatus, kind: ConditionType, value: bool, reason: str, message: str, now: datetime
+) -> None:
+    """Set a condition, keeping its lastTransitionTime unless its status flips."""
+    text = "True" if value else "False"
+    for i, existing in enumerate(status.conditions):
+        if existing.type == kind.value:
+            changed = existing.status != text
+            status.conditions[i] = existing.model_copy(
+                update={
+                    "status": text,
+                    "reason": reason,
+                    "message": message,
+                    "last_transition_time": now if changed else existing.last_transition_time,
+                }
+            )
+            return
+    status.conditions.append(
+        api.Condition(type=kind.value, status=text, reason=reason, message=message, last_transition_time=now)
+    )
+
+
+def condition(status: api.GRPOJobStatus, kind: ConditionType) -> api.Condition | None:
+    return next((c for c in status.conditions if c.type == kind.value), None)
+
+
+def transition_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
+    """One Event for each condition that changed status and for each phase change."""
+    events = []
+    before = {c.type: c.status for c in old.conditions}
+    for c in new.conditions:
+        if before.get(c.type) != c.status:
+            bad = (c.type == ConditionType.FAILED.value and c.status == "True") or c.reason in _WARNING_REASONS
+            events.append(Event("Warning" if bad else "Normal", c.reason, f"{c.type} is {c.status}: {c.message}"))
+    if old.phase != new.phase:
+        kind = "Warning" if new.phase == Phase.FAILED else "Normal"
+        events.append(Event(kind, f"Phase{new.phase.value}", f"phase {old.phase.value} → {new.phase.value}"))
+    return events
+
+
+_WARNING_REASONS = {"TrainerFailed", "HeadPodNotReady"}
+
+
+def _fail(plan: Plan, reason: str, message: str, now: datetime) -> Plan:
+    status = plan.status
+    status.phase = Phase.FAILED
+    status.reason, status.message = reason, message
+    status.completion_time = status.completion_time or now
+    set_condition(status, ConditionType.FAILED, True, reason, message, now)
+    set_condition(status, ConditionType.TRAINER_RUNNING, False, reason, message, now)
+    return plan
+
+
+# ------------------------------------------------------------------------------------------------
+# the machine
+
+
+def plan(body: dict[str, Any], observed: Observed, settings: OperatorSettings, now: datetime) -> Plan:
+    """Decide the next actions and the new status of the GRPOJob ``body`` (as read from the API)."""
+    old = _current_status(body)
+    status = old.model_copy(deep=True)
+    status.observed_generation = body.get("metadata", {}).get("generation")
+    result = Plan(status=status)
+    try:
+        job = api.parse_job({k: v for k, v in body.items() if k != "status"})
+    except ValidationError as error:
+        if status.phase != Phase.FAILED:
+            _fail(result, "InvalidSpec", _describe(error), now)
+    else:
+        if status.phase.is_terminal():
+            _finished(job, result, observed, now)
+        elif job.spec.suspend:
+            _suspend(job, result, observed, now)
+        else:
+            _advance(job, result, observed, settings, now)
+    result.events = transition_events(old, status) + result.events
+    return result
+
+
+def _current_status(body: dict[str, Any]) -> api.GRPOJobStatus:
+    raw = {k: v for k, v in (body.get("status") or {}).items() if k in _STATUS_KEYS}
+    try:
+        return api.GRPOJobStatus.model_validate(raw)
+    except ValidationError:
+        return api.GRPOJobStatus()  # a status we cannot read is rebuilt from the children
+
+
+_STATUS_KEYS = {f.alias or n for n, f in api.GRPOJobStatus.model_fields.items()} | set(api.GRPOJobStatus.model_fields)
+
+
+def _describe(error: ValidationError) -> str:
+    """A validation error as `field: problem` lines, fields named as in the manifest."""
+    parts = []
+    for item in error.errors():
+        path = api.field_path(tuple(item["loc"]))
+        message = item["msg"].removeprefix("Value error, ")
+        parts.append(message if message.startswith("spec.") else f"{path}: {message}")
+    return "; ".join(parts)
+
+
+def _child_deletions(job: api.GRPOJob, observed: Observed, *, trainer: bool) -> list[Action]:
+    child = names.ChildNames(job.metadata.name)
+    candidates: list[Delete] = [
+        Delete("ray.io/v1", "RayCluster", child.raycluster),
+        Delete("v1", "ConfigMap", child.endpoints),
+    ]
+    for env in job.spec.environments:
+        candidates.append(Delete("apps/v1", "Deployment", child.environment(env.name)))
+        candidates.append(Delete("v1", "Service", child.environment(env.name)))
+    if trainer:
+        candidates.append(Delete("batch/v1", "Job", child.trainer, "Foreground"))
+    return [d for d in candidates if observed.has(d.kind, d.name) and not _deleting(observed.get(d.kind, d.name))]
+
+
+def _deleting(summary: Any) -> bool:
+    return bool(getattr(summary, "deleting", False))
+
+
+def _finished(job: api.GRPOJob, plan_: Plan, observed: Observed, now: datetime) -> None:
+    policy = job.spec.cleanup_policy
+    if policy != api.CleanupPolicy.KEEP_ALL:
+        plan_.actions += _child_deletions(job, observed, trainer=policy == api.CleanupPolicy.DELETE_ALL)
+    ttl = job.spec.ttl_seconds_after_finished
+    done = plan_.status.completion_time
+    if ttl is not None and done is not None and now >= done + timedelta(seconds=ttl):
+        plan_.actions.append(DeleteJob())
+
+
+def _suspend(job: api.GRPOJob, plan_: Plan, observed: Observed, now: datetime) -> None:
+    status = plan_.status
+    plan_.actions += _child_deletions(job, observed, trainer=True)
+    status.phase = Phase.SUSPENDED
+    status.reason, status.message = "Suspended", "spec.suspend is true"
+    status.start_time = None  # like a Kubernetes Job, activeDeadlineSeconds restarts on resume
+    set_condition(status, ConditionType.SUSPENDED, True, "Suspended", "spec.suspend is true", now)
+    set_condition(status, ConditionType.RAY_CLUSTER_READY, False, "Suspended", "the job is suspended", now)
+    set_condition(status, ConditionType.ENDPOINTS_PUBLISHED, False, "Suspended", "the job is suspended", now)
+    set_condition(status, ConditionType.TRAINER_RUNNING, False, "Suspended", "the job is suspended", now)
+
+
+def _stuck_pod(observed: Observed, grace: float, now: datetime) -> tuple[str, str] | None:
+    for pod in observed.pods():
+        if pod.deleting or not pod.stuck:
+            continue
+        since = pod.ready_since or pod.created or now
+        if (now - since).total_seconds() >= grace:
+            container, reason, message = pod.stuck[0]
+            detail = f": {message}" if message else ""
+            return reason, f"pod {pod.name} container {container} is in {reason}{detail}"
+    return None
+
+
+def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: OperatorSettings, now: datetime) -> None:
+    status = plan_.status
+    child = names.ChildNames(job.metadata.name)
+    if condition(status, ConditionType.SUSPENDED) is not None and status.phase == Phase.SUSPENDED:
+        set_condition(status, ConditionType.SUSPENDED, False, "Resumed", "spec.suspend is false", now)
+    status.start_time = status.start_time or now
+    deadline = job.spec.active_deadline_seconds
+    if deadline is not None and now >= status.start_time + timedelta(seconds=deadline):
+        _fail(plan_, "DeadlineExceeded", f"the job ran longer than spec.activeDeadlineSeconds ({deadline}s)", now)
+        return
+    stuck = _stuck_pod(observed, settings.pod_failure_grace_seconds, now)
+    if stuck is not None:
+        _fail(plan_, *stuck, now)
+        return
+
+    # 1. The RayCluster and the children that need no address.
+    base = [
+        manifests.build_raycluster(job, settings),
+        manifests.build_config_map(job),
+        manifests.build_generation_service(job),
+        manifests.build_progress(job),
+        *manifests.build_trainer_rbac(job),
+    ]
+    plan_.actions += [Create(m) for m in base if not observed.has(m["kind"], m["metadata"]["name"])]
+    _read_progress(status, observed.get("ConfigMap", child.progress))
+
+    # 2. Wait for the head.
+    cluster: RayClusterInfo | None = observed.get("RayCluster", child.raycluster)
+    head = observed.head_pod()
+    if cluster is None or not cluster.head_pod_ready or head is None or not head.ready:
+        reason = "WaitingForRayCluster" if cluster is None else "HeadPodNotReady"
+        set_condition(status, ConditionType.RAY_CLUSTER_READY, False, reason, "waiting for the Ray head pod", now)
+        trainer_running = condition(status, ConditionType.TRAINER_RUNNING)
+        if not (trainer_running and trainer_running.status == "True"):
+            status.phase = Phase.INITIALIZING
+        return
+    workers = f"{cluster.ready_workers}/{cluster.desired_workers} workers ready"
+    set_condition(
+        status, ConditionType.RAY_CLUSTER_READY, True, "HeadPodReady", f"head pod {head.name}; {workers}", now
+    )
+
+    # 3. Publish the endpoints (again, when the head pod or the attempt changed).
+    status.attempt = max(status.attempt, 1)
+    endpoints = manifests.build_endpoints(job, settings, head.ip or "", status.attempt)
+    current: ConfigMapInfo | None = observed.get("ConfigMap", child.endpoints)
+    if current is None:
+        plan_.actions.append(Create(endpoints))
+    elif current.as_dict() != endpoints["data"]:
+        plan_.actions.append(Replace(endpoints))
+    status.gcs_address = endpoints["data"]["RAY_GCS_ADDRESS"]
+    set_condition(
+        status,
+        ConditionType.ENDPOINTS_PUBLISHED,
+        True,
+        "EndpointsPublished",
+        f"{child.endpoints}: GCS {status.gcs_address}, head pod IP {head.ip}",
+        now,
+    )
+
+    # 4. Environments.
+    not_ready = []
+    for env in job.spec.environments:
+        name = child.environment(env.name)
+        if not observed.has("Deployment", name):
+            plan_.actions.append(Create(manifests.build_environment_deployment(job, env, settings)))
+        if not observed.has("Service", name):
+            plan_.actions.append(Create(manifests.build_environment_service(job, env)))
+        deployment: DeploymentInfo | None = observed.get("Deployment", name)
+        if deployment is None or deployment.ready_replicas < env.replicas:
+            ready = deployment.ready_replicas if deployment else 0
+            not_ready.append(f"{env.name} {ready}/{env.replicas}")
+    if not_ready:
+        set_condition(
+            status,
+            ConditionType.ENVIRONMENTS_READY,
+            False,
+            "EnvironmentsStarting",
+            "ready: " + ", ".join(not_ready),
+            now,
+        )
+    else:
+        count = len(job.spec.environments)
+        set_condition(status, ConditionType.ENVIRONMENTS_READY, True, "EnvironmentsReady", f"{count} ready", now)
+
+    # 5. The trainer.
+    _advance_trainer(job, plan_, observed, settings, now)
+
+
+def _advance_trainer(
+    job: api.GRPOJob, plan_: Plan, observed: Observed, settings: OperatorSettings, now: datetime
+) -> None:
+    status = plan_.status
+    child = names.ChildNames(job.metadata.name)
+    trainer: TrainerJobInfo | None = observed.get("Job", child.trainer)
+    pods = [p for p in observed.pods() if p.component == "trainer"]
+
+    def waiting(reason: str, message: str) -> None:
+        set_condition(status, ConditionType.TRAINER_RUNNING, False, reason, message, now)
+        status.phase = Phase.INITIALIZING
+
+    if trainer is not None and (trainer.attempt < status.attempt or trainer.deleting):
+        if not trainer.deleting:
+            plan_.actions.append(Delete("batch/v1", "Job", child.trainer, "Foreground"))
+        waiting("RestartingTrainer", f"removing attempt {trainer.attempt} before attempt {status.attempt}")
+        return
+    if trainer is None:
+        leftovers = [p.name for p in pods if p.attempt is not None and p.attempt < status.attempt]
+        if leftovers:
+            waiting("RestartingTrainer", f"waiting for pods of the previous attempt to go: {', '.join(leftovers)}")
+            return
+        plan_.actions.append(Create(manifests.build_trainer_job(job, settings, status.attempt)))
+        plan_.events.append(Event("Normal", "TrainerCreated", f"created {child.trainer} (attempt {status.attempt})"))
+        waiting("TrainerStarting", f"attempt {status.attempt} created")
+        return
+    if trainer.complete:
+        status.phase = Phase.SUCCEEDED
+        status.reason, status.message = "Completed", f"the trainer finished (attempt {status.attempt})"
+        status.completion_time = status.completion_time or now
+        set_condition(status, ConditionType.TRAINER_RUNNING, False, "Completed", status.message, now)
+        set_condition(status, ConditionType.COMPLETE, True, "Completed", status.message, now)
+        return
+    if trainer.failed:
+        cause = _trainer_failure(trainer, pods)
+        allowed = job.spec.backoff_limit + 1
+        if status.attempt < allowed:
+            message = f"attempt {status.attempt} of {allowed} failed: {cause}; retrying"
+            plan_.events.append(Event("Warning", "TrainerFailed", message))
+            status.attempt += 1
+            set_condition(status, ConditionType.TRAINER_RUNNING, False, "TrainerFailed", message, now)
+            status.phase = Phase.INITIALIZING
+        else:
+            limit = job.spec.backoff_limit
+            message = f"the trainer failed {status.attempt} times (spec.backoffLimit is {limit}); last: {cause}"
+            _fail(plan_, "BackoffLimitExceeded", message, now)
+        return
+    running = [p for p in pods if p.attempt == status.attempt and p.phase == "Running" and not p.deleting]
+    if running:
+        status.phase = Phase.RUNNING
+        status.reason, status.message = "TrainerRunning", f"pod {running[0].name}"
+        set_condition(status, ConditionType.TRAINER_RUNNING, True, "TrainerRunning", status.message, now)
+    else:
+        waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
+
+
+def _trainer_failure(trainer: TrainerJobInfo, pods: list[PodInfo]) -> str:
+    for pod in pods:
+        if pod.attempt == trainer.attempt:
+            for container, code, detail in pod.terminated:
+                if code != 0:
+                    return f"pod {pod.name} container {container} exited with code {code}" + (
+                        f" ({detail})" if detail else ""
+                    )
+    return trainer.failure_message or "the trainer Job failed"
+
+
+def _read_progress(status: api.GRPOJobStatus, progress: ConfigMapInfo | None) -> None:
+    """Copy the trainer's reported step and mean reward into the status."""
+    if progress is not None:
+        report = parse_progress(progress.as_dict())
+        if report is not None:
+            status.step, status.mean_reward = report.step, report.mean_reward

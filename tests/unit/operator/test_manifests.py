@@ -1,0 +1,135 @@
+"""Children are built as plain dicts from the GRPOJob, with deterministic names and an owner."""
+
+from __future__ import annotations
+
+import json
+
+from grpojob_api import v1alpha1 as api
+from grpojob_operator import manifests
+from grpojob_operator.settings import OperatorSettings
+
+from .conftest import job_body
+
+SETTINGS = OperatorSettings(cluster_domain="cluster.example", ray_image="example/ray:1")
+
+
+def job(**spec_overrides) -> api.GRPOJob:
+    body = job_body()
+    body["spec"].update(spec_overrides)
+    return api.parse_job(body)
+
+
+def test_every_child_is_owned_by_the_job_as_its_controller():
+    j = job()
+    children = [
+        manifests.build_raycluster(j, SETTINGS),
+        manifests.build_config_map(j),
+        manifests.build_generation_service(j),
+        manifests.build_endpoints(j, SETTINGS, "10.0.0.7", 1),
+        manifests.build_progress(j),
+        manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS),
+        manifests.build_environment_service(j, j.spec.environments[0]),
+        manifests.build_trainer_job(j, SETTINGS, 1),
+        *manifests.build_trainer_rbac(j),
+    ]
+    for child in children:
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner["kind"] == "GRPOJob" and owner["uid"] == j.metadata.uid and owner["controller"] is True
+        assert child["metadata"]["namespace"] == "team-a"
+        assert child["metadata"]["labels"]["grpo.dev/job"] == "demo"
+    assert [c["metadata"]["name"] for c in children] == [
+        "demo",
+        "demo-config",
+        "demo-generation",
+        "demo-endpoints",
+        "demo-progress",
+        "demo-env-math",
+        "demo-env-math",
+        "demo-trainer",
+        "demo-trainer",
+        "demo-trainer",
+        "demo-trainer",
+    ]
+
+
+def test_raycluster_has_a_cpu_head_and_gpu_groups_sized_from_the_spec():
+    cluster = manifests.build_raycluster(job(), SETTINGS)["spec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in head["resources"]["requests"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
+    assert groups["generation"]["replicas"] == 2
+    assert groups["policy"]["replicas"] == 1
+    policy = groups["policy"]["template"]["spec"]["containers"][0]
+    assert policy["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert json.loads(groups["generation"]["rayStartParams"]["resources"]) == {"generation": 1}
+    assert head["image"] == "example/ray:1"
+
+
+def test_cpu_only_groups_request_no_gpu():
+    cluster = manifests.build_raycluster(job(training={"gpusPerReplica": 0}), SETTINGS)["spec"]
+    policy = next(g for g in cluster["workerGroupSpecs"] if g["groupName"] == "policy")
+    assert "nvidia.com/gpu" not in policy["template"]["spec"]["containers"][0]["resources"]["requests"]
+
+
+def test_endpoints_follow_the_contract_of_design_md():
+    data = manifests.build_endpoints(job(), SETTINGS, "10.0.0.7", 2)["data"]
+    assert data == {
+        "RAY_GCS_ADDRESS": "demo-head-svc.team-a.svc.cluster.example:6379",
+        "RAY_HEAD_POD_IP": "10.0.0.7",
+        "RAY_DASHBOARD_URL": "http://demo-head-svc.team-a.svc.cluster.example:8265",
+        "POLICY_BASE_URL": "http://demo-generation.team-a.svc.cluster.example:8000/v1",
+        "PENGUIN_ENV_URLS": json.dumps({"math": "http://demo-env-math.team-a.svc.cluster.example:8080"}),
+        "GRPOJOB_NAME": "demo",
+        "GRPOJOB_ATTEMPT": "2",
+    }
+
+
+def test_generation_service_is_headless_over_the_generation_workers():
+    service = manifests.build_generation_service(job())["spec"]
+    assert service["clusterIP"] == "None"
+    assert service["selector"] == {"ray.io/cluster": "demo", "ray.io/group": "generation"}
+    assert service["ports"][0]["port"] == 8000
+
+
+def test_environment_and_trainer_read_the_endpoints_through_env_from():
+    j = job()
+    deployment = manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS)
+    trainer = manifests.build_trainer_job(j, SETTINGS, 3)
+    for pod in (deployment["spec"]["template"]["spec"], trainer["spec"]["template"]["spec"]):
+        assert pod["containers"][0]["envFrom"] == [{"configMapRef": {"name": "demo-endpoints"}}]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
+    assert trainer["metadata"]["labels"]["grpo.dev/attempt"] == "3"
+    assert trainer["spec"]["template"]["metadata"]["labels"]["grpo.dev/attempt"] == "3"
+    assert trainer["spec"]["backoffLimit"] == 0, "the operator, not the Job controller, counts attempts"
+
+
+def test_secrets_stay_secret_references():
+    j = job(
+        environments=[
+            {"name": "judge", "env": [{"name": "JUDGE_KEY", "secretKeyRef": {"name": "judge", "key": "token"}}]}
+        ]
+    )
+    container = manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS)["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    assert {"name": "JUDGE_KEY", "valueFrom": {"secretKeyRef": {"name": "judge", "key": "token"}}} in container["env"]
+    assert "token" not in manifests.render_job_config(j).replace("secretKeyRef", "")
+
+
+def test_trainer_may_only_touch_its_own_progress_config_map():
+    role = next(m for m in manifests.build_trainer_rbac(job()) if m["kind"] == "Role")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["demo-progress"], "verbs": ["get", "update", "patch"]}
+    ]
+
+
+def test_job_config_renders_the_spec_the_trainer_parses_back():
+    j = job()
+    rendered = manifests.render_job_config(j)
+    import yaml
+
+    again = api.parse_job(yaml.safe_load(rendered))
+    assert again.spec == j.spec
