@@ -15,6 +15,8 @@ from grpojob_operator.settings import load_settings
 def main(argv: list[str] | None = None) -> None:
     settings = load_settings(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.log_level.upper() != "DEBUG":
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per timer tick
     registry = kopf.OperatorRegistry()
     handlers.register(registry, settings)
     metrics.serve(settings.metrics_port)

@@ -124,6 +124,10 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     def forget_job(namespace: str, name: str, **_: Any) -> None:
         metrics.forget(namespace, name)
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
     @kopf.on.startup(registry=registry)
     def configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
@@ -157,4 +161,4 @@ def configure(kopf_settings: kopf.OperatorSettings) -> None:
 
 
 def new_memo(settings: OperatorSettings) -> kopf.Memo:
-    return kopf.Memo(settings=settings, kube=Kube(new_api_client()))
+    return kopf.Memo(settings=settings, kube=Kube(new_api_client(), settings.exit_after_writes))

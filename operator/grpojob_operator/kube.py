@@ -7,12 +7,13 @@ idempotent.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
 
 from grpojob_api import v1alpha1 as api
 
@@ -52,31 +53,46 @@ def new_api_client() -> client.ApiClient:
     return client.ApiClient()
 
 
+class ApiError(Exception):
+    """A Kubernetes API request that did not succeed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
 class Kube:
     """Writes, each counted in ``writes`` (the scale benchmark reads it)."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, exit_after_writes: int | None = None) -> None:
         self.api = api_client
         self.writes = 0
+        self.exit_after_writes = exit_after_writes
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         self.writes += 1
-        return self.api.call_api(
-            path,
+        request = self.api.param_serialize(
             method,
-            body=body,
+            path,
             header_params={"Content-Type": content_type, "Accept": "application/json"},
-            response_type="object",
+            body=body,
             auth_settings=["BearerToken"],
-            _return_http_data_only=True,
         )
+        response = self.api.call_api(*request)
+        payload = response.read()
+        if self.exit_after_writes is not None and self.writes >= self.exit_after_writes:
+            log.warning("exiting after %d writes (exit_after_writes)", self.writes)
+            os._exit(3)
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, f"{method} {path}: {payload.decode(errors='replace')[:500]}")
+        return json.loads(payload) if payload else None
 
     def create(self, manifest: dict[str, Any]) -> bool:
         """Create a child; False when it already exists."""
         meta = manifest["metadata"]
         try:
             self._call("POST", RESOURCES[manifest["kind"]].collection(meta["namespace"]), manifest)
-        except ApiException as error:
+        except ApiError as error:
             if error.status == 409:
                 return False
             raise
@@ -95,7 +111,7 @@ class Kube:
         path = f"{RESOURCES[kind].collection(namespace)}/{name}"
         try:
             self._call("DELETE", path, {"propagationPolicy": propagation})
-        except ApiException as error:
+        except ApiError as error:
             if error.status == 404:
                 return False
             raise

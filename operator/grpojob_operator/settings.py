@@ -41,6 +41,8 @@ class OperatorSettings(BaseModel):
     pod_failure_grace_seconds: float = Field(default=120.0, ge=0)
     """How long a child pod may sit in ImagePullBackOff, ErrImagePull or CrashLoopBackOff before the job
     fails."""
+    exit_after_writes: int | None = Field(default=None, ge=1)
+    """Fault injection for tests: exit abruptly right after this many API writes, as if killed."""
 
     def default_trainer_image(self) -> str:
         return self.trainer_image or self.ray_image

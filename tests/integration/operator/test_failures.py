@@ -1,0 +1,77 @@
+"""Failures end with a clear reason, retries are counted, and the operator never spins or crashes."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import UNPULLABLE_IMAGE, eventually, job_manifest, sleep_passes
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_failed_trainer_is_retried_up_to_backoff_limit_then_the_job_fails(operator, jobs):
+    jobs.create(job_manifest("flaky", backoffLimit=1))
+    jobs.wait_phase("flaky", "Running")
+    first = jobs.wait_trainer_pod("flaky", attempt=1)
+    jobs.exit_pod(first.metadata.name, 1)
+
+    # The old attempt's pods are gone before the next attempt starts: never two trainer pods at once.
+    def second_attempt_running() -> bool:
+        pods = jobs.trainer_pods("flaky")
+        attempts = {p.metadata.labels["grpo.dev/attempt"] for p in pods}
+        assert len(attempts) <= 1, f"pods of two attempts at once: {[p.metadata.name for p in pods]}"
+        return attempts == {"2"} and any(p.status.phase == "Running" for p in pods)
+
+    eventually(second_attempt_running, "attempt 2 to run", 60)
+    assert jobs.status("flaky")["attempt"] == 2
+    assert jobs.config_map("flaky-endpoints")["GRPOJOB_ATTEMPT"] == "2"
+    assert any(reason == "TrainerFailed" for reason, _ in jobs.events("flaky"))
+
+    second = jobs.wait_trainer_pod("flaky", attempt=2)
+    jobs.exit_pod(second.metadata.name, 1)
+    status = jobs.wait_phase("flaky", "Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert second.metadata.name in failed["message"] and "exited with code 1" in failed["message"]
+    assert status["attempt"] == 2
+
+
+def test_a_pod_stuck_in_image_pull_backoff_fails_the_job_naming_the_pod(operator, jobs):
+    manifest = job_manifest("badimage")
+    manifest["spec"]["environments"][0]["image"] = UNPULLABLE_IMAGE
+    jobs.create(manifest)
+    status = jobs.wait_phase("badimage", "Failed", timeout=60)
+    assert status["reason"] == "ImagePullBackOff"
+    (pod,) = jobs.pods("grpo.dev/job=badimage,grpo.dev/environment=digits")
+    assert pod.metadata.name in status["message"] and UNPULLABLE_IMAGE in status["message"]
+
+
+def test_a_crash_looping_ray_worker_fails_the_job(operator, jobs):
+    jobs.create(job_manifest("crashy"))
+    jobs.wait_phase("crashy", "Running")
+    (worker,) = jobs.pods("ray.io/cluster=crashy,ray.io/group=policy")
+    jobs.core.patch_namespaced_pod(
+        worker.metadata.name, jobs.namespace, {"metadata": {"annotations": {"grpojob.dev/kwok-crash": "true"}}}
+    )
+    status = jobs.wait_phase("crashy", "Failed", timeout=60)
+    assert status["reason"] == "CrashLoopBackOff" and worker.metadata.name in status["message"]
+
+
+def test_an_invalid_spec_fails_with_the_field_named_and_no_retry_storm(operator, jobs):
+    jobs.create(job_manifest("invalid", generation={"maxModelLen": 512, "maxNewTokens": 512}))
+    status = jobs.wait_phase("invalid", "Failed")
+    assert status["reason"] == "InvalidSpec"
+    assert "spec.generation.maxNewTokens" in status["message"]
+    assert not any(jobs.children("invalid").values()), "nothing is created for an invalid spec"
+    version = jobs.get("invalid")["metadata"]["resourceVersion"]
+    sleep_passes(8)
+    assert jobs.get("invalid")["metadata"]["resourceVersion"] == version, "a failed job is not rewritten"
+    assert operator.alive()
+
+
+def test_active_deadline_fails_the_job(operator, jobs):
+    jobs.create(job_manifest("slow", activeDeadlineSeconds=3))
+    status = jobs.wait_phase("slow", "Failed", timeout=30)
+    assert status["reason"] == "DeadlineExceeded"
+    assert "activeDeadlineSeconds" in status["message"]
+    eventually(lambda: not jobs.children("slow")["RayCluster"], "the RayCluster to be cleaned up", 30)

@@ -1,0 +1,111 @@
+"""A GRPOJob's whole life on the real control plane, with the real KubeRay operator and kwok nodes."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+
+from .conftest import eventually, job_manifest
+
+pytestmark = pytest.mark.integration
+
+
+def _time(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def test_a_job_runs_publishes_endpoints_after_the_head_is_ready_and_succeeds(operator, jobs, namespace):
+    jobs.create(job_manifest("tiny"))
+    jobs.wait_phase("tiny", "Running")
+
+    # The endpoints were written only once the RayCluster's head pod was ready.
+    cluster = jobs.custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", "tiny")
+    head_ready = next(c for c in cluster["status"]["conditions"] if c["type"] == "HeadPodReady")
+    assert head_ready["status"] == "True"
+    endpoints = jobs.core.read_namespaced_config_map("tiny-endpoints", namespace)
+    assert endpoints.metadata.creation_timestamp >= _time(head_ready["lastTransitionTime"])
+    (head,) = jobs.pods("ray.io/cluster=tiny,ray.io/node-type=head")
+    assert endpoints.data["RAY_HEAD_POD_IP"] == head.status.pod_ip
+    assert endpoints.data["RAY_GCS_ADDRESS"] == f"tiny-head-svc.{namespace}.svc.cluster.local:6379"
+    assert endpoints.data["POLICY_BASE_URL"] == f"http://tiny-generation.{namespace}.svc.cluster.local:8000/v1"
+    assert json.loads(endpoints.data["PENGUIN_ENV_URLS"]) == {
+        "digits": f"http://tiny-env-digits.{namespace}.svc.cluster.local:8080"
+    }
+    assert endpoints.data["GRPOJOB_ATTEMPT"] == "1"
+
+    # Environments and the trainer came after the endpoints and read them through envFrom.
+    deployment = jobs.apps.read_namespaced_deployment("tiny-env-digits", namespace)
+    trainer = jobs.batch.read_namespaced_job("tiny-trainer", namespace)
+    for created in (deployment.metadata.creation_timestamp, trainer.metadata.creation_timestamp):
+        assert created >= endpoints.metadata.creation_timestamp
+    for pod_spec in (deployment.spec.template.spec, trainer.spec.template.spec):
+        assert pod_spec.containers[0].env_from[0].config_map_ref.name == "tiny-endpoints"
+
+    # GPU pods went to GPU nodes.
+    nodes = {n.metadata.name: n for n in jobs.core.list_node().items}
+    for pod in jobs.pods("ray.io/cluster=tiny,ray.io/node-type=worker"):
+        assert "nvidia.com/gpu" in nodes[pod.spec.node_name].status.capacity
+
+    status = jobs.status("tiny")
+    assert status["gcsAddress"] == endpoints.data["RAY_GCS_ADDRESS"]
+    assert status["attempt"] == 1 and status["startTime"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    for kind in ("RayClusterReady", "EndpointsPublished", "EnvironmentsReady", "TrainerRunning"):
+        assert conditions[kind]["status"] == "True", conditions[kind]
+        assert conditions[kind]["reason"] and conditions[kind]["lastTransitionTime"]
+
+    # Progress reported by the trainer reaches the status (and `kubectl get grpojobs`).
+    jobs.core.patch_namespaced_config_map("tiny-progress", namespace, {"data": {"step": "7", "meanReward": "0.625"}})
+    eventually(lambda: jobs.status("tiny").get("step") == 7, "the step to reach the status", 30)
+    assert jobs.status("tiny")["meanReward"] == pytest.approx(0.625)
+
+    # The trainer process exits 0: the job succeeds and the default cleanup policy removes the
+    # RayCluster and the environments but keeps the trainer Job for its logs.
+    (pod,) = jobs.trainer_pods("tiny")
+    jobs.exit_pod(pod.metadata.name, 0)
+    status = jobs.wait_phase("tiny", "Succeeded")
+    assert status["completionTime"]
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
+    eventually(lambda: not jobs.children("tiny")["RayCluster"], "the RayCluster to be deleted", 30)
+    eventually(lambda: not jobs.children("tiny")["Deployment"], "the environments to be deleted", 30)
+    assert jobs.children("tiny")["Job"] == ["tiny-trainer"]
+
+    reasons = [reason for reason, _ in jobs.events("tiny")]
+    for reason in ("HeadPodReady", "EndpointsPublished", "TrainerCreated", "PhaseRunning", "Completed"):
+        assert reason in reasons, reasons
+
+    metrics = operator.metrics()
+    assert 'grpojob_jobs{phase="Succeeded"} 1.0' in metrics
+    assert "grpojob_reconcile_duration_seconds_count" in metrics
+    assert "grpojob_time_to_head_ready_seconds_count 1.0" in metrics
+
+
+def test_deleting_the_job_removes_every_child(operator, jobs):
+    jobs.create(job_manifest("gone"))
+    jobs.wait_phase("gone", "Running")
+    assert all(jobs.children("gone")[kind] for kind in ("RayCluster", "ConfigMap", "Service", "Deployment", "Job"))
+    jobs.delete("gone")
+    try:
+        eventually(lambda: not any(jobs.children("gone").values()), "every child to be garbage-collected", 60)
+    except TimeoutError as error:
+        raise AssertionError(f"left behind: {jobs.children('gone')}") from error
+
+
+def test_cleanup_policy_delete_all_and_ttl_remove_everything_after_success(operator, jobs):
+    jobs.create(job_manifest("brief", cleanupPolicy="DeleteAll", ttlSecondsAfterFinished=2))
+    jobs.wait_phase("brief", "Running")
+    (pod,) = jobs.trainer_pods("brief")
+    jobs.exit_pod(pod.metadata.name, 0)
+    jobs.wait_phase("brief", "Succeeded")
+    eventually(lambda: not jobs.children("brief")["Job"], "the trainer Job to be deleted (DeleteAll)", 30)
+
+    def job_deleted() -> bool:
+        try:
+            jobs.get("brief")
+        except Exception as error:
+            return getattr(error, "status", None) == 404
+        return False
+
+    eventually(job_deleted, "ttlSecondsAfterFinished to delete the GRPOJob", 30)

@@ -1,0 +1,78 @@
+"""The operator can die at any point, the head pod can be replaced, and the job can be suspended."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import eventually, job_manifest
+
+pytestmark = pytest.mark.integration
+
+
+def test_an_operator_killed_after_every_single_write_never_duplicates_or_orphans_a_child(operator, jobs):
+    operator.stop()
+    jobs.create(job_manifest("crashy-operator"))
+    restarts = 0
+    while jobs.status("crashy-operator").get("phase") != "Running":
+        # Each run makes exactly one API write (a child or the status), then dies as if SIGKILLed.
+        operator.start(GRPOJOB_EXIT_AFTER_WRITES="1")
+        try:
+            operator.wait_exit(60)
+        except Exception:  # the job is already Running and nothing is left to write
+            operator.kill()
+            break
+        restarts += 1
+        assert restarts < 40, operator.log()[-3000:]
+    assert restarts >= 10, "every creation step should have been interrupted"
+
+    operator.start()
+    jobs.wait_phase("crashy-operator", "Running")
+    children = jobs.children("crashy-operator")
+    assert children["RayCluster"] == ["crashy-operator"]
+    assert children["Job"] == ["crashy-operator-trainer"]
+    assert children["Deployment"] == ["crashy-operator-env-digits"]
+    assert children["ConfigMap"] == [
+        "crashy-operator-config",
+        "crashy-operator-endpoints",
+        "crashy-operator-progress",
+    ]
+    assert len(jobs.trainer_pods("crashy-operator")) == 1
+    assert jobs.status("crashy-operator")["attempt"] == 1
+
+
+def test_a_replaced_head_pod_is_published_in_the_endpoints(operator, jobs):
+    jobs.create(job_manifest("headless"))
+    jobs.wait_phase("headless", "Running")
+    (head,) = jobs.pods("ray.io/cluster=headless,ray.io/node-type=head")
+    old_ip = head.status.pod_ip
+    assert jobs.config_map("headless-endpoints")["RAY_HEAD_POD_IP"] == old_ip
+    jobs.core.delete_namespaced_pod(head.metadata.name, jobs.namespace)
+
+    def new_head_published() -> bool:
+        heads = [p for p in jobs.pods("ray.io/cluster=headless,ray.io/node-type=head") if p.status.pod_ip]
+        current = jobs.config_map("headless-endpoints")["RAY_HEAD_POD_IP"]
+        return any(p.metadata.name != head.metadata.name and p.status.pod_ip == current for p in heads)
+
+    eventually(new_head_published, "the new head pod's IP in the endpoints", 60)
+    assert jobs.status("headless")["gcsAddress"].startswith("headless-head-svc.")
+
+
+def test_suspend_removes_the_workload_and_resume_starts_it_again(operator, jobs):
+    jobs.create(job_manifest("pausable"))
+    jobs.wait_phase("pausable", "Running")
+    jobs.patch_spec("pausable", {"suspend": True})
+    jobs.wait_phase("pausable", "Suspended")
+
+    def workload_gone() -> bool:
+        children = jobs.children("pausable")
+        return not (children["RayCluster"] or children["Deployment"] or children["Job"] or children["Pod"])
+
+    eventually(workload_gone, "the RayCluster, environments and trainer to be removed", 60)
+    assert jobs.get("pausable")["spec"]["suspend"] is True
+
+    # While suspended the spec may change (Kueue resizes jobs); while running it may not.
+    jobs.patch_spec("pausable", {"grpo": {"maxSteps": 7}, "suspend": False})
+    jobs.wait_phase("pausable", "Running", timeout=60)
+    assert jobs.children("pausable")["RayCluster"] == ["pausable"]
+    with pytest.raises(Exception, match="immutable"):
+        jobs.patch_spec("pausable", {"grpo": {"maxSteps": 9}})
