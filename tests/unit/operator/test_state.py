@@ -1,0 +1,255 @@
+"""The state machine, step by step, without a cluster: observed children in, actions and status out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from grpojob_operator import state
+from grpojob_operator.observe import (
+    ConfigMapInfo,
+    DeploymentInfo,
+    Observed,
+    OtherInfo,
+    PodInfo,
+    RayClusterInfo,
+    TrainerJobInfo,
+)
+from grpojob_operator.settings import OperatorSettings
+
+from .conftest import job_body
+
+NOW = datetime(2026, 11, 30, 10, 0, 10, tzinfo=UTC)
+SETTINGS = OperatorSettings(pod_failure_grace_seconds=60)
+
+
+def pod(name: str, component: str, *, ip: str = "10.0.0.2", attempt: int | None = None, **kw) -> PodInfo:
+    base = dict(
+        phase="Running", ready=True, ip=ip, deleting=False, created=NOW - timedelta(seconds=5), ready_since=None
+    )
+    base.update(kw)
+    return PodInfo(name=name, component=component, attempt=attempt, **base)
+
+
+def base_children(head_ready: bool = True, head_ip: str = "10.0.0.2") -> dict:
+    children: dict = {
+        "RayCluster": {"demo": RayClusterInfo("demo", head_ready, "ready", 3, 3, False)},
+        "ConfigMap": {
+            "demo-config": ConfigMapInfo("demo-config", ()),
+            "demo-progress": ConfigMapInfo("demo-progress", ()),
+        },
+        "Service": {"demo-generation": OtherInfo("demo-generation", False)},
+        "ServiceAccount": {"demo-trainer": OtherInfo("demo-trainer", False)},
+        "Role": {"demo-trainer": OtherInfo("demo-trainer", False)},
+        "RoleBinding": {"demo-trainer": OtherInfo("demo-trainer", False)},
+        "Pod": {"demo-head": pod("demo-head", "ray-head", ip=head_ip)},
+    }
+    return children
+
+
+def with_endpoints(children: dict, ip: str = "10.0.0.2", attempt: int = 1) -> dict:
+    from grpojob_api import v1alpha1 as api
+    from grpojob_operator import manifests
+
+    data = manifests.endpoints_data(api.parse_job(job_body()), SETTINGS, ip, attempt)
+    children["ConfigMap"]["demo-endpoints"] = ConfigMapInfo("demo-endpoints", tuple(sorted(data.items())))
+    children["Deployment"] = {"demo-env-math": DeploymentInfo("demo-env-math", 1, 1)}
+    children["Service"]["demo-env-math"] = OtherInfo("demo-env-math", False)
+    return children
+
+
+def kinds_and_names(plan: state.Plan) -> list[tuple[str, str, str]]:
+    out = []
+    for action in plan.actions:
+        if isinstance(action, (state.Create, state.Replace)):
+            out.append((type(action).__name__, action.manifest["kind"], action.manifest["metadata"]["name"]))
+        elif isinstance(action, state.Delete):
+            out.append(("Delete", action.kind, action.name))
+    return out
+
+
+def run(body: dict, children: dict) -> state.Plan:
+    return state.plan(body, Observed(children), SETTINGS, NOW)
+
+
+def status_of(plan: state.Plan) -> dict:
+    return plan.status.model_dump(mode="json", by_alias=True)
+
+
+def test_a_new_job_gets_its_raycluster_and_config_but_no_endpoints_before_the_head_is_ready():
+    plan = run(job_body(), {})
+    assert kinds_and_names(plan) == [
+        ("Create", "RayCluster", "demo"),
+        ("Create", "ConfigMap", "demo-config"),
+        ("Create", "Service", "demo-generation"),
+        ("Create", "ConfigMap", "demo-progress"),
+        ("Create", "ServiceAccount", "demo-trainer"),
+        ("Create", "Role", "demo-trainer"),
+        ("Create", "RoleBinding", "demo-trainer"),
+    ]
+    assert plan.status.phase == "Initializing"
+    assert plan.status.start_time == NOW
+    ready = state.condition(plan.status, state.ConditionType.RAY_CLUSTER_READY)
+    assert ready is not None and ready.status == "False"
+
+
+def test_a_ready_head_publishes_endpoints_before_environments_and_the_trainer():
+    plan = run(job_body(), base_children())
+    assert kinds_and_names(plan) == [
+        ("Create", "ConfigMap", "demo-endpoints"),
+        ("Create", "Deployment", "demo-env-math"),
+        ("Create", "Service", "demo-env-math"),
+        ("Create", "Job", "demo-trainer"),
+    ]
+    endpoints = plan.actions[0].manifest
+    assert endpoints["data"]["RAY_HEAD_POD_IP"] == "10.0.0.2"
+    assert plan.status.gcs_address == "demo-head-svc.team-a.svc.cluster.local:6379"
+    assert plan.status.attempt == 1
+
+
+def test_head_pod_ready_condition_alone_is_not_enough_without_a_head_pod_ip():
+    children = base_children()
+    children["Pod"] = {"demo-head": pod("demo-head", "ray-head", ip=None)}  # type: ignore[arg-type]
+    assert not any(a for a in kinds_and_names(run(job_body(), children)) if a[2] == "demo-endpoints")
+
+
+def test_a_replaced_head_pod_rewrites_the_endpoints():
+    children = with_endpoints(base_children(head_ip="10.0.0.9"), ip="10.0.0.2")
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, False, False, "", False)}
+    plan = run(job_body(status={"attempt": 1, "phase": "Running"}), children)
+    replaced = [a for a in plan.actions if isinstance(a, state.Replace)]
+    assert len(replaced) == 1 and replaced[0].manifest["data"]["RAY_HEAD_POD_IP"] == "10.0.0.9"
+
+
+def test_a_running_trainer_pod_makes_the_job_running_and_progress_reaches_the_status():
+    children = with_endpoints(base_children())
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, False, False, "", False)}
+    children["Pod"]["demo-trainer-x"] = pod("demo-trainer-x", "trainer", attempt=1)
+    children["ConfigMap"]["demo-progress"] = ConfigMapInfo("demo-progress", (("meanReward", "0.5"), ("step", "4")))
+    plan = run(job_body(status={"attempt": 1}), children)
+    assert plan.actions == []
+    assert plan.status.phase == "Running"
+    assert (plan.status.step, plan.status.mean_reward) == (4, 0.5)
+    assert any(e.reason == "PhaseRunning" for e in plan.events)
+
+
+def test_a_failed_trainer_is_retried_in_three_passes_that_survive_a_restart_between_them():
+    children = with_endpoints(base_children())
+    failed = TrainerJobInfo("demo-trainer", 1, False, True, "BackoffLimitExceeded", False)
+    children["Job"] = {"demo-trainer": failed}
+    children["Pod"]["demo-trainer-a"] = pod(
+        "demo-trainer-a", "trainer", attempt=1, phase="Failed", terminated=(("trainer", 1, "Error"),)
+    )
+    # 1. Record the next attempt (nothing deleted yet).
+    first = run(job_body(status={"attempt": 1, "phase": "Running"}), children)
+    assert first.status.attempt == 2 and first.actions == []
+    assert any(e.reason == "TrainerFailed" and "exited with code 1" in e.message for e in first.events)
+    # 2. With attempt 2 recorded, the endpoints announce it and the old Job is deleted, pods first.
+    second = run(job_body(status=status_of(first)), children)
+    assert kinds_and_names(second) == [("Replace", "ConfigMap", "demo-endpoints"), ("Delete", "Job", "demo-trainer")]
+    assert second.actions[0].manifest["data"]["GRPOJOB_ATTEMPT"] == "2"
+    assert second.actions[1].propagation == "Foreground"
+    children = with_endpoints(children, attempt=2)
+    # 3. Job gone but its pod still terminating: wait.
+    del children["Job"]
+    third = run(job_body(status=status_of(second)), children)
+    assert not [a for a in kinds_and_names(third) if a[1] == "Job"]
+    # 4. Pod gone: the next attempt starts.
+    del children["Pod"]["demo-trainer-a"]
+    fourth = run(job_body(status=status_of(third)), children)
+    assert kinds_and_names(fourth) == [("Create", "Job", "demo-trainer")]
+    assert fourth.actions[0].manifest["metadata"]["labels"]["grpo.dev/attempt"] == "2"
+
+
+def test_the_last_allowed_failure_fails_the_job_with_the_cause():
+    children = with_endpoints(base_children(), attempt=2)
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 2, False, True, "", False)}
+    children["Pod"]["demo-trainer-b"] = pod(
+        "demo-trainer-b", "trainer", attempt=2, phase="Failed", terminated=(("trainer", 137, "OOMKilled"),)
+    )
+    plan = run(job_body(status={"attempt": 2, "phase": "Initializing"}), children)  # backoffLimit is 1
+    assert plan.status.phase == "Failed" and plan.status.reason == "BackoffLimitExceeded"
+    assert "demo-trainer-b" in plan.status.message and "code 137 (OOMKilled)" in plan.status.message
+    assert plan.status.completion_time == NOW
+
+
+def test_invalid_spec_fails_once_naming_the_field_and_then_stays_quiet():
+    body = job_body()
+    body["spec"]["generation"] = {"maxModelLen": 64, "maxNewTokens": 64}
+    plan = run(body, {})
+    assert plan.actions == []
+    assert plan.status.phase == "Failed" and plan.status.reason == "InvalidSpec"
+    assert "spec.generation.maxNewTokens" in plan.status.message
+    again = run({**body, "status": status_of(plan)}, {})
+    assert again.actions == [] and again.events == []
+    assert status_of(again) == status_of(plan)
+
+
+def test_unknown_field_is_reported_with_its_path():
+    body = job_body()
+    body["spec"]["environments"][0]["replica"] = 2
+    plan = run(body, {})
+    assert "spec.environments[0].replica" in plan.status.message
+
+
+def test_a_pod_stuck_in_image_pull_backoff_fails_the_job_only_after_the_grace_period():
+    children = base_children(head_ready=False)
+    stuck = (("ray-worker", "ImagePullBackOff", 'Back-off pulling image "x"'),)
+    children["Pod"]["demo-policy-1"] = pod("demo-policy-1", "policy", ready=False, stuck=stuck, ready_since=NOW)
+    assert run(job_body(), children).status.phase == "Initializing"
+    later = pod("demo-policy-1", "policy", ready=False, stuck=stuck, ready_since=NOW - timedelta(seconds=61))
+    children["Pod"]["demo-policy-1"] = later
+    plan = run(job_body(), children)
+    assert plan.status.phase == "Failed" and plan.status.reason == "ImagePullBackOff"
+    assert (
+        plan.status.message
+        == 'pod demo-policy-1 container ray-worker is in ImagePullBackOff: Back-off pulling image "x"'
+    )
+
+
+def test_active_deadline_counts_from_the_start_time():
+    body = job_body()
+    body["spec"]["activeDeadlineSeconds"] = 10
+    started = (NOW - timedelta(seconds=9)).isoformat()
+    assert run({**body, "status": {"startTime": started}}, {}).status.phase == "Initializing"
+    late = (NOW - timedelta(seconds=10)).isoformat()
+    assert run({**body, "status": {"startTime": late}}, {}).status.reason == "DeadlineExceeded"
+
+
+def test_suspend_deletes_the_workload_and_keeps_config():
+    children = with_endpoints(base_children())
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, False, False, "", False)}
+    body = job_body(status={"attempt": 1, "phase": "Running", "startTime": NOW.isoformat()})
+    body["spec"]["suspend"] = True
+    plan = run(body, children)
+    assert sorted(kinds_and_names(plan)) == [
+        ("Delete", "ConfigMap", "demo-endpoints"),
+        ("Delete", "Deployment", "demo-env-math"),
+        ("Delete", "Job", "demo-trainer"),
+        ("Delete", "RayCluster", "demo"),
+        ("Delete", "Service", "demo-env-math"),
+    ]
+    assert plan.status.phase == "Suspended" and plan.status.start_time is None
+
+
+def test_finished_job_cleanup_keeps_the_trainer_job_by_default_and_ttl_deletes_the_job():
+    children = with_endpoints(base_children())
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, True, False, "", False)}
+    done = (NOW - timedelta(seconds=30)).isoformat()
+    body = job_body(status={"attempt": 1, "phase": "Succeeded", "completionTime": done})
+    plan = run(body, children)
+    deleted = {(kind, name) for _, kind, name in kinds_and_names(plan)}
+    assert ("RayCluster", "demo") in deleted and ("Deployment", "demo-env-math") in deleted
+    assert ("Job", "demo-trainer") not in deleted
+    assert not any(isinstance(a, state.DeleteJob) for a in plan.actions)
+    body["spec"]["ttlSecondsAfterFinished"] = 30
+    assert any(isinstance(a, state.DeleteJob) for a in run(body, children).actions)
+
+
+def test_condition_transition_time_only_moves_when_the_status_flips():
+    plan = run(job_body(), {})
+    first = state.condition(plan.status, state.ConditionType.RAY_CLUSTER_READY)
+    later = state.plan(job_body(status=status_of(plan)), Observed({}), SETTINGS, NOW + timedelta(seconds=30))
+    again = state.condition(later.status, state.ConditionType.RAY_CLUSTER_READY)
+    assert first is not None and again is not None
+    assert again.last_transition_time == first.last_transition_time
+    assert later.events == []
