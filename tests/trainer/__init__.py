@@ -1,0 +1,1 @@
+"""Tests that start real servers and processes for the trainer data plane."""

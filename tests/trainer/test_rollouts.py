@@ -1,0 +1,144 @@
+"""Rollout collection against real environment servers, and against servers that fail or never answer."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from grpojob_trainer.environments import get_environment
+from grpojob_trainer.penguin.http import ThreadedServer
+from grpojob_trainer.penguin.rollouts import collect_rollouts
+
+
+def rows(name: str, count: int, seed: int = 0) -> list[dict]:
+    return get_environment(name).make_rows(count, seed)
+
+
+def test_rollouts_of_two_environments_come_back_in_input_order_with_metrics(env_urls, policy_sampling):
+    batch_rows = [row for pair in zip(rows("arithmetic", 3), rows("lookup", 3), strict=True) for row in pair]
+
+    batch = asyncio.run(
+        collect_rollouts(batch_rows, env_urls, concurrency=4, timeout_s=60, retries=1, sampling=policy_sampling)
+    )
+
+    assert [o.row_index for o in batch.outcomes] == list(range(6))
+    assert [o.env_name for o in batch.outcomes] == ["arithmetic", "lookup"] * 3
+    assert batch.failures == []
+    for outcome, row in zip(batch.outcomes, batch_rows, strict=True):
+        assert outcome.result["expected_answer"] == row["expected_answer"]
+        assert outcome.sample.group_index == outcome.row_index
+        assert outcome.sample.reward == outcome.result["reward"]
+    assert batch.metrics["rollout/count"] == 6
+    assert batch.metrics["rollout/failed"] == 0
+    assert batch.metrics["rollout/turns/min"] == 1
+    assert batch.metrics["rollout/turns/max"] >= 2
+    assert batch.metrics["rollout/reward/mean"] == pytest.approx(sum(s.reward for s in batch.samples) / 6)
+
+
+class FlakyProxy:
+    """An environment server in front of a real one: the first attempt of every row answers 500, rows
+    with ``"always_fail": true`` always do; it also records how many /run calls were in flight at once."""
+
+    def __init__(self, upstream: str) -> None:
+        self.attempts: dict[str, int] = {}
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.app = FastAPI()
+
+        @self.app.post("/run")
+        async def run(request: Request) -> JSONResponse:
+            row = await request.json()
+            key = row["responses_create_params"]["input"][0]["content"] + str(row.get("always_fail"))
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+            if row.get("always_fail") or self.attempts[key] == 1:
+                return JSONResponse("Internal Server Error", status_code=500)
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                async with httpx.AsyncClient(timeout=60) as client:
+                    upstream_response = await client.post(f"{upstream}/run", json=row)
+            finally:
+                self.in_flight -= 1
+            return JSONResponse(upstream_response.json(), status_code=upstream_response.status_code)
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A socket that accepts connections and never answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_500s_are_retried_and_rows_that_keep_failing_are_counted_not_dropped(env_urls, policy_sampling):
+    proxy = FlakyProxy(env_urls["arithmetic"])
+    batch_rows = rows("arithmetic", 6, seed=5)
+    for index in (1, 4):
+        batch_rows[index] = batch_rows[index] | {"always_fail": True}
+
+    with ThreadedServer(proxy.app) as server:
+        batch = asyncio.run(
+            collect_rollouts(
+                batch_rows,
+                {"arithmetic": server.url},
+                concurrency=2,
+                timeout_s=30,
+                retries=2,
+                backoff_s=0.05,
+                sampling=policy_sampling,
+            )
+        )
+
+    assert [o.row_index for o in batch.failures] == [1, 4]
+    assert all("answered 500" in o.error and "gave up after 3 attempts" in o.error for o in batch.failures)
+    assert all(o.attempts == 2 for o in batch.outcomes if o.ok), "one 500, then success"
+    assert len(batch.samples) == 4
+    assert batch.metrics["rollout/failed"] == 2
+    assert batch.metrics["rollout/failure_rate"] == pytest.approx(2 / 6)
+    assert proxy.most_in_flight <= 2
+
+
+def test_a_server_that_never_answers_ends_in_counted_timeouts_not_a_hang(silent_server):
+    started = time.monotonic()
+
+    batch = asyncio.run(
+        collect_rollouts(rows("arithmetic", 3), {"arithmetic": silent_server}, timeout_s=0.5, retries=1, backoff_s=0.05)
+    )
+
+    assert time.monotonic() - started < 5
+    assert [o.row_index for o in batch.failures] == [0, 1, 2]
+    assert all("timed out" in o.error for o in batch.failures)
+    assert batch.samples == []
+    assert batch.metrics["rollout/failed"] == 3
+
+
+def test_a_refused_connection_is_retried_then_reported():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+
+    batch = asyncio.run(
+        collect_rollouts(
+            rows("arithmetic", 1),
+            {"arithmetic": f"http://127.0.0.1:{closed_port}"},
+            retries=2,
+            backoff_s=0.01,
+            timeout_s=2,
+        )
+    )
+
+    assert batch.failures[0].attempts == 3
+    assert "ConnectError" in batch.failures[0].error
+
+
+def test_a_row_for_an_environment_without_a_url_is_an_error_before_any_request():
+    with pytest.raises(KeyError, match="'lookup'"):
+        asyncio.run(collect_rollouts(rows("lookup", 1), {"arithmetic": "http://127.0.0.1:1"}))

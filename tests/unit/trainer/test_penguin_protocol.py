@@ -1,0 +1,129 @@
+"""Responses ↔ Chat conversion, strict row parameters, prefix stripping, and the example rewards."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from grpojob_trainer.environments.arithmetic import ArithmeticEnvironment, score_answer
+from grpojob_trainer.environments.lookup import LookupEnvironment, value_of
+from grpojob_trainer.penguin.http import strip_rollout_prefix
+from grpojob_trainer.penguin.protocol import ResponsesCreateParams, Row
+from grpojob_trainer.penguin.responses import chat_to_output_items, chat_tools, input_items, responses_to_chat
+
+IDS = {"prompt_token_ids": [1, 2], "generation_token_ids": [3, 4], "generation_log_probs": [-0.1, -0.2]}
+
+
+def test_a_string_input_is_one_user_message():
+    assert input_items("hi") == [{"role": "user", "content": "hi", "type": "message"}]
+
+
+def test_a_chat_message_with_a_tool_call_becomes_items_with_token_ids_on_the_last():
+    message = {
+        "role": "assistant",
+        "content": "<think>plan</think>checking",
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        **IDS,
+    }
+
+    items = chat_to_output_items(message, "tool_calls")
+
+    assert [i["type"] for i in items] == ["reasoning", "message", "function_call"]
+    assert items[0]["summary"] == [{"type": "summary_text", "text": "plan"}]
+    assert items[1]["content"][0] == {"type": "output_text", "text": "checking", "annotations": []}
+    assert items[2] | {"id": None} == {
+        "type": "function_call", "id": None, "call_id": "call_1", "name": "f", "arguments": "{}",
+        "status": "completed", **IDS,
+    }  # fmt: skip
+    assert all("generation_token_ids" not in i for i in items[:2])
+
+
+def test_a_truncated_turn_is_an_incomplete_message():
+    [item] = chat_to_output_items({"role": "assistant", "content": "abc", **IDS}, "length")
+    assert item["status"] == "incomplete"
+    assert item["generation_token_ids"] == [3, 4]
+
+
+def test_items_of_one_model_call_merge_into_one_assistant_message_carrying_its_token_ids():
+    call_items = chat_to_output_items(
+        {
+            "role": "assistant",
+            "content": "<think>t</think>ok",
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+            **IDS,
+        },
+        "tool_calls",
+    )
+    items = [
+        {"role": "developer", "content": [{"type": "input_text", "text": "rules"}], "type": "message"},
+        {"role": "user", "content": "go", "type": "message"},
+        *call_items,
+        {"type": "function_call_output", "call_id": "c", "output": '{"r": 2}'},
+    ]
+
+    messages = responses_to_chat(items, instructions="sys")
+
+    assert messages == [
+        {"role": "system", "content": "sys"},
+        {"role": "developer", "content": "rules"},
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": "<think>t</think>ok",
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+            **IDS,
+        },
+        {"role": "tool", "tool_call_id": "c", "content": '{"r": 2}'},
+    ]
+
+
+def test_two_model_calls_in_a_row_stay_two_assistant_messages():
+    first = chat_to_output_items({"role": "assistant", "content": "<think>a</think>", **IDS}, "stop")
+    second_ids = {k: [*v, 9] for k, v in IDS.items()}
+    second = chat_to_output_items({"role": "assistant", "content": "b", **second_ids}, "stop")
+
+    messages = responses_to_chat([*first, *second])
+
+    assert [m["generation_token_ids"] for m in messages] == [[3, 4], [3, 4, 9]]
+    assert messages[1]["content"] == "b"
+
+
+def test_responses_tools_are_unwrapped_for_chat():
+    tool = {"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}, "strict": True}
+    assert chat_tools([tool]) == [
+        {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+    ]
+
+
+def test_responses_create_params_refuse_unknown_keys_and_rows_keep_task_fields():
+    with pytest.raises(pydantic.ValidationError, match="frequency_penalty"):
+        ResponsesCreateParams.model_validate({"input": "x", "frequency_penalty": 1})
+    row = Row.model_validate({"responses_create_params": {"input": "x"}, "expected_answer": "7", "_ng_task_index": 3})
+    assert row.task_fields() == {"expected_answer": "7", "_ng_task_index": 3}
+
+
+def test_the_nemo_gym_rollout_prefix_is_stripped():
+    assert strip_rollout_prefix("/ng-rollout/r1/v1/chat/completions") == "/v1/chat/completions"
+    assert strip_rollout_prefix("/ng-rollout/r1/training-token-capture/run") == "/run"
+    assert strip_rollout_prefix("/run") == "/run"
+
+
+def test_arithmetic_rewards_give_partial_credit_that_points_at_the_answer():
+    assert score_answer("7", "7") == {"digits": 0.2, "contains": 0.3, "exact": 0.5}
+    assert sum(score_answer(" 7 ", "7").values()) == pytest.approx(1.0)
+    assert score_answer("17", "7") == {"digits": 0.2, "contains": 0.3, "exact": 0.0}
+    assert score_answer("a1", "7") == {"digits": 0.1, "contains": 0.0, "exact": 0.0}
+    assert score_answer("", "7") == {"digits": 0.0, "contains": 0.0, "exact": 0.0}
+
+
+def test_example_rows_are_nemo_gym_rows_for_their_environment_and_reproducible():
+    arithmetic = ArithmeticEnvironment().make_rows(20, seed=1)
+    assert arithmetic == ArithmeticEnvironment().make_rows(20, seed=1)
+    for row in arithmetic:
+        Row.model_validate(row)
+        assert row["agent_ref"] == {"type": "responses_api_agents", "name": "arithmetic"}
+        a, b = row["responses_create_params"]["input"][0]["content"].removeprefix("What is ").rstrip("?").split("+")
+        assert row["expected_answer"] == str(int(a) + int(b))
+    [lookup] = LookupEnvironment().make_rows(1)
+    assert lookup["expected_answer"] == value_of(lookup["key"])
+    assert lookup["responses_create_params"]["tools"][0]["name"] == "lookup"

@@ -1,0 +1,198 @@
+"""Self-describing training checkpoints, written atomically, the newest ``keep`` of them kept.
+
+Layout of ``<directory>/step_<step:08d>/``:
+
+- ``meta.json``: format version, step, the data loader's position (an opaque JSON dict), the config
+  that produced the run (an opaque JSON dict: the GRPOJob spec) and the model's architecture config;
+- ``model.safetensors``: the model's parameters and buffers (tied weights stored once);
+- ``optimizer.pt``: the optimizer's state dict;
+- ``rng.pt``: Python, NumPy and torch (CPU, and CUDA when present) random-number-generator states.
+
+A checkpoint is written to a hidden temporary directory beside its final place and renamed into place
+only when every file is complete, so a crash mid-write leaves no ``step_*`` directory: a half-written
+checkpoint is never loaded. `latest_checkpoint` also ignores a ``step_*`` directory without ``meta.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+
+FORMAT_VERSION = 1
+META = "meta.json"
+MODEL = "model.safetensors"
+OPTIMIZER = "optimizer.pt"
+RNG = "rng.pt"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_TEMP_PREFIX = ".tmp-step_"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint says about the run it came from."""
+
+    path: Path
+    step: int
+    data_position: dict[str, Any]
+    config: dict[str, Any]
+
+
+def checkpoint_path(directory: str | os.PathLike[str], step: int) -> Path:
+    return Path(directory) / f"step_{step:08d}"
+
+
+def rng_state() -> dict[str, Any]:
+    """The states of Python's, NumPy's and torch's global random-number generators."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned."""
+    random.setstate(state["python"])
+    saved = state["numpy"]
+    np.random.set_state(
+        (
+            saved["kind"],
+            saved["keys"].numpy().astype(np.uint32),
+            saved["pos"],
+            saved["has_gauss"],
+            saved["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    directory: str | os.PathLike[str],
+    *,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data_position: dict[str, Any],
+    config: dict[str, Any],
+    keep: int | None = None,
+) -> Path:
+    """Write the checkpoint of ``step`` atomically; with ``keep``, then delete all but the newest ``keep``.
+
+    ``data_position`` and ``config`` must be JSON-serialisable. An existing checkpoint of the same step
+    is replaced. Returns the checkpoint's directory.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(directory, step)
+    model_config = model.config.to_dict() if hasattr(model, "config") and hasattr(model.config, "to_dict") else None
+    meta = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "data_position": data_position,
+        "config": config,
+        "model_config": model_config,
+    }
+    meta_text = json.dumps(meta, indent=2, sort_keys=True)  # fails before anything is written
+    temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{step:08d}-", dir=directory))
+    try:
+        safetensors.torch.save_model(model, str(temp / MODEL))
+        torch.save(optimizer.state_dict(), temp / OPTIMIZER)
+        torch.save(rng_state(), temp / RNG)
+        (temp / META).write_text(meta_text, encoding="utf-8")
+        for file in temp.iterdir():
+            _fsync(file)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(temp, final)
+        _fsync(directory)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    if keep is not None:
+        prune_checkpoints(directory, keep)
+    return final
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    restore_rng: bool = True,
+) -> CheckpointInfo:
+    """Load a checkpoint into ``model`` (in place: existing parameter objects, so an optimizer built
+    over them stays valid), ``optimizer`` when given, and the global RNGs when ``restore_rng``."""
+    path = Path(path)
+    meta = json.loads((path / META).read_text(encoding="utf-8"))
+    if meta.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{path}: checkpoint format {meta.get('format')!r}, this trainer reads {FORMAT_VERSION}")
+    device = next(model.parameters()).device
+    safetensors.torch.load_model(model, str(path / MODEL), strict=True, device=str(device))
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(path / OPTIMIZER, map_location=device, weights_only=True))
+    if restore_rng:
+        set_rng_state(torch.load(path / RNG, weights_only=True))
+    return CheckpointInfo(path=path, step=meta["step"], data_position=meta["data_position"], config=meta["config"])
+
+
+def list_checkpoints(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``directory`` as ``(step, path)``, oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and entry.is_dir() and (entry / META).is_file():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def latest_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
+    """The complete checkpoint with the highest step, or None."""
+    checkpoints = list_checkpoints(directory)
+    return checkpoints[-1][1] if checkpoints else None
+
+
+def prune_checkpoints(directory: str | os.PathLike[str], keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints, and leftover temporary directories of
+    interrupted saves (one trainer writes a directory at a time). Returns what was deleted."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
+    directory = Path(directory)
+    doomed = [path for _, path in list_checkpoints(directory)[:-keep]]
+    doomed += [entry for entry in directory.iterdir() if entry.name.startswith(_TEMP_PREFIX)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,47 @@
+"""Serve one example environment (agent + resources routes): the environment image's entrypoint.
+
+``python -m grpojob_trainer.environments NAME --port P [--policy-base-url URL]``; ``PORT``,
+``POLICY_BASE_URL`` and ``POLICY_MODEL_NAME`` are read from the environment when the flags are absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import uvicorn
+
+from grpojob_trainer.environments import ENVIRONMENTS, get_environment
+from grpojob_trainer.environments.app import AgentConfig, create_environment_app
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line flags, defaulting to the environment variables named in their help."""
+    env = os.environ.get
+    parser = argparse.ArgumentParser(description="Serve a Penguin (NeMo Gym) environment")
+    parser.add_argument("name", choices=sorted(ENVIRONMENTS), help="environment to serve")
+    parser.add_argument("--host", default=env("HOST", "0.0.0.0"))
+    parser.add_argument("--port", type=int, default=int(env("PORT", "8080")), help="(PORT)")
+    parser.add_argument("--policy-base-url", default=env("POLICY_BASE_URL"), help="…/v1 URL (POLICY_BASE_URL)")
+    parser.add_argument("--policy-model-name", default=env("POLICY_MODEL_NAME"), help="(POLICY_MODEL_NAME)")
+    parser.add_argument("--resources-url", default=env("RESOURCES_URL"), help="resources server (default: this server)")
+    args = parser.parse_args(argv)
+    if not args.policy_base_url:
+        parser.error("--policy-base-url (or POLICY_BASE_URL) is required")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until interrupted."""
+    args = parse_args(argv)
+    config = AgentConfig(
+        policy_base_url=args.policy_base_url,
+        resources_url=args.resources_url or f"http://127.0.0.1:{args.port}",
+        policy_model_name=args.policy_model_name,
+    )
+    app = create_environment_app(get_environment(args.name), config)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""The agent loop behind ``POST /run``: seed the session, run one episode against the policy, verify.
+
+Like NeMo Gym's ``simple_agent``: the agent has no cookie jar; at every hop (run → seed_session →
+each tool call → verify) it sends the cookies of the previous response. The policy is called through
+the ``openai`` client's chat completions; Responses items are converted to chat messages and back
+(`grpojob_trainer.penguin.responses`), so earlier assistant turns go back with their token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+
+from grpojob_trainer.environments.base import Environment
+from grpojob_trainer.penguin.protocol import ResponsesCreateParams, Row
+from grpojob_trainer.penguin.responses import chat_to_output_items, chat_tools, input_items, responses_to_chat
+
+CONTEXT_LENGTH_MARKER = "maximum context length"
+
+
+class PolicyRefused(Exception):
+    """The policy answered 4xx for a reason other than context length (e.g. off-policy sampling)."""
+
+
+@dataclass
+class Episode:
+    """State of one episode while it runs."""
+
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0})
+    model_calls: int = 0
+    incomplete: bool = False
+    model: str = ""
+
+
+class Cookies:
+    """The agent's cookies: replaced wholesale by each response's ``Set-Cookie`` (when it sets any)."""
+
+    def __init__(self, initial: dict[str, str] | None = None) -> None:
+        self.values = dict(initial or {})
+
+    def header(self) -> dict[str, str]:
+        """Request headers carrying the current cookies."""
+        return {"cookie": "; ".join(f"{k}={v}" for k, v in self.values.items())} if self.values else {}
+
+    def update_from(self, response: httpx.Response) -> None:
+        """Take the cookies the response set, if it set any."""
+        if response.cookies:
+            self.values = dict(response.cookies.items())
+
+
+class Agent:
+    """Runs episodes of ``environment`` against the policy at ``policy`` (an `openai.AsyncOpenAI`)."""
+
+    def __init__(
+        self,
+        environment: Environment,
+        policy: openai.AsyncOpenAI,
+        resources: httpx.AsyncClient,
+        *,
+        policy_model_name: str | None = None,
+    ) -> None:
+        self.environment = environment
+        self.policy = policy
+        self.resources = resources
+        self._model_name = policy_model_name
+
+    async def run(self, row: Row, cookies: Cookies) -> dict[str, Any]:
+        """``/run``: seed_session, the episode, verify; returns verify's body (row + response + reward)."""
+        body = row.model_dump(mode="json", exclude_none=True)
+        seeded = await self.resources.post("/seed_session", json=body, headers=cookies.header())
+        seeded.raise_for_status()
+        cookies.update_from(seeded)
+        response = await self.episode(row.responses_create_params, cookies)
+        verified = await self.resources.post("/verify", json={**body, "response": response}, headers=cookies.header())
+        verified.raise_for_status()
+        cookies.update_from(verified)
+        return verified.json()
+
+    async def episode(self, params: ResponsesCreateParams, cookies: Cookies) -> dict[str, Any]:
+        """Call the model and the tools until the model answers without a tool call (or a limit).
+
+        After a turn without tool calls the environment may continue the episode with a user message
+        (`Environment.follow_up`); a truncated turn ends the episode unless the environment continues it.
+        """
+        items = input_items(params.input)
+        episode = Episode(model=params.model or await self.model_name())
+        tools = chat_tools(params.tools)
+        while episode.model_calls < self.environment.max_model_calls:
+            messages = responses_to_chat(items + episode.outputs, params.instructions)
+            answer = await self._call_policy(params, messages, tools, episode)
+            if answer is None:  # out of context: as Gym's model server, an empty truncated turn, no token ids
+                episode.outputs.extend(chat_to_output_items({"role": "assistant", "content": None}, "length"))
+                episode.incomplete = True
+                break
+            message, finish_reason = answer
+            new_items = chat_to_output_items(message, finish_reason)
+            episode.outputs.extend(new_items)
+            episode.incomplete = finish_reason == "length"
+            calls = [item for item in new_items if item["type"] == "function_call"] if not episode.incomplete else []
+            for call in calls:
+                output = await self._call_tool(call, cookies)
+                episode.outputs.append({"type": "function_call_output", "call_id": call["call_id"], "output": output})
+            if calls:
+                continue
+            if episode.model_calls >= self.environment.max_model_calls:
+                break
+            follow_up = self.environment.follow_up(episode.outputs, episode.model_calls, episode.incomplete)
+            if follow_up is None:
+                break
+            episode.outputs.append({"type": "message", "role": "user", "content": follow_up})
+        return self._response(params, episode)
+
+    async def model_name(self) -> str:
+        """The policy's model name: configured, else the first model the server lists."""
+        if self._model_name is None:
+            models = await self.policy.models.list()
+            self._model_name = models.data[0].id
+        return self._model_name
+
+    async def _call_policy(
+        self, params: ResponsesCreateParams, messages: list[dict[str, Any]], tools: Any, episode: Episode
+    ) -> tuple[dict[str, Any], str] | None:
+        """The model's message and finish reason; None when the prompt no longer fits the context."""
+        request: dict[str, Any] = {"model": episode.model, "messages": messages}
+        optional = {
+            "tools": tools,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_output_tokens,
+        }
+        request.update({k: v for k, v in optional.items() if v is not None})
+        try:
+            completion = await self.policy.chat.completions.create(**request)
+        except openai.BadRequestError as error:
+            if CONTEXT_LENGTH_MARKER in str(error):
+                return None
+            raise PolicyRefused(f"the policy refused the request: {error}") from error
+        episode.model_calls += 1
+        if completion.usage is not None:
+            episode.usage["input_tokens"] += completion.usage.prompt_tokens
+            episode.usage["output_tokens"] += completion.usage.completion_tokens
+            episode.usage["total_tokens"] += completion.usage.total_tokens
+        choice = completion.choices[0]
+        return choice.message.model_dump(mode="json", exclude_none=True), choice.finish_reason or "stop"
+
+    async def _call_tool(self, call: dict[str, Any], cookies: Cookies) -> str:
+        """POST the decoded arguments to the tool route; the raw body text, whatever the status, is the output."""
+        try:
+            arguments = json.loads(call["arguments"])
+        except json.JSONDecodeError as error:
+            return json.dumps({"error": f"Invalid tool call arguments: {error}"})
+        response = await self.resources.post(f"/{call['name']}", json=arguments, headers=cookies.header())
+        cookies.update_from(response)
+        return response.text
+
+    def _response(self, params: ResponsesCreateParams, episode: Episode) -> dict[str, Any]:
+        return {
+            "id": f"resp_{uuid.uuid4().hex}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": episode.model,
+            "output": episode.outputs,
+            "status": "incomplete" if episode.incomplete else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if episode.incomplete else None,
+            "usage": episode.usage,
+            "tools": params.tools or [],
+            "tool_choice": params.tool_choice,
+            "parallel_tool_calls": params.parallel_tool_calls,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_output_tokens": params.max_output_tokens,
+        }

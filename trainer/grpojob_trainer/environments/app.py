@@ -1,0 +1,115 @@
+"""One process serving an environment's agent (``/run``) and resources server routes.
+
+Routes: ``GET /``, ``POST /run``, ``POST /seed_session``, ``POST /verify``, ``POST /<tool>`` for each
+tool. Sessions use a signed cookie named ``<EnvironmentClass>___<name>``, re-issued on every response.
+The agent reaches the resources routes over HTTP at ``resources_url`` (this server by default), so the
+cookie hops are exactly those of NeMo Gym.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from grpojob_trainer.environments.agent import Agent, Cookies, PolicyRefused
+from grpojob_trainer.environments.base import Environment, Tool
+from grpojob_trainer.environments.sessions import CookieSigner, SessionStore, new_session_id
+from grpojob_trainer.penguin.http import StripRolloutPrefix
+from grpojob_trainer.penguin.protocol import Row, VerifyRequest
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Where the agent finds the policy and the resources server."""
+
+    policy_base_url: str
+    """OpenAI base URL of the generation server (ends in ``/v1``), from ``POLICY_BASE_URL``."""
+    resources_url: str
+    """Root URL of the resources server (this process when it hosts both)."""
+    policy_model_name: str | None = None
+    """``model`` sent to the policy when the row has none (default: the first of ``/v1/models``)."""
+    policy_api_key: str = "dummy"
+    policy_timeout_s: float = 600.0
+    tool_timeout_s: float = 60.0
+
+
+def create_environment_app(environment: Environment, config: AgentConfig) -> FastAPI:
+    """The FastAPI app hosting ``environment``'s agent and resources routes."""
+    cookie_name = f"{type(environment).__name__}___{environment.name}"
+    signer = CookieSigner()
+    sessions = SessionStore()
+    clients: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        policy = openai.AsyncOpenAI(
+            base_url=config.policy_base_url, api_key=config.policy_api_key, timeout=config.policy_timeout_s
+        )
+        resources = httpx.AsyncClient(base_url=config.resources_url, timeout=config.tool_timeout_s)
+        clients["agent"] = Agent(environment, policy, resources, policy_model_name=config.policy_model_name)
+        yield
+        await resources.aclose()
+        await policy.close()
+
+    app = FastAPI(title=f"grpojob environment {environment.name}", lifespan=lifespan)
+
+    @app.middleware("http")
+    async def session_cookie(request: Request, call_next: Any) -> Any:
+        session_id = signer.load(request.cookies.get(cookie_name)) or new_session_id()
+        request.state.session = sessions.get(session_id)
+        response = await call_next(request)
+        response.set_cookie(cookie_name, signer.dump(session_id), httponly=True, samesite="lax")
+        return response
+
+    app.add_middleware(StripRolloutPrefix)
+
+    @app.exception_handler(PolicyRefused)
+    async def policy_refused(_: Request, error: PolicyRefused) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=400)
+
+    @app.exception_handler(openai.APIError)
+    async def policy_failed(_: Request, error: openai.APIError) -> JSONResponse:
+        return JSONResponse({"detail": f"the policy call failed: {error}"}, status_code=502)
+
+    @app.get("/")
+    async def root() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/run")
+    async def run(row: Row, request: Request) -> dict[str, Any]:
+        return await clients["agent"].run(row, Cookies(dict(request.cookies)))
+
+    @app.post("/seed_session")
+    async def seed_session(row: Row, request: Request) -> dict[str, Any]:
+        request.state.session.clear()
+        return {}
+
+    @app.post("/verify")
+    async def verify(body: VerifyRequest, request: Request) -> dict[str, Any]:
+        echoed = body.model_dump(mode="json", exclude_none=True)
+        verdict = environment.verify(echoed, body.response, request.state.session)
+        return {**echoed, "reward": verdict.reward, "reward_components": verdict.components}
+
+    for tool in environment.tools():
+        app.add_api_route(f"/{tool.name}", _tool_route(tool), methods=["POST"], name=tool.name)
+    return app
+
+
+def _tool_route(tool: Tool) -> Any:
+    async def call(request: Request) -> Any:
+        try:
+            arguments = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "tool arguments must be a JSON object"}, status_code=400)
+        if not isinstance(arguments, dict):
+            return JSONResponse({"error": "tool arguments must be a JSON object"}, status_code=400)
+        return await tool.handler(arguments, request.state.session)
+
+    return call

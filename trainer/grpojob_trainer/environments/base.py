@@ -1,0 +1,84 @@
+"""What an example environment defines: its tools, rows, verification and (optionally) follow-ups."""
+
+from __future__ import annotations
+
+import abc
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from grpojob_trainer.penguin.responses import item_text
+
+ToolHandler = Callable[[dict[str, Any], dict[str, Any]], Awaitable[Any]]
+"""``handler(arguments, session_state) -> JSON-serialisable result``."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function tool: its Responses-API declaration and the coroutine that runs it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    handler: ToolHandler
+
+    def declaration(self) -> dict[str, Any]:
+        """The tool as a row's ``responses_create_params.tools`` entry."""
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "strict": True,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A reward and its components (``reward`` is their sum, as NeMo-RL checks)."""
+
+    components: dict[str, float]
+
+    @property
+    def reward(self) -> float:
+        return float(sum(self.components.values()))
+
+
+class Environment(abc.ABC):
+    """One Penguin environment: the resources server's logic plus the agent's episode rules."""
+
+    name: str
+    """The environment name: ``agent_ref.name`` of its rows and the default instance name."""
+    max_model_calls: int = 4
+    """Hard cap on model calls per episode, so no episode loops forever."""
+
+    def tools(self) -> list[Tool]:
+        """Tools the model may call (none by default)."""
+        return []
+
+    @abc.abstractmethod
+    def make_row(self, rng: random.Random) -> dict[str, Any]:
+        """One dataset row in NeMo Gym's format (``agent_ref.name`` = `name`)."""
+
+    @abc.abstractmethod
+    def verify(self, row: dict[str, Any], response: dict[str, Any], session: dict[str, Any]) -> Verdict:
+        """Score a finished episode (``response`` is the Responses object with every output item)."""
+
+    def follow_up(self, outputs: list[dict[str, Any]], model_calls: int, truncated: bool) -> str | None:
+        """A user message to continue an episode whose last turn had no tool call (None: stop, as Gym's
+        simple agent does). ``truncated``: that turn hit the token limit."""
+        return None
+
+    def make_rows(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
+        """``count`` rows, reproducible from ``seed``."""
+        rng = random.Random(seed)
+        return [self.make_row(rng) for _ in range(count)]
+
+
+def final_answer(response: dict[str, Any]) -> str:
+    """Text of the last assistant message of an episode ("" when there is none)."""
+    for item in reversed(response.get("output", [])):
+        if item.get("type") == "message" and item.get("role") == "assistant":
+            return item_text(item.get("content"))
+    return ""

@@ -1,0 +1,220 @@
+"""The OpenAI-compatible generation server (FastAPI) in front of a `GenerationBackend`.
+
+Routes: ``POST /v1/chat/completions``, ``POST /tokenize``, ``GET /v1/models``, ``GET /health``.
+Each chat completion's ``choices[0].message`` carries ``prompt_token_ids``, ``generation_token_ids``
+and ``generation_log_probs`` (NeMo Gym's contract). Sampling is on-policy: a request must send the
+server's ``temperature`` and ``top_p``; anything else is refused with HTTP 400 naming the parameter.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from grpojob_trainer.generation.backend import GenerationBackend, GenerationRequest, SamplingParams
+from grpojob_trainer.generation.batching import BatchingEngine
+from grpojob_trainer.generation.chat import PromptError, build_prompt_token_ids, parse_tool_calls
+from grpojob_trainer.penguin.http import StripRolloutPrefix
+
+SAMPLING_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the server answers to and how it samples."""
+
+    served_model_name: str
+    sampling: SamplingParams
+    """Training's sampling parameters; requests must match temperature and top_p exactly."""
+    batch_window_s: float = 0.01
+    max_batch_size: int = 64
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+class ChatCompletionRequest(BaseModel):
+    """The parts of an OpenAI chat-completions request this server reads (other keys are ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    n: int | None = 1
+    stream: bool | None = False
+    logprobs: bool | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's ``/tokenize`` body: chat ``messages`` (with ``tools``) or a plain ``prompt``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    add_generation_prompt: bool = True
+
+
+def check_on_policy(request: ChatCompletionRequest, sampling: SamplingParams) -> None:
+    """Refuse sampling parameters that differ from training's (NeMo-RL's rule)."""
+    for name, expected in (("temperature", sampling.temperature), ("top_p", sampling.top_p)):
+        value = getattr(request, name)
+        if value is None:
+            raise ApiError(400, f"{name} is required: this server samples on-policy with {name}={expected}", name)
+        if not math.isclose(value, expected, rel_tol=0, abs_tol=SAMPLING_TOLERANCE):
+            raise ApiError(
+                400,
+                f"{name}={value} differs from the training {name}={expected}: "
+                "this server samples on-policy and refuses other sampling parameters",
+                name,
+            )
+    if request.top_k not in (None, -1, 0):
+        raise ApiError(400, f"top_k={request.top_k} is not supported on-policy: leave it unset or -1", "top_k")
+    if request.n not in (None, 1):
+        raise ApiError(400, f"n={request.n} is not supported: send one request per sample (n=1)", "n")
+    if request.stream:
+        raise ApiError(400, "stream=true is not supported", "stream")
+
+
+def token_budget(request: ChatCompletionRequest, prompt_len: int, sampling: SamplingParams, max_model_len: int) -> int:
+    """Tokens this request may generate: its own limit capped by the server's and the context left."""
+    if prompt_len >= max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+            "messages",
+        )
+    asked = request.max_completion_tokens or request.max_tokens or sampling.max_new_tokens
+    if asked < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {asked}", "max_tokens")
+    return min(asked, sampling.max_new_tokens, max_model_len - prompt_len)
+
+
+def create_app(backend: GenerationBackend, config: ServerConfig) -> FastAPI:
+    """The FastAPI app serving ``backend`` under ``config.served_model_name``."""
+    engine = BatchingEngine(
+        backend, config.sampling, window_s=config.batch_window_s, max_batch_size=config.max_batch_size
+    )
+    tokenizer = backend.tokenizer
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
+        yield
+        await engine.stop()
+
+    app = FastAPI(title="grpojob generation server", lifespan=lifespan)
+    app.add_middleware(StripRolloutPrefix)
+    app.state.engine = engine
+    app.state.backend = backend
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError) -> JSONResponse:
+        kind = "BadRequestError" if error.status == 400 else "NotFoundError"
+        body = {"message": error.message, "type": kind, "param": error.param, "code": error.status}
+        return JSONResponse({"error": body}, status_code=error.status)
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model != config.served_model_name:
+            raise ApiError(404, f"The model `{model}` does not exist; this server serves `{config.served_model_name}`")
+
+    def prompt_ids(messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool = True) -> list[int]:
+        try:
+            return build_prompt_token_ids(tokenizer, messages, tools, add_generation_prompt=add_generation_prompt)
+        except PromptError as error:
+            raise ApiError(400, str(error), "messages") from error
+
+    @app.get("/")
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "weights_version": backend.weights_version}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": config.served_model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "grpojob",
+            "max_model_len": backend.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        check_model(body.model)
+        if (body.messages is None) == (body.prompt is None):
+            raise ApiError(400, "send exactly one of messages or prompt", "messages")
+        if body.messages is not None:
+            tokens = prompt_ids(body.messages, body.tools, body.add_generation_prompt)
+        else:
+            tokens = list(tokenizer(body.prompt, add_special_tokens=False)["input_ids"])
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": backend.max_model_len}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> dict[str, Any]:
+        check_model(body.model)
+        check_on_policy(body, config.sampling)
+        prompt = prompt_ids(body.messages, body.tools)
+        budget = token_budget(body, len(prompt), config.sampling, backend.max_model_len)
+        result = await engine.generate(GenerationRequest(tuple(prompt), budget))
+        parsed = parse_tool_calls(tokenizer.decode(list(result.token_ids), skip_special_tokens=True))
+        finish_reason = result.finish_reason
+        if finish_reason == "stop" and parsed.tool_calls:
+            finish_reason = "tool_calls"
+        message = {
+            "role": "assistant",
+            "content": parsed.content,
+            "tool_calls": parsed.tool_calls or None,
+            "prompt_token_ids": prompt,
+            "generation_token_ids": list(result.token_ids),
+            "generation_log_probs": list(result.log_probs),
+        }
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+        if body.logprobs:
+            choice["logprobs"] = {
+                "content": [
+                    {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                    for t, lp in zip(result.token_ids, result.log_probs, strict=True)
+                ]
+            }
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": config.served_model_name,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(result.token_ids),
+                "total_tokens": len(prompt) + len(result.token_ids),
+            },
+            "weights_version": result.weights_version,
+        }
+
+    return app

@@ -1,0 +1,154 @@
+"""Chat messages → prompt token ids (with the multi-turn token splice), generated text → tool calls.
+
+The splice follows NeMo-RL's ``vllm_worker_async``: when the conversation holds an earlier assistant
+message carrying ``prompt_token_ids``, ``generation_token_ids`` and ``generation_log_probs``, the
+last such message's ``prompt_token_ids + generation_token_ids`` are reused verbatim as the prompt's
+prefix; only the text the chat template renders after that message's end-of-sequence token is
+tokenised. History is never re-tokenised, so every later prompt extends the earlier tokens exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+class PromptError(ValueError):
+    """The messages cannot be turned into a prompt (the server answers 400 with this message)."""
+
+
+def message_text(content: Any) -> str | None:
+    """An OpenAI message ``content`` (string, list of text parts, or None) as plain text."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
+                parts.append(part.get("text", ""))
+            else:
+                raise PromptError(f"unsupported message content part {part!r}: only text parts are supported")
+        return "".join(parts)
+    raise PromptError(f"unsupported message content {content!r}")
+
+
+def normalize_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of ``messages`` with text content, as the chat template expects."""
+    normalized = []
+    for index, message in enumerate(messages):
+        if "role" not in message:
+            raise PromptError(f"messages[{index}] has no role")
+        normalized.append({**message, "content": message_text(message.get("content"))})
+    return normalized
+
+
+def last_tokenized_turn(messages: Sequence[dict[str, Any]]) -> int | None:
+    """Index of the last assistant message that carries the token-id fields, or None.
+
+    A message must carry all three fields or none; the generation ids and log-probs must be equally long.
+    """
+    found = None
+    for index, message in enumerate(messages):
+        present = [name for name in TOKEN_FIELDS if message.get(name) is not None]
+        if not present:
+            continue
+        if len(present) != len(TOKEN_FIELDS):
+            missing = sorted(set(TOKEN_FIELDS) - set(present))
+            raise PromptError(f"messages[{index}] carries {present} but not {missing}: send all three or none")
+        if message.get("role") != "assistant":
+            raise PromptError(f"messages[{index}] carries token ids but its role is {message.get('role')!r}")
+        if len(message["generation_token_ids"]) != len(message["generation_log_probs"]):
+            raise PromptError(
+                f"messages[{index}]: generation_token_ids ({len(message['generation_token_ids'])}) and "
+                f"generation_log_probs ({len(message['generation_log_probs'])}) differ in length"
+            )
+        found = index
+    return found
+
+
+def render(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, *, add_generation_prompt: bool) -> str:
+    """The chat template applied to ``messages`` as text."""
+    return tokenizer.apply_chat_template(
+        list(messages), tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` as it stands (the template already holds any special tokens)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def build_prompt_token_ids(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any = None, *, add_generation_prompt: bool = True
+) -> list[int]:
+    """Prompt token ids for a chat request, splicing in the exact tokens of the last tokenised turn."""
+    messages = normalize_messages(messages)
+    if not messages:
+        raise PromptError("messages is empty")
+    full = render(tokenizer, messages, tools, add_generation_prompt=add_generation_prompt)
+    turn = last_tokenized_turn(messages)
+    if turn is None:
+        return encode(tokenizer, full)
+    prefix = [int(t) for t in messages[turn]["prompt_token_ids"]] + [
+        int(t) for t in messages[turn]["generation_token_ids"]
+    ]
+    head = render(tokenizer, messages[: turn + 1], tools, add_generation_prompt=False)
+    if not full.startswith(head):
+        raise PromptError("the chat template does not render the earlier turns as a prefix of the conversation")
+    eos = tokenizer.eos_token
+    cut = head.rfind(eos) if eos else -1
+    if cut < 0:
+        raise PromptError(f"the chat template does not end assistant messages with the EOS token {eos!r}")
+    return prefix + encode(tokenizer, full[cut + len(eos) :])
+
+
+@dataclass(frozen=True)
+class ParsedCompletion:
+    """Generated text split into assistant content and OpenAI-style tool calls."""
+
+    content: str | None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+def parse_tool_calls(text: str) -> ParsedCompletion:
+    """Extract ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks from generated text.
+
+    A block whose body is not a JSON object with a string ``name`` stays in the content untouched.
+    Without tool calls the content is the text unchanged (None when empty).
+    Arguments are returned as a JSON string, as in the OpenAI API.
+    """
+    calls: list[dict[str, Any]] = []
+
+    def take(match: re.Match[str]) -> str:
+        try:
+            body = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            return match.group(0)
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            return match.group(0)
+        arguments = body.get("arguments", {})
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": body["name"],
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
+        return ""
+
+    content = TOOL_CALL.sub(take, text)
+    if calls:
+        content = content.strip()
+    return ParsedCompletion(content=content or None, tool_calls=calls)

@@ -1,0 +1,175 @@
+"""Training metrics: a JSONL + TensorBoard logger, a step-time breakdown, and progress for the operator.
+
+`MetricsLogger` writes every step's scalars to ``metrics.jsonl`` (one JSON object per line, ``step``
+first) and to TensorBoard. Only ``int``, ``float``, ``bool`` and ``str`` values are logged; anything
+else (tensors, lists, dicts, None) is skipped with a one-time warning per key rather than crashing the
+run. `StepTimer` collects seconds per phase of a step. `ProgressPublisher` is how the trainer reports
+``{step, meanReward}``; `FileProgressPublisher` writes it atomically to a JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Scalar = int | float | bool | str
+
+GENERATION = "generation"
+LOGPROBS = "logprobs"
+TRAINING = "training"
+WEIGHT_SYNC = "weight_sync"
+PHASES = (GENERATION, LOGPROBS, TRAINING, WEIGHT_SYNC)
+"""The phases of a GRPO step, in order."""
+
+
+def scalars(metrics: Mapping[str, Any]) -> dict[str, Scalar]:
+    """The entries of ``metrics`` whose values are ``int``, ``float``, ``bool`` or ``str`` (others dropped).
+
+    Subclasses count (``numpy.float64`` is a ``float``); a 0-d tensor or a list does not.
+    """
+    return {key: value for key, value in metrics.items() if isinstance(value, Scalar)}
+
+
+class MetricsLogger:
+    """Writes metrics to ``<log_dir>/metrics.jsonl`` and TensorBoard event files in ``log_dir``.
+
+    Numbers go to TensorBoard as scalars (bools as 0/1), strings as text. Use as a context manager or
+    call `close`.
+    """
+
+    JSONL_NAME = "metrics.jsonl"
+
+    def __init__(self, log_dir: str | os.PathLike[str], *, tensorboard: bool = True) -> None:
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = self.log_dir / self.JSONL_NAME
+        self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
+        self._writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.log_dir))
+        self._warned: set[str] = set()
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Scalar]:
+        """Log one step's metrics; returns what was logged (the skipped entries left out)."""
+        logged = scalars(metrics)
+        for key in metrics.keys() - logged.keys():
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("metric %r has a %s value; not logged", key, type(metrics[key]).__name__)
+        record = {"step": step, **{key: value for key, value in logged.items() if key != "step"}}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._writer is not None:
+            for key, value in logged.items():
+                if isinstance(value, str):
+                    self._writer.add_text(key, value, global_step=step)
+                else:
+                    self._writer.add_scalar(key, float(value), global_step=step)
+            self._writer.flush()
+        return logged
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._writer is not None:
+            self._writer.close()
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of a metrics JSONL file, in order."""
+    with Path(path).open(encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+class StepTimer:
+    """Seconds spent per phase of one step; a phase entered twice accumulates.
+
+    ``with timer.phase("generation"): ...``; then `metrics` gives ``time/<phase>`` for each phase and
+    ``time/step`` for the total of the phases.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def metrics(self, prefix: str = "time/") -> dict[str, float]:
+        out = {f"{prefix}{name}": seconds for name, seconds in self.seconds.items()}
+        out[f"{prefix}step"] = self.total
+        return out
+
+
+def tokens_per_second(tokens: int, seconds: float) -> float:
+    """Throughput; 0 when no time was measured (never a division by zero)."""
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+class ProgressPublisher(ABC):
+    """Where the trainer reports how far it is, for the operator to show in the GRPOJob's status."""
+
+    @abstractmethod
+    def publish(self, step: int, mean_reward: float) -> None:
+        """Report that ``step`` finished with this mean reward."""
+
+
+class FileProgressPublisher(ProgressPublisher):
+    """Writes ``{"step": …, "meanReward": …}`` to a JSON file, atomically (temporary file, then rename).
+
+    A reader never sees a half-written file. A non-finite mean reward is written as null.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def publish(self, step: int, mean_reward: float) -> None:
+        reward = float(mean_reward)
+        payload = {"step": int(step), "meanReward": reward if math.isfinite(reward) else None}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(payload, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def read(self) -> dict[str, Any] | None:
+        """The last published progress, or None before the first."""
+        try:
+            return json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None

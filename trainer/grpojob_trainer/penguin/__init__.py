@@ -1,0 +1,1 @@
+"""NeMo Gym (Penguin) protocol: rows, Responses↔Chat conversion, rollout collection into TrainingSamples."""

@@ -1,0 +1,196 @@
+"""Collect rollouts from Penguin environment servers: the analogue of NeMo-RL's ``run_async_penguin_rollout``.
+
+`collect_rollouts` POSTs each row to ``<env url>/run`` with bounded concurrency, a per-request
+timeout and retries with exponential backoff on transient failures (connection errors, timeouts,
+408/429/5xx). A rollout that still fails is reported with its row index and error, never dropped;
+results come back in input order; nothing waits longer than ``(retries + 1) * timeout_s`` plus the
+backoff sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from grpojob_trainer.penguin.conversion import RolloutConversionError, result_to_sample
+from grpojob_trainer.penguin.metrics import rollout_metrics
+from grpojob_trainer.samples import TrainingSample
+
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504, 520})
+MAX_BACKOFF_S = 30.0
+ERROR_BODY_CHARS = 500
+
+
+@dataclass(frozen=True)
+class PolicySampling:
+    """Training's sampling parameters, written into every row (NeMo-RL overwrites them the same way)."""
+
+    temperature: float
+    top_p: float
+    max_output_tokens: int | None = None
+    """Caps the row's ``max_output_tokens`` (sets it when absent)."""
+
+    def apply(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``row`` with these parameters in ``responses_create_params``."""
+        row = copy.deepcopy(row)
+        params = row.setdefault("responses_create_params", {})
+        params["temperature"] = self.temperature
+        params["top_p"] = self.top_p
+        if self.max_output_tokens is not None:
+            asked = params.get("max_output_tokens")
+            params["max_output_tokens"] = min(asked, self.max_output_tokens) if asked else self.max_output_tokens
+        return row
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """What became of one row: a sample, or an error (with the attempts it took)."""
+
+    row_index: int
+    env_name: str
+    attempts: int
+    sample: TrainingSample | None = None
+    result: dict[str, Any] | None = None
+    """The ``/run`` body (row, ``response``, ``reward``, extras) when the server answered 200."""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.sample is not None
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """Every row's outcome in input order, and the batch's metrics."""
+
+    outcomes: list[RolloutOutcome]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def samples(self) -> list[TrainingSample]:
+        """The successful rollouts' samples, in input order."""
+        return [o.sample for o in self.outcomes if o.sample is not None]
+
+    @property
+    def failures(self) -> list[RolloutOutcome]:
+        """The rollouts that failed after their retries, in input order."""
+        return [o for o in self.outcomes if o.sample is None]
+
+
+class _Transient(Exception):
+    """A failure worth retrying."""
+
+
+class _Permanent(Exception):
+    """A failure that retrying will not fix."""
+
+
+def env_name_of(row: Mapping[str, Any], env_urls: Mapping[str, str]) -> str:
+    """The environment a row goes to: ``agent_ref.name``, or the only environment when there is one."""
+    name = (row.get("agent_ref") or {}).get("name")
+    if name is None and len(env_urls) == 1:
+        return next(iter(env_urls))
+    if name not in env_urls:
+        raise KeyError(f"row routed to environment {name!r}, but only {sorted(env_urls)} have URLs")
+    return name
+
+
+async def collect_rollouts(
+    rows: Sequence[Mapping[str, Any]],
+    env_urls: Mapping[str, str],
+    *,
+    concurrency: int = 32,
+    timeout_s: float = 300.0,
+    retries: int = 3,
+    backoff_s: float = 1.0,
+    group_indices: Sequence[int] | None = None,
+    sampling: PolicySampling | None = None,
+    on_done: Callable[[RolloutOutcome], None] | None = None,
+) -> RolloutBatch:
+    """Run every row through its environment's ``/run`` and convert the results to training samples.
+
+    ``group_indices[i]`` becomes sample i's ``group_index`` (default: i). ``sampling`` overwrites each
+    row's temperature/top-p (and caps max_output_tokens). ``on_done`` is called as each rollout ends
+    (for progress bars). Raises `KeyError` before any request when a row names an unknown environment.
+    """
+    if concurrency < 1 or retries < 0 or timeout_s <= 0 or backoff_s < 0:
+        raise ValueError("need concurrency >= 1, retries >= 0, timeout_s > 0 and backoff_s >= 0")
+    if group_indices is not None and len(group_indices) != len(rows):
+        raise ValueError(f"group_indices has {len(group_indices)} entries for {len(rows)} rows")
+    names = [env_name_of(row, env_urls) for row in rows]
+    bodies = [sampling.apply(dict(row)) if sampling else dict(row) for row in rows]
+    groups = list(group_indices) if group_indices is not None else list(range(len(rows)))
+    semaphore = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+
+        async def one(index: int) -> RolloutOutcome:
+            url = env_urls[names[index]].rstrip("/") + "/run"
+            outcome = await _run_with_retries(
+                client, semaphore, url, bodies[index], index, names[index], groups[index], timeout_s, retries, backoff_s
+            )
+            if on_done is not None:
+                on_done(outcome)
+            return outcome
+
+        outcomes = list(await asyncio.gather(*(one(i) for i in range(len(rows)))))
+    samples = [o.sample for o in outcomes if o.sample is not None]
+    return RolloutBatch(outcomes, rollout_metrics(samples, failed=len(outcomes) - len(samples)))
+
+
+async def _run_with_retries(
+    client: httpx.AsyncClient,
+    semaphore: asyncio.Semaphore,
+    url: str,
+    body: dict[str, Any],
+    index: int,
+    env_name: str,
+    group_index: int,
+    timeout_s: float,
+    retries: int,
+    backoff_s: float,
+) -> RolloutOutcome:
+    error = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            await asyncio.sleep(min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
+        try:
+            async with semaphore:
+                result = await asyncio.wait_for(_post_run(client, url, body), timeout_s)
+            sample = result_to_sample(result, group_index)
+            return RolloutOutcome(index, env_name, attempt + 1, sample=sample, result=result)
+        except _Permanent as failure:
+            return RolloutOutcome(index, env_name, attempt + 1, error=str(failure))
+        except RolloutConversionError as failure:
+            return RolloutOutcome(index, env_name, attempt + 1, result=result, error=f"bad rollout: {failure}")
+        except TimeoutError:
+            error = f"POST {url} timed out after {timeout_s}s"
+        except _Transient as failure:
+            error = str(failure)
+    return RolloutOutcome(index, env_name, retries + 1, error=f"{error} (gave up after {retries + 1} attempts)")
+
+
+async def _post_run(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    try:
+        response = await client.post(url, json=body)
+    except httpx.TimeoutException as error:
+        raise _Transient(f"POST {url} timed out: {type(error).__name__}") from error
+    except httpx.TransportError as error:
+        raise _Transient(f"POST {url} failed: {type(error).__name__}: {error}") from error
+    if response.status_code in TRANSIENT_STATUS:
+        raise _Transient(f"POST {url} answered {response.status_code}: {response.text[:ERROR_BODY_CHARS]}")
+    if response.status_code != 200:
+        raise _Permanent(f"POST {url} answered {response.status_code}: {response.text[:ERROR_BODY_CHARS]}")
+    try:
+        result = response.json()
+    except ValueError as error:
+        raise _Permanent(f"POST {url} answered 200 with a body that is not JSON: {error}") from error
+    if not isinstance(result, dict):
+        raise _Permanent(f"POST {url} answered 200 with {type(result).__name__}, not a JSON object")
+    return result

@@ -1,0 +1,319 @@
+"""Policy training: an HF causal LM, AdamW and one GRPO optimizer step per call of `PolicyTrainer.train_step`.
+
+Alignment. A sample's tokens ``x_0 … x_{L-1}`` are right-padded into ``input_ids [B, L]``. The model's
+logits at position ``t`` predict token ``t + 1``, so every per-token tensor here is over *targets*:
+``[B, L - 1]``, where position ``t`` holds ``log p(x_{t+1} | x_0 … x_t)``, the loss mask is
+``generated_mask[1:]`` and the generation engine's log-probabilities are ``generation_log_probs[1:]``.
+(The first token has no prefix and is never trained; it is always part of a prompt.)
+
+Temperature. Rollouts are sampled from ``softmax(logits / temperature)``, so the trainer computes its
+log-probabilities from logits divided by the same temperature: this is the distribution the samples
+came from, and the one the generation engine's ``generation_log_probs`` must describe (for vLLM:
+``logprobs_mode="processed_logprobs"``). Top-p truncation is not applied to the trainer's
+log-probabilities.
+
+Dropout. The model is kept in eval mode (dropout off) so that the recomputed old-policy log-probabilities
+and the first forward of the update agree exactly and the PPO ratio starts at 1.
+
+Devices. Batches go to the device of the model's parameters; the tests run on CPU only.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from grpojob_api.v1alpha1 import AdvantageSpec, GRPOJobSpec, LossAggregation, OptimizerSpec
+from grpojob_trainer.grpo import LossConfig, LossInputs, group_advantages, policy_loss
+from grpojob_trainer.metrics import LOGPROBS, TRAINING, StepTimer, tokens_per_second
+from grpojob_trainer.samples import TrainingSample
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded tensors of a list of samples; per-token tensors are over targets (``[B, L - 1]``)."""
+
+    input_ids: torch.Tensor
+    """``[B, L]`` long; padding is ``pad_token_id``."""
+    attention_mask: torch.Tensor
+    """``[B, L]`` long; 1 on real tokens."""
+    target_ids: torch.Tensor
+    """``[B, L - 1]`` long: ``input_ids[:, 1:]``."""
+    loss_mask: torch.Tensor
+    """``[B, L - 1]`` bool: the target was generated (false on prompt, tool output and padding)."""
+    generation_logprobs: torch.Tensor
+    """``[B, L - 1]`` float32: the generation engine's log-probability of each target (0 off the mask)."""
+    rewards: torch.Tensor
+    """``[B]`` float32."""
+    group_ids: torch.Tensor
+    """``[B]`` long: the samples' ``group_index``."""
+
+    @property
+    def generated_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    @property
+    def tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def to(self, device: torch.device) -> TokenBatch:
+        return TokenBatch(**{name: value.to(device) for name, value in vars(self).items()})
+
+
+def build_batch(samples: Sequence[TrainingSample], pad_token_id: int) -> TokenBatch:
+    """Right-pad ``samples`` (at least one, each of at least two tokens) into a `TokenBatch`."""
+    if not samples:
+        raise ValueError("build_batch needs at least one sample")
+    length = max(len(s.token_ids) for s in samples)
+    if length < 2:
+        raise ValueError("samples need at least two tokens (a prompt token and a generated one)")
+    size = len(samples)
+    input_ids = torch.full((size, length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((size, length), dtype=torch.long)
+    generated = torch.zeros((size, length), dtype=torch.bool)
+    gen_logprobs = torch.zeros((size, length), dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        n = len(sample.token_ids)
+        input_ids[row, :n] = torch.tensor(sample.token_ids, dtype=torch.long)
+        attention_mask[row, :n] = 1
+        generated[row, :n] = torch.tensor(sample.generated_mask, dtype=torch.bool)
+        gen_logprobs[row, :n] = torch.tensor(sample.generation_log_probs, dtype=torch.float32)
+    return TokenBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        target_ids=input_ids[:, 1:],
+        loss_mask=generated[:, 1:],
+        generation_logprobs=gen_logprobs[:, 1:],
+        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
+        group_ids=torch.tensor([s.group_index for s in samples], dtype=torch.long),
+    )
+
+
+def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
+    """``[B, L - 1]`` float32 log-probabilities of each target under ``softmax(logits / temperature)``.
+
+    Gradients flow unless called under ``torch.no_grad()``. Padding positions hold meaningless values;
+    mask them with ``batch.loss_mask``.
+    """
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    logits = logits / temperature
+    picked = logits.gather(-1, batch.target_ids.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+@dataclass
+class PreparedBatch:
+    """A micro-batch with everything the loss needs that does not depend on the weights being updated."""
+
+    batch: TokenBatch
+    advantages: torch.Tensor
+    """``[B]``."""
+    old_logprobs: torch.Tensor
+    """``[B, L - 1]``, no gradient."""
+    ref_logprobs: torch.Tensor | None
+
+
+class PolicyTrainer:
+    """Holds the policy (an HF causal LM), its AdamW optimizer and, with a KL penalty, a frozen reference.
+
+    One `train_step` is one GRPO step: advantages from the step's rewards, old-policy (and reference)
+    log-probabilities recomputed without gradients, then gradients accumulated over micro-batches of
+    ``micro_batch_size`` sequences, clipped to ``max_grad_norm``, and one optimizer step.
+
+    The reference policy, when ``loss.kl_coef > 0`` and none is given, is a frozen copy of ``model`` as
+    it is at construction: when resuming, construct the trainer from the initial model and load the
+    checkpoint afterwards, so that the reference stays the initial policy.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        optimizer: OptimizerSpec,
+        loss: LossConfig,
+        advantage: AdvantageSpec,
+        micro_batch_size: int,
+        temperature: float,
+        pad_token_id: int,
+        reference_model: torch.nn.Module | None = None,
+    ) -> None:
+        if temperature <= 0:
+            raise ValueError(
+                f"temperature must be positive, got {temperature}: GRPO trains on sampled rollouts, and greedy "
+                "decoding has no sampling distribution to compute log-probabilities of"
+            )
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be at least 1, got {micro_batch_size}")
+        self.model = model.eval()
+        self.loss_config = loss
+        self.advantage = advantage
+        self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+        self.pad_token_id = pad_token_id
+        self.max_grad_norm = optimizer.max_grad_norm
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=optimizer.learning_rate,
+            betas=(optimizer.beta1, optimizer.beta2),
+            weight_decay=optimizer.weight_decay,
+        )
+        self.reference_model: torch.nn.Module | None = None
+        if loss.kl_coef > 0:
+            self.reference_model = reference_model if reference_model is not None else copy.deepcopy(model)
+            self.reference_model.eval().requires_grad_(False)
+
+    @classmethod
+    def from_spec(
+        cls,
+        model: torch.nn.Module,
+        spec: GRPOJobSpec,
+        *,
+        pad_token_id: int,
+        reference_model: torch.nn.Module | None = None,
+    ) -> PolicyTrainer:
+        """A trainer configured by a GRPOJob's spec (optimizer, micro-batch size, loss, advantages, temperature)."""
+        return cls(
+            model,
+            optimizer=spec.training.optimizer,
+            loss=LossConfig.from_spec(spec.grpo),
+            advantage=spec.grpo.advantage,
+            micro_batch_size=spec.training.micro_batch_size,
+            temperature=spec.generation.temperature,
+            pad_token_id=pad_token_id,
+            reference_model=reference_model,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ----------------------------------------------------------------------------------------------
+    # the phases of a step
+
+    def micro_batches(self, samples: Sequence[TrainingSample]) -> list[TokenBatch]:
+        """The step's samples in order, in batches of at most ``micro_batch_size``, on the model's device."""
+        size = self.micro_batch_size
+        return [
+            build_batch(samples[start : start + size], self.pad_token_id).to(self.device)
+            for start in range(0, len(samples), size)
+        ]
+
+    @torch.no_grad()
+    def prepare(self, samples: Sequence[TrainingSample]) -> list[PreparedBatch]:
+        """Advantages of the whole step, and old-policy and reference log-probabilities per micro-batch."""
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        group_ids = torch.tensor([s.group_index for s in samples], dtype=torch.long)
+        advantages = group_advantages(
+            rewards,
+            group_ids,
+            normalize_std=self.advantage.normalize_std,
+            leave_one_out=self.advantage.leave_one_out,
+        ).to(self.device)
+        prepared = []
+        start = 0
+        for batch in self.micro_batches(samples):
+            size = batch.input_ids.shape[0]
+            ref = None
+            if self.reference_model is not None:
+                ref = token_logprobs(self.reference_model, batch, self.temperature)
+            prepared.append(
+                PreparedBatch(
+                    batch=batch,
+                    advantages=advantages[start : start + size],
+                    old_logprobs=token_logprobs(self.model, batch, self.temperature),
+                    ref_logprobs=ref,
+                )
+            )
+            start += size
+        return prepared
+
+    def accumulate_gradients(self, prepared: Sequence[PreparedBatch]) -> dict[str, float]:
+        """Zero the gradients, then back-propagate every micro-batch's share of the step's loss.
+
+        Each micro-batch's loss is normalised by the whole step's count (generated tokens, or sequences
+        with sequence aggregation), so the accumulated gradient is that of the loss of the whole batch.
+        Returns the loss and the loss diagnostics combined over micro-batches (token-weighted means;
+        maxima for ``*_max``).
+        """
+        if self.loss_config.aggregation is LossAggregation.TOKEN:
+            normalizer = float(sum(p.batch.generated_tokens for p in prepared))
+        else:
+            normalizer = float(sum(p.batch.input_ids.shape[0] for p in prepared))
+        if sum(p.batch.generated_tokens for p in prepared) == 0:
+            raise ValueError("the step's samples have no generated token to train on")
+        self.optimizer.zero_grad(set_to_none=True)
+        combined: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        total_loss = 0.0
+        for part in prepared:
+            logprobs = token_logprobs(self.model, part.batch, self.temperature)
+            inputs = LossInputs(
+                logprobs=logprobs,
+                old_logprobs=part.old_logprobs,
+                generation_logprobs=part.batch.generation_logprobs,
+                advantages=part.advantages,
+                mask=part.batch.loss_mask,
+                ref_logprobs=part.ref_logprobs,
+            )
+            loss, metrics = policy_loss(inputs, self.loss_config, normalizer=normalizer)
+            loss.backward()
+            total_loss += float(loss.detach())
+            tokens = float(part.batch.generated_tokens)
+            for key, value in metrics.items():
+                if key == "loss":
+                    continue
+                if key.endswith("_max"):
+                    combined[key] = max(combined.get(key, value), value)
+                else:
+                    combined[key] = combined.get(key, 0.0) + value * tokens
+                    weights[key] = weights.get(key, 0.0) + tokens
+        out = {key: value / weights[key] if weights.get(key) else value for key, value in combined.items()}
+        out["loss"] = total_loss
+        return out
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip the accumulated gradients to ``max_grad_norm`` and take one AdamW step."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": float(grad_norm), "lr": float(self.optimizer.param_groups[0]["lr"])}
+
+    # ----------------------------------------------------------------------------------------------
+
+    def train_step(self, samples: Sequence[TrainingSample], timer: StepTimer | None = None) -> dict[str, float]:
+        """One GRPO step on the step's samples (all groups); returns its metrics.
+
+        Metrics: ``loss``, ``grad_norm``, ``lr``, the loss diagnostics of `policy_loss`, ``reward_mean``,
+        ``advantage_abs_mean``, ``tokens`` (non-padding), ``generated_tokens``, ``time/logprobs``,
+        ``time/training`` and ``train_tokens_per_s`` (tokens through forward and backward per second of
+        the training phase). With ``timer``, the two phases are also recorded in it.
+        """
+        if not samples:
+            raise ValueError("train_step needs at least one sample")
+        timer = timer if timer is not None else StepTimer()
+        before_logprobs = timer.seconds.get(LOGPROBS, 0.0)
+        before_training = timer.seconds.get(TRAINING, 0.0)
+        with timer.phase(LOGPROBS):
+            prepared = self.prepare(samples)
+        started = time.perf_counter()
+        with timer.phase(TRAINING):
+            metrics = self.accumulate_gradients(prepared)
+            metrics |= self.optimizer_step()
+        training_seconds = time.perf_counter() - started
+        tokens = sum(p.batch.tokens for p in prepared)
+        advantages = torch.cat([p.advantages for p in prepared])
+        metrics |= {
+            "reward_mean": sum(s.reward for s in samples) / len(samples),
+            "advantage_abs_mean": float(advantages.abs().mean()),
+            "tokens": float(tokens),
+            "generated_tokens": float(sum(p.batch.generated_tokens for p in prepared)),
+            "time/logprobs": timer.seconds[LOGPROBS] - before_logprobs,
+            "time/training": timer.seconds[TRAINING] - before_training,
+            "train_tokens_per_s": tokens_per_second(tokens, training_seconds),
+        }
+        return metrics
