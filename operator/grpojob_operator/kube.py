@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes import client, config
 
 from grpojob_api import v1alpha1 as api
+from grpojob_operator import metrics
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Kube:
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         self.writes += 1
+        metrics.API_WRITES.labels(verb=method).inc()
         request = self.api.param_serialize(
             method,
             path,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from prometheus_client import Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.v1alpha1 import ConditionType, Phase
@@ -21,6 +21,8 @@ HEAD_READY_SECONDS = Histogram(
     "Time from a GRPOJob's creation to its Ray head being ready and its endpoints published",
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
 )
+
+API_WRITES = Counter("grpojob_api_writes_total", "API requests of the operator that write (not Kopf's own)", ["verb"])
 
 _phases: dict[tuple[str, str], Phase] = {}
 _head_ready_seen: set[tuple[str, str]] = set()
