@@ -181,6 +181,14 @@ class GrpoSpec(ApiModel):
     (null disables the correction)."""
     seed: int = Field(default=0, ge=0)
     """Seed for data order and sampling."""
+    rollout_concurrency: int = Field(default=64, ge=1, le=100_000)
+    """Rollouts (`/run` calls) in flight at once."""
+    rollout_timeout_seconds: float = Field(default=600.0, gt=0)
+    """A `/run` call that takes longer is abandoned (and retried, then counted as failed)."""
+    rollout_retries: int = Field(default=2, ge=0, le=10)
+    """Retries of a rollout after a transient failure (connection error, timeout, 429 or 5xx)."""
+    max_failed_steps: int = Field(default=3, ge=1)
+    """The trainer exits with an error after this many consecutive steps in which every rollout failed."""
 
 
 class SecretKeyRef(ApiModel):

@@ -56,7 +56,7 @@ class ChildNames:
 
     @property
     def progress(self) -> str:
-        """ConfigMap the trainer writes its progress to (see `grpojob_operator.progress`)."""
+        """ConfigMap the trainer writes its progress to (see `grpojob_api.progress`)."""
         return f"{self.job}-progress"
 
     @property

@@ -25,10 +25,10 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.progress import parse_progress
 from grpojob_api.v1alpha1 import ConditionType, Phase
 from grpojob_operator import manifests, names
 from grpojob_operator.observe import ConfigMapInfo, DeploymentInfo, Observed, PodInfo, RayClusterInfo, TrainerJobInfo
-from grpojob_operator.progress import parse_progress
 from grpojob_operator.settings import OperatorSettings
 
 

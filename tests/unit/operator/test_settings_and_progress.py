@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from grpojob_operator.progress import parse_progress, progress_data
+from grpojob_api.progress import parse_progress, progress_data
 from grpojob_operator.settings import load_settings
 
 

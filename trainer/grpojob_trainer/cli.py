@@ -1,0 +1,202 @@
+"""The `grpojob` command.
+
+grpojob run JOB.yaml          run a GRPOJob on this machine: local Ray, environment servers as
+                              processes, the transformers backend; the YAML `kubectl apply` takes
+grpojob train --config FILE   the trainer pod's entrypoint on Kubernetes (joins the job's RayCluster)
+grpojob tiny-model DIR        write a tiny random-init model (with tokenizer and chat template)
+grpojob dataset NAME --out F  write an example environment's JSONL rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from grpojob_api import v1alpha1 as api
+
+log = logging.getLogger("grpojob")
+
+
+class UsageError(Exception):
+    """A problem with the user's input, reported as one clear line."""
+
+
+def load_job(path: Path) -> api.GRPOJob:
+    """Read and validate a GRPOJob YAML file; errors name the field."""
+    try:
+        manifest = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise UsageError(f"{path}: {error}") from None
+    try:
+        return api.parse_job(manifest)
+    except ValidationError as error:
+        problems = "; ".join(f"{api.field_path(tuple(e['loc']))}: {e['msg']}" for e in error.errors())
+        raise UsageError(f"{path}: invalid GRPOJob: {problems}") from None
+
+
+def _require(path: Path, field: str, hint: str) -> Path:
+    if not path.exists():
+        raise UsageError(f"{field}: {path} does not exist ({hint})")
+    return path
+
+
+def run_local(job_path: Path, out: Path | None, show_progress: bool) -> int:
+    """`grpojob run`: the whole loop on this machine."""
+    import ray
+    from tqdm import tqdm
+
+    from grpojob_trainer import raycluster, report
+    from grpojob_trainer.data import PromptDataset
+    from grpojob_trainer.driver import run_loop
+    from grpojob_trainer.local_environments import EnvironmentProcesses
+    from grpojob_trainer.metrics import FileProgressPublisher, MetricsLogger
+
+    job = load_job(job_path)
+    spec = job.spec
+    if spec.dataset.path is None:
+        raise UsageError("spec.dataset: `grpojob run` reads a local file: set spec.dataset.path")
+    model = _require(Path(spec.model.path), "spec.model.path", "write one with `grpojob tiny-model DIR`")
+    data = _require(Path(spec.dataset.path), "spec.dataset.path", "write one with `grpojob dataset NAME --out FILE`")
+    out = out or Path("runs") / job.metadata.name
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = PromptDataset.from_jsonl(data, seed=spec.grpo.seed)
+    if spec.generation.replicas > 1:
+        log.warning("grpojob run serves one generation engine (spec.generation.replicas=%d)", spec.generation.replicas)
+    spec_json = spec.model_dump(mode="json", by_alias=True)
+
+    gcs = raycluster.start_local(generation_replicas=1, policy_replicas=1)
+    print(f"Ray is up (GCS {gcs}); loading the model from {model}", flush=True)
+    try:
+        engines = raycluster.place_generation(1, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed)
+        policy = raycluster.place_policy(spec_json, str(model), spec.grpo.seed)
+        base_url = ray.get(engines[0].base_url.remote())
+        environments = EnvironmentProcesses(
+            spec.environments,
+            policy_base_url=base_url,
+            policy_model_name=spec.model.served_model_name,
+            gcs_address=gcs,
+            log_dir=out / "environments",
+        )
+        with environments as env_urls, MetricsLogger(out) as logger:
+            bar = tqdm(total=spec.grpo.max_steps, desc=job.metadata.name, unit="step", disable=not show_progress)
+
+            def on_step(step: int, metrics: dict[str, float]) -> None:
+                bar.n = step
+                bar.set_postfix(reward=f"{metrics.get('rollout/reward/mean', float('nan')):.3f}", refresh=True)
+
+            result = run_loop(
+                job,
+                policy=policy,
+                engines=engines,
+                env_urls=env_urls,
+                dataset=dataset,
+                logger=logger,
+                progress=FileProgressPublisher(out / "progress.json"),
+                checkpoint_dir=Path(spec.checkpointing.path),
+                on_step=on_step,
+            )
+            bar.close()
+    finally:
+        ray.shutdown()
+    curve = report.reward_curve(out / "metrics.jsonl")
+    png = report.plot_reward_curve(curve, out / "reward.png", f"{job.metadata.name}: mean reward per step")
+    print(f"trained steps {result.first_step} to {result.last_step}: {report.summary(curve)}")
+    print(f"failed rollouts: {result.failed_rollouts}")
+    print(f"reward curve: {png}")
+    print(f"TensorBoard logs: {out / 'tensorboard'}  (tensorboard --logdir {out / 'tensorboard'})")
+    return 0
+
+
+def train_in_cluster(config_path: Path) -> int:
+    """`grpojob train`: the trainer pod. Everything it needs comes from the endpoints ConfigMap and the Job."""
+    import ray
+
+    from grpojob_trainer import raycluster
+    from grpojob_trainer.data import PromptDataset
+    from grpojob_trainer.driver import run_loop
+    from grpojob_trainer.local_environments import wait_for_environments
+    from grpojob_trainer.metrics import MetricsLogger
+    from grpojob_trainer.progress import ConfigMapProgressPublisher
+
+    job = load_job(config_path)
+    spec = job.spec
+    env = os.environ
+    gcs = raycluster.join(env["RAY_GCS_ADDRESS"])
+    log.info("joined the Ray cluster; GCS address %s", gcs)
+    env_urls = json.loads(env["PENGUIN_ENV_URLS"])
+    model = env.get("GRPOJOB_MODEL_PATH", spec.model.path)
+    spec_json = spec.model_dump(mode="json", by_alias=True)
+    try:
+        engines = raycluster.place_generation(
+            spec.generation.replicas, spec_json, model, "0.0.0.0", 8000, spec.grpo.seed
+        )
+        policy = raycluster.place_policy(spec_json, model, spec.grpo.seed)
+        ray.get([engine.base_url.remote() for engine in engines])
+        wait_for_environments(env_urls)
+        out = Path(env.get("GRPOJOB_LOG_DIR", "/tmp/grpojob"))
+        with MetricsLogger(out) as logger:
+            run_loop(
+                job,
+                policy=policy,
+                engines=engines,
+                env_urls=env_urls,
+                dataset=PromptDataset.from_jsonl(
+                    env.get("GRPOJOB_DATASET_PATH", spec.dataset.path or ""), spec.grpo.seed
+                ),
+                logger=logger,
+                progress=ConfigMapProgressPublisher.in_cluster(env["GRPOJOB_PROGRESS_CONFIGMAP"]),
+                checkpoint_dir=Path(env.get("GRPOJOB_CHECKPOINT_DIR", spec.checkpointing.path)),
+            )
+    finally:
+        raycluster.disconnect()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="grpojob", description="GRPO post-training, on Kubernetes or this machine.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run a GRPOJob YAML on this machine")
+    run.add_argument("job", type=Path)
+    run.add_argument("--out", type=Path, help="where metrics, TensorBoard logs and the reward curve go")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train = commands.add_parser("train", help="the trainer pod's entrypoint")
+    train.add_argument("--config", type=Path, required=True)
+    tiny = commands.add_parser("tiny-model", help="write a tiny random-init model directory")
+    tiny.add_argument("out", type=Path)
+    tiny.add_argument("--seed", type=int, default=0)
+    data = commands.add_parser("dataset", help="write an example environment's rows")
+    data.add_argument("name")
+    data.add_argument("--rows", type=int, default=256)
+    data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        if args.command == "run":
+            return run_local(args.job, args.out, show_progress=not args.no_progress)
+        if args.command == "train":
+            return train_in_cluster(args.config)
+        if args.command == "tiny-model":
+            from grpojob_trainer.tiny_model import TinyModelConfig, write_tiny_model
+
+            print(write_tiny_model(args.out, TinyModelConfig(seed=args.seed)))
+            return 0
+        from grpojob_trainer.environments.dataset import write_rows
+
+        print(write_rows(args.name, args.rows, args.out, args.seed))
+        return 0
+    except UsageError as error:
+        print(f"grpojob: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The prompt dataset: JSONL rows in NeMo Gym's format, served in shuffled epochs with a resumable position."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class DataPosition:
+    """Where the next batch starts: the epoch (which fixes the shuffle) and the index within it."""
+
+    epoch: int = 0
+    index: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+
+class PromptDataset:
+    """Rows of a JSONL file, each epoch in an order fixed by ``seed`` and the epoch number."""
+
+    def __init__(self, rows: list[dict[str, Any]], seed: int = 0) -> None:
+        if not rows:
+            raise ValueError("the dataset has no rows")
+        self.rows = rows
+        self.seed = seed
+        self.position = DataPosition()
+
+    @classmethod
+    def from_jsonl(cls, path: str | Path, seed: int = 0) -> PromptDataset:
+        rows = []
+        for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not JSON: {error}") from None
+            if not isinstance(row, dict) or "responses_create_params" not in row:
+                raise ValueError(f"{path}:{number}: a row must be an object with responses_create_params")
+            rows.append(row)
+        return cls(rows, seed)
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next_batch(self, size: int) -> list[dict[str, Any]]:
+        """The next ``size`` rows, crossing into the next epoch (reshuffled) when one runs out."""
+        batch = []
+        while len(batch) < size:
+            order = self._order(self.position.epoch)
+            take = order[self.position.index : self.position.index + size - len(batch)]
+            batch += [self.rows[i] for i in take]
+            self.position.index += len(take)
+            if self.position.index >= len(order):
+                self.position = DataPosition(self.position.epoch + 1, 0)
+        return batch
+
+    def restore(self, position: dict[str, Any]) -> None:
+        """Continue from a position saved in a checkpoint."""
+        self.position = DataPosition(int(position.get("epoch", 0)), int(position.get("index", 0)))

@@ -1,0 +1,122 @@
+"""Environment servers as local processes, for `grpojob run`: the same command each pod would run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from grpojob_api import v1alpha1 as api
+from grpojob_trainer.penguin.http import free_port
+
+START_TIMEOUT_S = 120.0
+
+
+def environment_command(env: api.EnvironmentSpec) -> list[str]:
+    """The command of an environment; a leading `python` is this interpreter (so the same venv runs it)."""
+    command = [*env.command, *env.args] or [sys.executable, "-m", "grpojob_trainer.environments", env.name]
+    if command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    return command
+
+
+class EnvironmentProcesses:
+    """Start every environment of a job on a free loopback port; stop them on exit."""
+
+    def __init__(
+        self,
+        environments: list[api.EnvironmentSpec],
+        *,
+        policy_base_url: str,
+        policy_model_name: str,
+        gcs_address: str,
+        log_dir: Path,
+    ) -> None:
+        self.environments = environments
+        self.common_env = {
+            "POLICY_BASE_URL": policy_base_url,
+            "POLICY_MODEL_NAME": policy_model_name,
+            "RAY_GCS_ADDRESS": gcs_address,
+        }
+        self.log_dir = log_dir
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.urls: dict[str, str] = {}
+
+    def __enter__(self) -> dict[str, str]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for index, env in enumerate(self.environments):
+                self._start(index, env)
+            for env in self.environments:
+                self._wait_healthy(env.name)
+        except BaseException:
+            self.__exit__()
+            raise
+        return dict(self.urls)
+
+    def _start(self, index: int, env: api.EnvironmentSpec) -> None:
+        variables = {}
+        for position, var in enumerate(env.env):
+            if var.value is None:
+                raise ValueError(
+                    f"spec.environments[{index}].env[{position}] ({var.name}): secretKeyRef only works on Kubernetes; "
+                    "give a value for `grpojob run`"
+                )
+            variables[var.name] = var.value
+        port = free_port()
+        log = open(self.log_dir / f"{env.name}.log", "ab")  # noqa: SIM115 - the child keeps it
+        self.processes[env.name] = subprocess.Popen(
+            environment_command(env),
+            env={**os.environ, **self.common_env, **variables, "PORT": str(port), "HOST": "127.0.0.1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.urls[env.name] = f"http://127.0.0.1:{port}"
+
+    def _wait_healthy(self, name: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.processes[name].poll() is not None:
+                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"environment {name} exited during start-up; end of its log:\n{tail}")
+            try:
+                if httpx.get(self.urls[name] + "/", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"environment {name} did not answer GET / within {START_TIMEOUT_S:.0f}s")
+
+    def __exit__(self, *_: object) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+
+def wait_for_environments(urls: dict[str, str], timeout_s: float = 600.0) -> None:
+    """Wait until every environment Service answers GET / (on Kubernetes, where the pods start on their own)."""
+    deadline = time.monotonic() + timeout_s
+    pending = dict(urls)
+    while pending and time.monotonic() < deadline:
+        for name, url in list(pending.items()):
+            try:
+                if httpx.get(url.rstrip("/") + "/", timeout=5).status_code == 200:
+                    del pending[name]
+            except httpx.HTTPError:
+                pass
+        if pending:
+            time.sleep(2)
+    if pending:
+        raise TimeoutError(f"environments not answering after {timeout_s:.0f}s: {sorted(pending)}")

@@ -1,0 +1,43 @@
+"""Publishing training progress to the GRPOJob's `<job>-progress` ConfigMap (see `grpojob_api.progress`).
+
+The trainer pod's ServiceAccount may get, update and patch that one ConfigMap and nothing else, so this
+talks to the API server directly with the pod's token: one merge patch per step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import httpx
+
+from grpojob_api.progress import progress_data
+from grpojob_trainer.metrics import ProgressPublisher
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class ConfigMapProgressPublisher(ProgressPublisher):
+    """Merge-patches ``{"step", "meanReward"}`` into a ConfigMap."""
+
+    def __init__(self, server: str, token: str, ca_file: str | None, namespace: str, name: str) -> None:
+        self.url = f"{server.rstrip('/')}/api/v1/namespaces/{namespace}/configmaps/{name}"
+        self.client = httpx.Client(
+            verify=ca_file if ca_file else True,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"},
+            timeout=10.0,
+        )
+
+    @classmethod
+    def in_cluster(cls, name: str) -> ConfigMapProgressPublisher:
+        """From the pod's service account, `KUBERNETES_SERVICE_HOST`/`_PORT` and `POD_NAMESPACE`."""
+        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        namespace = os.environ.get("POD_NAMESPACE") or (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip()
+        token = (SERVICE_ACCOUNT_DIR / "token").read_text().strip()
+        return cls(f"https://{host}:{port}", token, str(SERVICE_ACCOUNT_DIR / "ca.crt"), namespace, name)
+
+    def publish(self, step: int, mean_reward: float) -> None:
+        reward = mean_reward if math.isfinite(mean_reward) else None
+        response = self.client.patch(self.url, json={"data": progress_data(step, reward)})
+        response.raise_for_status()

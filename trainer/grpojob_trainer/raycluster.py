@@ -1,0 +1,85 @@
+"""Connecting the trainer to Ray: a local head for `grpojob run`, or the job's RayCluster on Kubernetes.
+
+On Kubernetes the trainer pod is outside the RayCluster. A Ray driver needs a raylet on its own node,
+so the pod joins the cluster as a node with no resources at `RAY_GCS_ADDRESS` (from the
+`<job>-endpoints` ConfigMap) and attaches to it; nothing is scheduled on it. Either way the address is
+read back from the runtime context, which proves Ray is initialised and is what the environment
+servers' config receives (as NeMo-RL does for Penguin's `ray_head_node_address`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+from grpojob_trainer.workers import GenerationWorker, PolicyWorker
+
+log = logging.getLogger(__name__)
+
+GENERATION_RESOURCE = "generation"
+POLICY_RESOURCE = "policy"
+
+
+def start_local(generation_replicas: int, policy_replicas: int, num_cpus: int | None = None) -> str:
+    """Start a local Ray head declaring the resources of the RayCluster's worker groups; its GCS address."""
+    import ray
+
+    ray.init(
+        num_cpus=num_cpus or os.cpu_count() or 1,
+        num_gpus=0,
+        resources={GENERATION_RESOURCE: generation_replicas, POLICY_RESOURCE: policy_replicas},
+        include_dashboard=False,
+        namespace="grpojob",
+        logging_level=logging.WARNING,
+    )
+    return gcs_address()
+
+
+def join(address: str) -> str:
+    """Join the Ray cluster at ``address`` as a zero-resource node and attach the driver to it."""
+    import ray
+
+    command = [sys.executable, "-m", "ray.scripts.scripts", "start", f"--address={address}", "--num-cpus=0"]
+    command += ["--num-gpus=0", "--disable-usage-stats"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"could not join the Ray cluster at {address}: {result.stderr.strip()[-2000:]}")
+    ray.init(address=address, namespace="grpojob", logging_level=logging.WARNING)
+    return gcs_address()
+
+
+def disconnect() -> None:
+    """Disconnect the driver (a joined pod's raylet ends with the pod)."""
+    import ray
+
+    ray.shutdown()
+
+
+def gcs_address() -> str:
+    """The GCS address of the Ray cluster this process is connected to, read from the runtime context."""
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError("Ray is not initialised: connect with start_local() or join() first")
+    address = ray.get_runtime_context().gcs_address
+    if not address:
+        raise RuntimeError("Ray is initialised but its runtime context has no GCS address")
+    return address
+
+
+def place_generation(replicas: int, spec: dict, model_path: str, host: str, port: int | None, seed: int) -> list:
+    """One generation engine per `generation` worker (each needs the group's custom resource)."""
+    import ray
+
+    actor = ray.remote(GenerationWorker).options(num_cpus=0, resources={GENERATION_RESOURCE: 1})
+    return [actor.remote(spec, model_path, host, port, seed + i) for i in range(replicas)]
+
+
+def place_policy(spec: dict, model_path: str, seed: int):
+    """The policy on a `policy` worker."""
+    import ray
+
+    actor = ray.remote(PolicyWorker).options(num_cpus=0, resources={POLICY_RESOURCE: 1})
+    return actor.remote(spec, model_path, seed)
