@@ -20,12 +20,9 @@ import yaml
 from pydantic import ValidationError
 
 from grpojob_api import v1alpha1 as api
+from grpojob_trainer.errors import AllRolloutsFailed, UsageError
 
 log = logging.getLogger("grpojob")
-
-
-class UsageError(Exception):
-    """A problem with the user's input, reported as one clear line."""
 
 
 def load_job(path: Path) -> api.GRPOJob:
@@ -110,7 +107,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool) -> int:
     print(f"trained steps {result.first_step} to {result.last_step}: {report.summary(curve)}")
     print(f"failed rollouts: {result.failed_rollouts}")
     print(f"reward curve: {png}")
-    print(f"TensorBoard logs: {out / 'tensorboard'}  (tensorboard --logdir {out / 'tensorboard'})")
+    print(f"TensorBoard logs: {out}  (tensorboard --logdir {out})")
     return 0
 
 
@@ -196,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"grpojob: {error}", file=sys.stderr)
         return 2
+    except AllRolloutsFailed as error:
+        print(f"grpojob: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

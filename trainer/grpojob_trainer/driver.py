@@ -21,15 +21,12 @@ from typing import Any
 
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.data import PromptDataset
+from grpojob_trainer.errors import AllRolloutsFailed
 from grpojob_trainer.metrics import GENERATION, WEIGHT_SYNC, MetricsLogger, ProgressPublisher, StepTimer
 from grpojob_trainer.penguin.rollouts import PolicySampling, collect_rollouts
 from grpojob_trainer.workers import sync_weights
 
 log = logging.getLogger(__name__)
-
-
-class AllRolloutsFailed(RuntimeError):
-    """Too many consecutive steps without a single successful rollout."""
 
 
 @dataclass
@@ -98,11 +95,12 @@ def run_loop(
         samples = batch.samples
         if not samples:
             failed_in_a_row += 1
-            if failed_in_a_row >= grpo.max_failed_steps:
-                raise AllRolloutsFailed(
-                    f"every rollout failed in {failed_in_a_row} consecutive steps (last: step {step})"
-                )
             logger.log(step, metrics)
+            if failed_in_a_row >= grpo.max_failed_steps:
+                last_error = batch.failures[-1].error if batch.failures else "no rollouts"
+                raise AllRolloutsFailed(
+                    f"every rollout failed in {failed_in_a_row} consecutive steps (last: step {step}: {last_error})"
+                )
             continue
         failed_in_a_row = 0
         metrics |= ray.get(policy.train_step.remote(samples))

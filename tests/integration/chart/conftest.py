@@ -16,6 +16,7 @@ import yaml
 from kubernetes import client
 
 from grpojob_testing import build
+from tests.integration.operator.conftest import grpojob_crd  # noqa: F401 (the GRPOJob CRD fixture)
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "grpojob"

@@ -3,6 +3,7 @@ upgrade and uninstall, and the operator run under exactly the rights the chart g
 
 from __future__ import annotations
 
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -11,11 +12,10 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from tests.integration.operator.conftest import (  # noqa: F401 (grpojob_crd is a fixture)
+from tests.integration.operator.conftest import (
     Jobs,
     OperatorProcess,
     eventually,
-    grpojob_crd,
     job_manifest,
 )
 
@@ -131,54 +131,92 @@ def _operator_as_chart_service_account(
     return path, config.new_client_from_config(str(path))
 
 
-def _run_a_job_to_success_and_deletion(sa_kubeconfig: Path, api_client, namespace: str, tmp_path: Path) -> None:
+def _run_a_job_to_success_and_deletion(
+    sa_kubeconfig: Path, api_client, namespace: str, tmp_path: Path, *, deleted_by: str
+) -> None:
+    """Run the operator with the given credentials through a GRPOJob's whole life, ended by the
+    operator itself (``deleted_by="ttl"``: ttlSecondsAfterFinished) or by the user (``"user"``), and
+    check that it was never refused anything."""
     operator = OperatorProcess(sa_kubeconfig, namespace, tmp_path / "operator.log").start()
     jobs = Jobs(api_client, namespace)
+    spec = {"cleanupPolicy": "DeleteAll", "ttlSecondsAfterFinished": 1} if deleted_by == "ttl" else {}
     try:
-        jobs.create(job_manifest("rbac", cleanupPolicy="DeleteAll", ttlSecondsAfterFinished=2))
+        jobs.create(job_manifest("rbac", **spec))
         jobs.wait_phase("rbac", "Running")
-        # The per-job trainer RBAC, created by the operator (needs get/update/patch on configmaps itself).
+        # The trainer's rights, created by the operator (which must hold get/update/patch on configmaps).
         rbac = client.RbacAuthorizationV1Api(api_client)
         role = rbac.read_namespaced_role("rbac-trainer", namespace)
         assert role.rules[0].resource_names == ["rbac-progress"]
-        rbac.read_namespaced_role_binding("rbac-trainer", namespace)
+        assert rbac.read_namespaced_role_binding("rbac-trainer", namespace).role_ref.name == "rbac-trainer"
         (pod,) = jobs.trainer_pods("rbac")
         jobs.exit_pod(pod.metadata.name, 0)
         jobs.wait_phase("rbac", "Succeeded")
+        reasons = [reason for reason, _ in jobs.events("rbac")]
+        assert "TrainerCreated" in reasons and "PhaseSucceeded" in reasons, reasons
 
-        def deleted() -> bool:
+        def deleting() -> bool:
+            try:
+                return jobs.get("rbac")["metadata"].get("deletionTimestamp") is not None
+            except client.ApiException as error:
+                return error.status == 404
+
+        def gone() -> bool:
             try:
                 jobs.get("rbac")
             except client.ApiException as error:
                 return error.status == 404
             return False
 
-        # ttlSecondsAfterFinished: the operator deletes the GRPOJob, then Kopf removes its finalizer.
-        eventually(deleted, "the operator to delete the GRPOJob (ttlSecondsAfterFinished)", 60)
+        if deleted_by == "ttl":
+            eventually(deleting, "the operator to delete the GRPOJob (ttlSecondsAfterFinished)", 30)
+        else:
+            jobs.delete("rbac")
+        # Kopf then removes its finalizer. When the delete came from the operator's own timer, Kopf polls
+        # the exiting timer only every 60 s (kopf settings.background.cancellation_polling), hence 90 s.
+        eventually(gone, "Kopf to remove its finalizer from the deleted GRPOJob", 90)
         assert operator.alive()
     finally:
         operator.stop()
     log = operator.log()
-    forbidden = [
-        line
-        for line in log.splitlines()
-        if ("403" in line or "orbidden" in line) and "Not enough permissions to" not in line
-    ]
-    assert not forbidden, "\n".join(forbidden)
+    refused = [line for line in log.splitlines() if re.search(r"\b403\b|Forbidden|Not enough permissions", line)]
+    assert not refused, "\n".join(refused)
     assert "Failed to post an event" not in log
 
 
+@pytest.mark.usefixtures("grpojob_crd")
 def test_the_operator_under_the_charts_cluster_wide_rbac_takes_a_job_through_its_whole_life(
     release: Release,
     api_client,
     kubeconfig: Path,
     namespace: str,
-    grpojob_crd,
-    tmp_path: Path,  # noqa: F811
+    tmp_path: Path,
 ):
     release.install()
     sa_kubeconfig, _ = _operator_as_chart_service_account(release, api_client, kubeconfig, tmp_path)
-    _run_a_job_to_success_and_deletion(sa_kubeconfig, api_client, namespace, tmp_path)
+    # Installed cluster-wide, the operator runs without --namespace and never lists namespaces. Here it
+    # is confined to this test's namespace (so that it leaves other tests' GRPOJobs alone), and given
+    # --namespace Kopf lists and watches namespaces: the test grants that read, and nothing else.
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    name = f"{release.cluster_name}-test-ns"
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": name},
+            "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}],
+        }
+    )
+    subject = {"kind": "ServiceAccount", "name": release.fullname, "namespace": namespace}
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [subject],
+        }
+    )
+    try:
+        _run_a_job_to_success_and_deletion(sa_kubeconfig, api_client, namespace, tmp_path, deleted_by="ttl")
+    finally:
+        rbac.delete_cluster_role_binding(name)
+        rbac.delete_cluster_role(name)
 
 
 NOT_NEEDED = [
@@ -234,17 +272,19 @@ def test_the_charts_rbac_denies_what_the_operator_does_not_need(
         sa.close()
 
 
+@pytest.mark.usefixtures("grpojob_crd")
 def test_namespaced_mode_grants_rights_only_in_the_watched_namespaces(
     release: Release,
     api_client,
     kubeconfig: Path,
     namespace: str,
-    grpojob_crd,
-    tmp_path: Path,  # noqa: F811
+    tmp_path: Path,
 ):
     release.install("--set", f"operator.watchNamespaces={{{namespace}}}")
     rbac = client.RbacAuthorizationV1Api(api_client)
     rbac.read_namespaced_role(release.fullname, namespace)
+    namespace_reader = rbac.read_cluster_role(f"{release.cluster_name}-ns")
+    assert [(r.resources, r.verbs) for r in namespace_reader.rules] == [(["namespaces"], ["list", "watch"])]
     with pytest.raises(client.ApiException) as missing:
         rbac.read_cluster_role(release.cluster_name)
     assert missing.value.status == 404
@@ -261,6 +301,8 @@ def test_namespaced_mode_grants_rights_only_in_the_watched_namespaces(
         assert not can_i(sa, "list", "grpojobs", "", "grpo.dev")
         assert not can_i(sa, "create", "rayclusters", outside, "ray.io")
         assert not can_i(sa, "list", "pods", "")
+        assert not can_i(sa, "get", "secrets", namespace)
+        assert not can_i(sa, "delete", "namespaces", outside)
         with pytest.raises(client.ApiException) as denied:
             client.CustomObjectsApi(sa).list_namespaced_custom_object("grpo.dev", "v1alpha1", outside, "grpojobs")
         assert denied.value.status == 403
@@ -268,4 +310,4 @@ def test_namespaced_mode_grants_rights_only_in_the_watched_namespaces(
         sa.close()
         core.delete_namespace(outside)
 
-    _run_a_job_to_success_and_deletion(sa_kubeconfig, api_client, namespace, tmp_path)
+    _run_a_job_to_success_and_deletion(sa_kubeconfig, api_client, namespace, tmp_path, deleted_by="user")

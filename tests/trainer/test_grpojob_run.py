@@ -1,0 +1,131 @@
+"""`grpojob run` end to end on this machine: local Ray, the environment server as a process, the
+transformers backend. GRPO raises the reward; a killed trainer resumes at the right step; a dead
+environment ends the run with counted failures instead of a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpojob_trainer.checkpoint import latest_checkpoint, list_checkpoints
+
+
+def write_job(tmp: Path, model: Path, *, steps: int, interval: int, environment: dict | None = None) -> Path:
+    data = tmp / "train.jsonl"
+    if not data.exists():
+        from grpojob_trainer.environments.dataset import write_rows
+
+        write_rows("arithmetic", 128, data)
+    job = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml").read_text())
+    job["spec"]["model"]["path"] = str(model)
+    job["spec"]["dataset"]["path"] = str(data)
+    job["spec"]["grpo"]["maxSteps"] = steps
+    job["spec"]["checkpointing"] = {"path": str(tmp / "checkpoints"), "interval": interval}
+    if environment is not None:
+        job["spec"]["environments"] = [environment]
+        job["spec"]["grpo"] |= {"rolloutTimeoutSeconds": 3, "rolloutRetries": 1, "maxFailedSteps": 2}
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def grpojob(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "grpojob_trainer.cli", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "RAY_DISABLE_USAGE_STATS": "1"},
+    )
+
+
+def finish(process: subprocess.Popen, timeout: float) -> str:
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, _ = process.communicate()
+        pytest.fail(f"grpojob run did not finish in {timeout}s:\n{out[-3000:]}")
+    return out
+
+
+def rewards(out_dir: Path) -> list[float]:
+    lines = (out_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["rollout/reward/mean"] for line in lines]
+
+
+def test_grpo_raises_the_mean_reward_of_the_tiny_model(tiny_model_dir: Path, tmp_path: Path):
+    job = write_job(tmp_path, tiny_model_dir, steps=24, interval=100)
+    process = grpojob("run", str(job), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
+    out = finish(process, 600)
+    assert process.returncode == 0, out[-3000:]
+    curve = rewards(tmp_path / "out")
+    assert len(curve) == 24
+    first, last = sum(curve[:6]) / 6, sum(curve[-6:]) / 6
+    assert last > first + 0.05 and last > 1.5 * first, f"reward did not rise: {curve}"
+    assert (tmp_path / "out" / "reward.png").stat().st_size > 10_000
+    assert list((tmp_path / "out").glob("events.out.tfevents.*"))
+    record = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
+    for key in ("time/generation", "time/logprobs", "time/training", "time/weight_sync", "throughput/tokens_per_s"):
+        assert record[key] > 0, key
+    assert json.loads((tmp_path / "out" / "progress.json").read_text())["step"] == 24
+
+
+def test_a_killed_trainer_resumes_from_its_last_checkpoint(tiny_model_dir: Path, tmp_path: Path):
+    job = write_job(tmp_path, tiny_model_dir, steps=8, interval=3)
+    first = grpojob("run", str(job), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not any(step >= 3 for step, _ in list_checkpoints(tmp_path / "checkpoints")):
+        assert first.poll() is None, first.communicate()[0][-3000:]
+        time.sleep(0.5)
+    os.killpg(first.pid, signal.SIGKILL)  # the trainer dies mid-run, as when its pod is evicted
+    first.communicate()
+    saved = max(step for step, _ in list_checkpoints(tmp_path / "checkpoints"))
+    logged = [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert saved < 8
+
+    second = grpojob("run", str(job), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
+    out = finish(second, 600)
+    assert second.returncode == 0, out[-3000:]
+    assert f"resumed from the checkpoint of step {saved}" in out
+    assert f"trained steps {saved + 1} to 8" in out
+    steps = [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert steps[len(logged) :] == list(range(saved + 1, 9)), (
+        "the resumed run continues at the step after the checkpoint"
+    )
+    final = latest_checkpoint(tmp_path / "checkpoints")
+    assert final is not None and json.loads((final / "meta.json").read_text())["step"] == 8
+
+
+DEAD_ENVIRONMENT = """
+import http.server, os
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b'{"status":"ok"}')
+    def do_POST(self):
+        self.send_response(500); self.end_headers(); self.wfile.write(b'"boom"')
+http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+"""
+
+
+def test_an_environment_that_only_fails_ends_the_run_with_counted_failures(tiny_model_dir: Path, tmp_path: Path):
+    environment = {"name": "arithmetic", "command": ["python", "-c", DEAD_ENVIRONMENT]}
+    job = write_job(tmp_path, tiny_model_dir, steps=5, interval=100, environment=environment)
+    process = grpojob("run", str(job), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
+    out = finish(process, 300)
+    assert process.returncode != 0
+    assert "every rollout failed in 2 consecutive steps" in out
+    failed = [
+        json.loads(line)["rollout/failed"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert failed == [64.0, 64.0], "each step's 8 prompts x 8 generations are counted as failed"

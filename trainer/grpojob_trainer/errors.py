@@ -1,0 +1,11 @@
+"""Errors the `grpojob` command reports as one clear line (no traceback)."""
+
+from __future__ import annotations
+
+
+class UsageError(Exception):
+    """A problem with the user's input (a field, a path), named in the message."""
+
+
+class AllRolloutsFailed(RuntimeError):
+    """Too many consecutive steps without a single successful rollout."""
