@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import ssl
 from pathlib import Path
 
 import httpx
@@ -24,7 +25,7 @@ class ConfigMapProgressPublisher(ProgressPublisher):
     def __init__(self, server: str, token: str, ca_file: str | None, namespace: str, name: str) -> None:
         self.url = f"{server.rstrip('/')}/api/v1/namespaces/{namespace}/configmaps/{name}"
         self.client = httpx.Client(
-            verify=ca_file if ca_file else True,
+            verify=ssl.create_default_context(cafile=ca_file) if ca_file else True,
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"},
             timeout=10.0,
         )

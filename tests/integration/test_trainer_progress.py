@@ -1,0 +1,73 @@
+"""The trainer reports progress with its pod's ServiceAccount, which may touch its progress ConfigMap
+and nothing else (the Role the operator creates for it), against the real API server."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from kubernetes import client
+
+from grpojob_api import v1alpha1 as api
+from grpojob_operator import manifests
+from grpojob_trainer.progress import ConfigMapProgressPublisher
+
+pytestmark = pytest.mark.integration
+
+
+def cluster_endpoint(kubeconfig: Path, tmp_path: Path) -> tuple[str, str]:
+    """(server URL, CA file) of the kubeconfig's current cluster."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
+    cluster = next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"]
+    if "certificate-authority-data" in cluster:
+        ca = tmp_path / "ca.crt"
+        ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        return cluster["server"], str(ca)
+    return cluster["server"], cluster["certificate-authority"]
+
+
+def without_owner(manifest: dict) -> dict:
+    manifest["metadata"].pop("ownerReferences")
+    return manifest
+
+
+def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubeconfig, namespace, tmp_path):
+    job = api.parse_job(
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "metadata": {"name": "demo", "namespace": namespace, "uid": "00000000-0000-4000-8000-000000000000"},
+            "spec": {"model": {"path": "/m"}, "dataset": {"path": "d.jsonl"}, "environments": [{"name": "e"}]},
+        }
+    )
+    core, rbac = client.CoreV1Api(api_client), client.RbacAuthorizationV1Api(api_client)
+    core.create_namespaced_config_map(namespace, without_owner(manifests.build_progress(job)))
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "someone-else"}, "data": {"a": "1"}})
+    account, role, binding = (without_owner(m) for m in manifests.build_trainer_rbac(job))
+    core.create_namespaced_service_account(namespace, account)
+    rbac.create_namespaced_role(namespace, role)
+    rbac.create_namespaced_role_binding(namespace, binding)
+    token = core.create_namespaced_service_account_token(
+        "demo-trainer", namespace, {"spec": {"expirationSeconds": 600}}
+    ).status.token
+    server, ca = cluster_endpoint(kubeconfig, tmp_path)
+
+    publisher = ConfigMapProgressPublisher(server, token, ca, namespace, "demo-progress")
+    publisher.publish(5, 0.75)
+    publisher.publish(6, float("nan"))
+    assert core.read_namespaced_config_map("demo-progress", namespace).data == {"step": "6", "meanReward": "0.75"}
+
+    verify = ssl.create_default_context(cafile=ca)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"}
+    other = f"{server}/api/v1/namespaces/{namespace}/configmaps/someone-else"
+    assert httpx.patch(other, json={"data": {"a": "2"}}, headers=headers, verify=verify).status_code == 403
+    listing = f"{server}/api/v1/namespaces/{namespace}/configmaps"
+    assert httpx.get(listing, headers=headers, verify=verify).status_code == 403
+    assert (
+        httpx.get(f"{server}/api/v1/namespaces/{namespace}/secrets", headers=headers, verify=verify).status_code == 403
+    )
