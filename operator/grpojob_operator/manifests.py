@@ -23,6 +23,9 @@ MODEL_MOUNT = "/data/model"
 CHECKPOINT_MOUNT = "/data/checkpoints"
 RAY_CLIENT_PORT = 10001
 NON_ROOT_UID = 1000
+# Ray 2.60 turns token authentication on by default, and KubeRay v1.5 cannot hand a token to the
+# pods it creates, so workers could not join the head: Ray's auth is off inside the job's cluster.
+RAY_ENV = [{"name": "RAY_AUTH_MODE", "value": "disabled"}]
 
 Manifest = dict[str, Any]
 
@@ -135,6 +138,7 @@ def _worker_group(
                     {
                         "name": "ray-worker",
                         "image": image,
+                        "env": RAY_ENV,
                         "resources": _worker_resources(gpus),
                         "ports": ports,
                         "volumeMounts": [*mounts, {"name": "shm", "mountPath": "/dev/shm"}],
@@ -172,6 +176,7 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
                             {
                                 "name": "ray-head",
                                 "image": image,
+                                "env": RAY_ENV,
                                 "resources": {
                                     "requests": {"cpu": "2", "memory": "8Gi"},
                                     "limits": {"memory": "8Gi"},
@@ -472,6 +477,7 @@ def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int
                             "command": ["grpojob", "train", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
                             "envFrom": _endpoints_env_from(job),
                             "env": [
+                                *RAY_ENV,
                                 {"name": "GRPOJOB_PROGRESS_CONFIGMAP", "value": child.progress},
                                 {"name": "GRPOJOB_MODEL_PATH", "value": model_path(job)},
                                 {"name": "GRPOJOB_DATASET_PATH", "value": dataset_path},

@@ -37,13 +37,16 @@ def start_local(generation_replicas: int, policy_replicas: int, num_cpus: int | 
     return gcs_address()
 
 
-def join(address: str) -> str:
+def join(address: str, timeout_s: float = 300.0) -> str:
     """Join the Ray cluster at ``address`` as a zero-resource node and attach the driver to it."""
     import ray
 
     command = [sys.executable, "-m", "ray.scripts.scripts", "start", f"--address={address}", "--num-cpus=0"]
     command += ["--num-gpus=0", "--disable-usage-stats"]
-    result = subprocess.run(command, capture_output=True, text=True)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"could not join the Ray cluster at {address}: no answer within {timeout_s:.0f}s") from None
     if result.returncode != 0:
         raise RuntimeError(f"could not join the Ray cluster at {address}: {result.stderr.strip()[-2000:]}")
     ray.init(address=address, namespace="grpojob", logging_level=logging.WARNING)

@@ -82,7 +82,11 @@ Each verb is one the operator (grpojob_operator.kube, .handlers, and Kopf) reall
 - services, deployments (apps), jobs (batch), rayclusters (ray.io): list/watch/create/delete.
 - serviceaccounts, roles, rolebindings (rbac.authorization.k8s.io): list/watch/create (the trainer's
   identity and rights; removed by the garbage collector with the GRPOJob, never by the operator).
-No secrets, no nodes, no namespaces, no pods/exec, no escalate/bind/impersonate.
+No secrets, no nodes, no pods/exec, no escalate/bind/impersonate. Besides these rules, rbac.yaml
+binds two read-only cluster-scoped ClusterRoles, each behind a value: list/watch on
+customresourcedefinitions (Kopf's CRD watch, rbac.watchCustomResourceDefinitions) and, only with
+operator.watchNamespaces, list/watch on namespaces (Kopf resolves --namespace against them,
+rbac.listNamespaces).
 */}}
 {{- define "grpojob.rules" -}}
 - apiGroups: ["grpo.dev"]

@@ -50,6 +50,7 @@ class Helm:
             "HELM_CACHE_HOME": str(self.home / "cache"),
             "HELM_CONFIG_HOME": str(self.home / "config"),
             "HELM_DATA_HOME": str(self.home / "data"),
+            "HOME": str(self.home),  # the kube client's discovery cache goes to $HOME/.kube
             "PATH": "/usr/bin:/bin",
         }
         result = subprocess.run(

@@ -104,12 +104,27 @@ class OperatorProcess:
 
 
 @pytest.fixture
-def operator(kubeconfig: Path, namespace: str, grpojob_crd: None, tmp_path: Path) -> Iterator[OperatorProcess]:
+def operator(
+    kubeconfig: Path, api_client, namespace: str, grpojob_crd: None, tmp_path: Path
+) -> Iterator[OperatorProcess]:
     """A running operator for this test's namespace (stopped afterwards; its log in tmp_path)."""
     process = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
     process.start()
     yield process
-    process.stop()
+    # Delete the test's jobs while an operator runs, so their finalizers go and the namespace can.
+    if not process.alive():
+        process.start()
+    custom = client.CustomObjectsApi(api_client)
+    for item in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, item["metadata"]["name"])
+
+    def no_jobs_left() -> bool:
+        return not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+
+    try:
+        wait_until(no_jobs_left, "the test's GRPOJobs to be deleted", 60)
+    finally:
+        process.stop()
 
 
 def job_manifest(name: str, **spec: Any) -> dict[str, Any]:
@@ -117,7 +132,9 @@ def job_manifest(name: str, **spec: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "model": {"path": "/models/tiny", "servedModelName": "tiny"},
         "dataset": {"configMap": {"name": "rows"}},
-        "environments": [{"name": "digits", "command": ["python", "-m", "grpojob_trainer.environments", "digits"]}],
+        "environments": [
+            {"name": "arithmetic", "command": ["python", "-m", "grpojob_trainer.environments", "arithmetic"]}
+        ],
         "generation": {"replicas": 1, "gpusPerReplica": 1},
         "training": {"replicas": 1, "gpusPerReplica": 2},
         "backoffLimit": 1,

@@ -42,7 +42,7 @@ def test_a_pod_stuck_in_image_pull_backoff_fails_the_job_naming_the_pod(operator
     jobs.create(manifest)
     status = jobs.wait_phase("badimage", "Failed", timeout=60)
     assert status["reason"] == "ImagePullBackOff"
-    (pod,) = jobs.pods("grpo.dev/job=badimage,grpo.dev/environment=digits")
+    (pod,) = jobs.pods("grpo.dev/job=badimage,grpo.dev/environment=arithmetic")
     assert pod.metadata.name in status["message"] and UNPULLABLE_IMAGE in status["message"]
 
 

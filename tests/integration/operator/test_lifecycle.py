@@ -31,12 +31,12 @@ def test_a_job_runs_publishes_endpoints_after_the_head_is_ready_and_succeeds(ope
     assert endpoints.data["RAY_GCS_ADDRESS"] == f"tiny-head-svc.{namespace}.svc.cluster.local:6379"
     assert endpoints.data["POLICY_BASE_URL"] == f"http://tiny-generation.{namespace}.svc.cluster.local:8000/v1"
     assert json.loads(endpoints.data["PENGUIN_ENV_URLS"]) == {
-        "digits": f"http://tiny-env-digits.{namespace}.svc.cluster.local:8080"
+        "arithmetic": f"http://tiny-env-arithmetic.{namespace}.svc.cluster.local:8080"
     }
     assert endpoints.data["GRPOJOB_ATTEMPT"] == "1"
 
     # Environments and the trainer came after the endpoints and read them through envFrom.
-    deployment = jobs.apps.read_namespaced_deployment("tiny-env-digits", namespace)
+    deployment = jobs.apps.read_namespaced_deployment("tiny-env-arithmetic", namespace)
     trainer = jobs.batch.read_namespaced_job("tiny-trainer", namespace)
     for created in (deployment.metadata.creation_timestamp, trainer.metadata.creation_timestamp):
         assert created >= endpoints.metadata.creation_timestamp

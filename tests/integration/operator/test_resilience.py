@@ -30,7 +30,7 @@ def test_an_operator_killed_after_every_single_write_never_duplicates_or_orphans
     children = jobs.children("crashy-operator")
     assert children["RayCluster"] == ["crashy-operator"]
     assert children["Job"] == ["crashy-operator-trainer"]
-    assert children["Deployment"] == ["crashy-operator-env-digits"]
+    assert children["Deployment"] == ["crashy-operator-env-arithmetic"]
     assert children["ConfigMap"] == [
         "crashy-operator-config",
         "crashy-operator-endpoints",

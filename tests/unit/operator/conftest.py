@@ -8,7 +8,7 @@ import pytest
 JOB_SPEC: dict[str, Any] = {
     "model": {"path": "/models/qwen", "servedModelName": "policy"},
     "dataset": {"configMap": {"name": "rows"}},
-    "environments": [{"name": "math", "command": ["python", "-m", "grpojob_trainer.environments", "digits"]}],
+    "environments": [{"name": "math", "command": ["python", "-m", "grpojob_trainer.environments", "arithmetic"]}],
     "generation": {"replicas": 2, "gpusPerReplica": 1},
     "training": {"replicas": 1, "gpusPerReplica": 4},
     "backoffLimit": 1,

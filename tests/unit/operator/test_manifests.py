@@ -133,3 +133,12 @@ def test_job_config_renders_the_spec_the_trainer_parses_back():
 
     again = api.parse_job(yaml.safe_load(rendered))
     assert again.spec == j.spec
+
+
+def test_every_ray_process_agrees_on_ray_auth():
+    j = job()
+    cluster = manifests.build_raycluster(j, SETTINGS)["spec"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    templates.append(manifests.build_trainer_job(j, SETTINGS, 1)["spec"]["template"])
+    for template in templates:
+        assert {"name": "RAY_AUTH_MODE", "value": "disabled"} in template["spec"]["containers"][0]["env"]

@@ -1,0 +1,228 @@
+"""The chart as rendered by `helm template` (no cluster): safe pods, names within limits, RBAC by
+mode, every value documented. Helm is the pinned one the test tooling builds."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from grpojob_operator.settings import DEFAULT_ENVIRONMENT_IMAGE, DEFAULT_RAY_IMAGE, OperatorSettings
+from grpojob_testing import build
+
+REPO = Path(__file__).resolve().parents[3]
+CHART = REPO / "charts" / "grpojob"
+LONG_RELEASE = "a-release-name-as-long-as-helm-allows-53-characters-x"  # Helm allows 53
+LONG_NAMESPACE = "n" * 63
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return build.build(build.load_components()["helm"]) / "helm"
+
+
+def render(helm: Path, *flags: str, release: str = "rel", namespace: str = "ops") -> list[dict[str, Any]]:
+    home = Path(tempfile.gettempdir()) / "grpojob-helm-home"
+    result = subprocess.run(
+        [str(helm), "template", release, str(CHART), "--namespace", namespace, *flags],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(home)},
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+VARIANTS = {
+    "defaults": (),
+    "namespaced": ("--set", "operator.watchNamespaces={team-a,team-b}"),
+    "monitored": ("--set", "metrics.serviceMonitor.enabled=true"),
+    "long-names": ("--set", "fullnameOverride=" + "f" * 70, "--set", "operator.watchNamespaces={" + "w" * 63 + "}"),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_rendered_pod_is_non_root_read_only_and_drops_every_capability(helm: Path, variant: str):
+    objects = render(helm, *VARIANTS[variant], release=LONG_RELEASE if variant == "long-names" else "rel")
+    pods = [o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("Deployment", "Job", "DaemonSet")]
+    assert pods
+    for pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+        for container in pod["containers"] + pod.get("initContainers", []):
+            context = container["securityContext"]
+            assert context["runAsNonRoot"] is True
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["allowPrivilegeEscalation"] is False
+            assert context.get("privileged", False) is False
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_names_fit_in_63_characters_and_nothing_secret_is_rendered(helm: Path, variant: str):
+    objects = render(helm, *VARIANTS[variant], release=LONG_RELEASE, namespace=LONG_NAMESPACE)
+    for o in objects:
+        assert len(o["metadata"]["name"]) <= 63, o["metadata"]["name"]
+        for value in (o["metadata"].get("labels") or {}).values():
+            assert len(value) <= 63, value
+    assert not by_kind(objects, "Secret") and not by_kind(objects, "ConfigMap")
+    for kind in ("ClusterRole", "ClusterRoleBinding"):
+        names = [o["metadata"]["name"] for o in by_kind(objects, kind)]
+        assert len(names) == len(set(names)), names
+    (deployment,) = by_kind(objects, "Deployment")
+    for env in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
+        assert not re.search(r"token|password|secret|key", env["name"], re.IGNORECASE), env
+
+
+def test_the_operator_deployment_is_one_recreated_replica_probed_through_kopf(helm: Path):
+    (deployment,) = by_kind(render(helm), "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "rel-grpojob"
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/grpojob/operator:0.1.0"
+    assert "args" not in container  # cluster-wide: no --namespace
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    # The environment variables are the operator's own settings, with its defaults.
+    assert {name.removeprefix("GRPOJOB_").lower() for name in env} <= set(OperatorSettings.model_fields)
+    assert env["GRPOJOB_RAY_IMAGE"] == DEFAULT_RAY_IMAGE
+    assert env["GRPOJOB_ENVIRONMENT_IMAGE"] == DEFAULT_ENVIRONMENT_IMAGE
+    assert env["GRPOJOB_PROBE_PORT"] == "8081" and env["GRPOJOB_METRICS_PORT"] == "8080"
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+    (service,) = by_kind(render(helm), "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+
+
+def _rules(objects: list[dict[str, Any]], kind: str) -> list[list[dict[str, Any]]]:
+    return [o["rules"] for o in by_kind(objects, kind)]
+
+
+def test_cluster_wide_rbac_is_one_cluster_role_bound_to_the_operator(helm: Path):
+    objects = render(helm)
+    assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
+    roles = {o["metadata"]["name"]: o["rules"] for o in by_kind(objects, "ClusterRole")}
+    assert set(roles) == {"rel-grpojob-ops", "rel-grpojob-ops-crds"}
+    assert roles["rel-grpojob-ops-crds"] == [
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]}
+    ]
+    for binding in by_kind(objects, "ClusterRoleBinding"):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-grpojob", "namespace": "ops"}]
+        assert binding["roleRef"]["name"] == binding["metadata"]["name"]
+    granted = {
+        (g, r): set(rule["verbs"])
+        for rule in roles["rel-grpojob-ops"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    # Nothing the operator never touches, and no verb that hands out rights.
+    assert ("", "secrets") not in granted and ("", "nodes") not in granted and ("", "namespaces") not in granted
+    assert all(not verbs & {"*", "escalate", "bind", "impersonate", "deletecollection"} for verbs in granted.values())
+    assert all("*" not in key for key in granted)
+    # The per-job trainer Role grants get/update/patch on a ConfigMap: the operator must hold them.
+    assert {"get", "update", "patch"} <= granted[("", "configmaps")]
+
+
+def test_namespaced_rbac_is_a_role_per_watched_namespace_and_a_flag_each(helm: Path):
+    objects = render(helm, *VARIANTS["namespaced"])
+    cluster_wide = render(helm)
+    roles = by_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    (main_rules,) = [
+        o["rules"] for o in by_kind(cluster_wide, "ClusterRole") if o["metadata"]["name"] == "rel-grpojob-ops"
+    ]
+    assert all(r["rules"] == main_rules for r in roles)
+    bindings = by_kind(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert all(b["subjects"][0]["namespace"] == "ops" for b in bindings)
+    # Cluster-scoped: only the read-only CRD and namespace watches.
+    cluster_rules = [rule for o in by_kind(objects, "ClusterRole") for rule in o["rules"]]
+    assert cluster_rules == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+    ]
+    (deployment,) = by_kind(objects, "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "--namespace",
+        "team-a",
+        "--namespace",
+        "team-b",
+    ]
+    strict = render(
+        helm,
+        *VARIANTS["namespaced"],
+        "--set",
+        "rbac.listNamespaces=false",
+        "--set",
+        "rbac.watchCustomResourceDefinitions=false",
+    )
+    assert not [o for o in strict if o["kind"].startswith("Cluster")]
+
+
+def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_port(helm: Path):
+    assert not by_kind(render(helm), "ServiceMonitor")
+    (monitor,) = by_kind(render(helm, *VARIANTS["monitored"]), "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ops"]}
+
+
+def test_every_value_is_documented():
+    """Each key of values.yaml has a `# --` comment just above it, or is a map that only groups
+    documented keys."""
+    keys = []  # (indent, key, documented, has_children)
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        match = re.match(r"^( *)([A-Za-z][\w.-]*):( *)(.*)$", line)
+        if match:
+            documented = i > 0 and lines[i - 1].strip().startswith("# --")
+            keys.append((len(match.group(1)), match.group(2), documented, match.group(4) == ""))
+
+    def children(index: int) -> list[int]:
+        indent, found = keys[index][0], []
+        for j in range(index + 1, len(keys)):
+            if keys[j][0] <= indent:
+                break
+            if not found or keys[j][0] == keys[found[0]][0]:
+                found.append(j)
+        return found
+
+    def ok(index: int) -> bool:
+        _, _, documented, has_children = keys[index]
+        if documented:
+            return True
+        kids = children(index)
+        return has_children and bool(kids) and all(ok(k) for k in kids)
+
+    undocumented = [keys[i][1] for i in range(len(keys)) if keys[i][0] == 0 and not ok(i)]
+    assert not undocumented, undocumented
+    assert len([k for k in keys if k[0] == 0]) >= 15
+
+
+def test_chart_app_version_matches_the_package_and_the_default_images():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    pyproject = (REPO / "pyproject.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"', pyproject, re.MULTILINE).group(1)
+    assert chart["appVersion"] == version
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["defaults"]["rayImage"] == DEFAULT_RAY_IMAGE
+    assert values["defaults"]["environmentImage"] == DEFAULT_ENVIRONMENT_IMAGE
