@@ -16,9 +16,13 @@ from grpojob_trainer.penguin.http import free_port
 START_TIMEOUT_S = 120.0
 
 
+DEFAULT_ENTRYPOINT = ("python", "-m", "grpojob_trainer.environments")
+
+
 def environment_command(env: api.EnvironmentSpec) -> list[str]:
-    """The command of an environment; a leading `python` is this interpreter (so the same venv runs it)."""
-    command = [*env.command, *env.args] or [sys.executable, "-m", "grpojob_trainer.environments", env.name]
+    """What the environment's container runs: its command (else the environment image's entrypoint) and
+    its args (else the environment's name). A leading `python` is this interpreter, so the venv runs it."""
+    command = [*(env.command or DEFAULT_ENTRYPOINT), *(env.args or ([] if env.command else [env.name]))]
     if command[0] in ("python", "python3"):
         command[0] = sys.executable
     return command
