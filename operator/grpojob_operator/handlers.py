@@ -1,14 +1,16 @@
 """Kopf wiring: watch caches of the children, and the one reconcile pass every GRPOJob gets.
 
 Every child kind is watched into a Kopf index keyed by (namespace, job name), filtered by the
-`grpo.dev/job` label, holding only the summaries of `grpojob_operator.observe`. A timer per GRPOJob
-(first run as soon as the job is seen, then every `reconcile_interval_seconds`) calls `reconcile`,
-which reads those indexes (no API read), asks the state machine for a plan, carries it out, writes
-the status once if it changed, and posts the events.
+`grpo.dev/job` label, holding only the summaries of `grpojob_operator.observe`. A daemon per GRPOJob
+calls `reconcile` as soon as the job is seen, again whenever a child or the job itself changes (the
+index functions and an event handler wake it), and at least every `reconcile_interval_seconds`.
+`reconcile` reads those indexes (no API read), asks the state machine for a plan, carries it out,
+writes the status once if it changed, and posts the events.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import UTC, datetime
@@ -59,7 +61,8 @@ def status_document(status: api.GRPOJobStatus) -> dict[str, Any]:
 def reconcile(
     body: dict[str, Any], observed: Observed, settings: OperatorSettings, kube: Kube, now: datetime
 ) -> state.Plan:
-    """One pass: plan, act in order, write the status if it changed, post events."""
+    """One pass: plan, act in order, write the status if it changed. The caller posts the plan's events
+    (Kopf posts them from its event loop, and this runs in a worker thread)."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     plan = state.plan(body, observed, settings, now)
@@ -88,8 +91,6 @@ def reconcile(
     document = status_document(plan.status)
     if document != status_document(_parse_status(body)) or not body.get("status"):
         kube.write_status(namespace, name, document)
-    for event in plan.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     return plan
 
 
@@ -101,29 +102,46 @@ def _parse_status(body: dict[str, Any]) -> api.GRPOJobStatus:
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
-    """Register the indexes, the reconcile timer, the probe and the clean-up of per-job metrics."""
+    """Register the indexes, the per-job reconcile daemon and what wakes it, login, settings, probe."""
     operator_settings = settings
     for kind, group, version, plural in WATCHED_CHILDREN:
         _register_index(registry, kind, group, version, plural)
 
-    @kopf.timer(
-        api.GROUP,
-        api.VERSION,
-        api.PLURAL,
-        id="reconcile",
-        interval=settings.reconcile_interval_seconds,
-        registry=registry,
-    )
-    def reconcile_job(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
-        started = time.monotonic()
-        observed = observed_from_indexes(kwargs, namespace, name)
-        raw = dict(body)
-        plan = reconcile(raw, observed, memo.settings, memo.kube, datetime.now(UTC))
-        metrics.observe_pass(raw, plan.status, time.monotonic() - started)
+    @kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, id="reconcile", cancellation_timeout=30, registry=registry)
+    async def reconcile_job(
+        body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **kwargs: Any
+    ) -> None:
+        key = (namespace, name)
+        wake = memo.wakeups.setdefault(key, asyncio.Event())
+        loop = asyncio.get_running_loop()
+        failures = 0
+        try:
+            while not stopped:
+                wake.clear()
+                started = time.monotonic()
+                raw = dict(body)  # Kopf keeps a daemon's body current
+                observed = observed_from_indexes(kwargs, namespace, name)
+                try:
+                    plan = await loop.run_in_executor(
+                        None, reconcile, raw, observed, memo.settings, memo.kube, datetime.now(UTC)
+                    )
+                except Exception:  # an API error: log it, back off, and try again (never crash the operator)
+                    failures += 1
+                    log.exception("%s/%s: reconcile failed (%d in a row)", namespace, name, failures)
+                    await _wait_any([stopped.wait()], min(60.0, 2.0**failures))  # changes do not cut it short
+                    continue
+                failures = 0
+                for event in plan.events:
+                    kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+                metrics.observe_pass(raw, plan.status, time.monotonic() - started)
+                await _wait_any([wake.wait(), stopped.wait()], memo.settings.reconcile_interval_seconds)
+        finally:
+            memo.wakeups.pop(key, None)
+            metrics.forget(namespace, name)
 
-    @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, id="forget", optional=True, registry=registry)
-    def forget_job(namespace: str, name: str, **_: Any) -> None:
-        metrics.forget(namespace, name)
+    @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, id="wake-on-change", registry=registry)
+    async def wake_on_change(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+        wake_job(memo, namespace, name)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -138,9 +156,31 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         return metrics.known_jobs()
 
 
+def wake_job(memo: kopf.Memo, namespace: str, job: str) -> None:
+    """Start the job's next reconcile pass now instead of at its next interval."""
+    event = memo.wakeups.get((namespace, job))
+    if event is not None:
+        event.set()
+
+
+async def _wait_any(awaitables: list[Any], seconds: float) -> None:
+    """Wait ``seconds``, or less if one of ``awaitables`` (a wake-up, the daemon's stop) finishes first."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 def _register_index(registry: kopf.OperatorRegistry, kind: str, group: str, version: str, plural: str) -> None:
-    def index(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], Any]:
-        return {(namespace, labels[names.JOB_LABEL]): summarize(kind, dict(body))}
+    async def index(
+        body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+    ) -> dict[tuple[str, str], Any]:
+        job = labels[names.JOB_LABEL]
+        # The index is updated when this returns, before the daemon's task runs again.
+        wake_job(memo, namespace, job)
+        return {(namespace, job): summarize(kind, dict(body))}
 
     kopf.index(
         group or "",
@@ -157,7 +197,7 @@ def configure(kopf_settings: kopf.OperatorSettings, *, namespaced: bool) -> None
 
     With a fixed list of namespaces there is nothing to discover, so Kopf does not scan (which would
     need the right to list namespaces and stalls for a minute without it). Timers are polled every
-    second when cancelled, so a job the reconcile timer itself deletes (ttlSecondsAfterFinished)
+    second when cancelled, so a job the reconcile daemon itself deletes (ttlSecondsAfterFinished)
     loses its finalizer at once instead of after Kopf's default 60 seconds.
     """
     kopf_settings.peering.standalone = True
@@ -170,4 +210,5 @@ def configure(kopf_settings: kopf.OperatorSettings, *, namespaced: bool) -> None
 
 
 def new_memo(settings: OperatorSettings) -> kopf.Memo:
-    return kopf.Memo(settings=settings, kube=Kube(new_api_client(), settings.exit_after_writes))
+    """Runtime state shared by the handlers: settings, the API writer, and each job's wake-up event."""
+    return kopf.Memo(settings=settings, kube=Kube(new_api_client(), settings.exit_after_writes), wakeups={})

@@ -35,9 +35,10 @@ class OperatorSettings(BaseModel):
     """Port of the Prometheus metrics endpoint (0 disables it)."""
     probe_port: int = Field(default=8081, ge=0, le=65535)
     """Port of the liveness endpoint `/healthz` (0 disables it)."""
-    reconcile_interval_seconds: float = Field(default=2.0, gt=0)
-    """How often each GRPOJob is reconciled; reads come from watch caches, so a pass costs no API call
-    unless something must change."""
+    reconcile_interval_seconds: float = Field(default=10.0, gt=0)
+    """Longest time between two reconcile passes of a job. A change of the job or of any of its children
+    starts a pass at once; this interval catches what no event announces (deadlines, grace periods,
+    TTLs). Reads come from watch caches, so a pass costs no API call unless something must change."""
     pod_failure_grace_seconds: float = Field(default=120.0, ge=0)
     """How long a child pod may sit in ImagePullBackOff, ErrImagePull or CrashLoopBackOff before the job
     fails."""

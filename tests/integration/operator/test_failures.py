@@ -25,7 +25,9 @@ def test_a_failed_trainer_is_retried_up_to_backoff_limit_then_the_job_fails(oper
     eventually(second_attempt_running, "attempt 2 to run", 60)
     assert jobs.status("flaky")["attempt"] == 2
     assert jobs.config_map("flaky-endpoints")["GRPOJOB_ATTEMPT"] == "2"
-    assert any(reason == "TrainerFailed" for reason, _ in jobs.events("flaky"))
+    eventually(
+        lambda: any(reason == "TrainerFailed" for reason, _ in jobs.events("flaky")), "a TrainerFailed event", 30
+    )
 
     second = jobs.wait_trainer_pod("flaky", attempt=2)
     jobs.exit_pod(second.metadata.name, 1)
