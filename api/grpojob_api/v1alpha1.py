@@ -49,13 +49,21 @@ class ApiModel(BaseModel):
 # spec
 
 
+def _no_parent_segments(path: str | None) -> str | None:
+    if path is not None and ".." in path.split("/"):
+        raise ValueError(f"{path!r} must not contain `..` (a path inside the volume)")
+    return path
+
+
 class PvcSource(ApiModel):
     """A path inside a PersistentVolumeClaim, mounted read-only where it is needed."""
 
     claim_name: str = Field(min_length=1)
     """Name of the PersistentVolumeClaim in the GRPOJob's namespace."""
-    path: str = Field(default="", pattern=r"^[^/].*$|^$")
-    """Path inside the volume (relative; empty for its root)."""
+    path: str = Field(default="", pattern=r"^[^/]|^$")
+    """Path inside the volume (relative, without `..`; empty for its root)."""
+
+    _inside_the_volume = field_validator("path")(_no_parent_segments)
 
 
 class ModelSpec(ApiModel):
@@ -81,8 +89,9 @@ class GenerationSpec(ApiModel):
     Sampling parameters are enforced on-policy: a request whose temperature or top-p differ is refused.
     """
 
-    backend: GenerationBackend = GenerationBackend.VLLM
-    """Engine behind the OpenAI-compatible server: `vllm` on GPUs, `transformers` on CPU or GPU."""
+    backend: GenerationBackend = GenerationBackend.TRANSFORMERS
+    """Engine behind the OpenAI-compatible server: `transformers` (CPU or GPU); `vllm` is reserved for
+    the vLLM engine, which this version does not ship yet (a job asking for it fails as InvalidSpec)."""
     replicas: int = Field(default=1, ge=1, le=256)
     """Number of generation engines (pods of the `generation` worker group)."""
     gpus_per_replica: int = Field(default=1, ge=0, le=8)
@@ -273,8 +282,11 @@ class CheckpointSpec(ApiModel):
 
     pvc: PvcSource | None = None
     """Claim to write checkpoints to (on Kubernetes); without it checkpoints stay in the pod."""
-    path: str = "checkpoints"
-    """Directory (inside the claim, or local under `grpojob run`)."""
+    path: str | None = Field(default=None, min_length=1, pattern=r"^[^/]")
+    """Directory, relative: inside the claim on Kubernetes, under the working directory with `grpojob
+    run`. Default `checkpoints/<job name>`, so jobs sharing a claim never resume each other's runs."""
+
+    _inside_the_volume = field_validator("path")(_no_parent_segments)
     interval: int = Field(default=10, ge=1)
     """Save every this many steps (and after the last)."""
     keep: int = Field(default=2, ge=1)
@@ -423,6 +435,11 @@ class GRPOJob(ApiModel):
     metadata: ObjectMeta
     spec: GRPOJobSpec
     status: GRPOJobStatus | None = None
+
+
+def checkpoint_dir(job: GRPOJob) -> str:
+    """The job's checkpoint directory, relative to the claim (or the working directory)."""
+    return job.spec.checkpointing.path or f"checkpoints/{job.metadata.name}"
 
 
 def parse_job(manifest: dict[str, Any]) -> GRPOJob:

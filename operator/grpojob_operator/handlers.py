@@ -20,7 +20,7 @@ import kopf
 
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import metrics, names, state
-from grpojob_operator.kube import Kube, new_api_client
+from grpojob_operator.kube import ApiError, Kube, new_api_client
 from grpojob_operator.observe import Observed, summarize
 from grpojob_operator.settings import OperatorSettings
 
@@ -44,11 +44,13 @@ def index_id(kind: str) -> str:
     return f"children_{kind.lower()}"
 
 
-def observed_from_indexes(indexes: dict[str, Any], namespace: str, job: str) -> Observed:
-    """Gather one job's children from the Kopf indexes (each a mapping key → store of summaries)."""
+def observed_from_indexes(indexes: dict[str, Any], namespace: str, job: str, uid: str) -> Observed:
+    """Gather one job's children from the Kopf indexes (each a mapping key → store of summaries).
+
+    Only children labelled with this job's uid count: a same-named job's leftovers are not its own."""
     children = {}
     for kind, *_ in WATCHED_CHILDREN:
-        store = indexes[index_id(kind)].get((namespace, job), [])
+        store = indexes[index_id(kind)].get((namespace, job, uid), [])
         children[kind] = {summary.name: summary for summary in store}
     return Observed(children)
 
@@ -67,6 +69,21 @@ def reconcile(
     namespace, name = meta["namespace"], meta["name"]
     plan = state.plan(body, observed, settings, now)
     where = f"{namespace}/{name}"
+    try:
+        _carry_out(plan, kube, namespace, name, where)
+    except ApiError as error:
+        if not 400 <= error.status < 500 or error.status in (408, 429):
+            raise  # transient: the daemon retries with backoff
+        # The API refused a child as built from this spec (a quota, an admission webhook, a bad path):
+        # retrying cannot help, so the job fails with the API's answer.
+        state.reject(plan, f"the API server refused a child of this job: {error}", now)
+    document = status_document(plan.status)
+    if document != status_document(_parse_status(body)) or not body.get("status"):
+        kube.write_status(namespace, name, document)
+    return plan
+
+
+def _carry_out(plan: state.Plan, kube: Kube, namespace: str, name: str, where: str) -> None:
     for action in plan.actions:
         if isinstance(action, state.Create):
             if kube.create(action.manifest):
@@ -78,7 +95,7 @@ def reconcile(
                     action.manifest["metadata"]["name"],
                 )
         elif isinstance(action, state.Replace):
-            kube.replace(action.manifest)
+            kube.replace_data(action.manifest, action.stale_keys)
             log.info(
                 "%s/%s: updated %s %s", namespace, name, action.manifest["kind"], action.manifest["metadata"]["name"]
             )
@@ -88,10 +105,6 @@ def reconcile(
         elif isinstance(action, state.DeleteJob):
             kube.delete(api.KIND, namespace, name)
             log.info("%s: deleted (ttlSecondsAfterFinished)", where)
-    document = status_document(plan.status)
-    if document != status_document(_parse_status(body)) or not body.get("status"):
-        kube.write_status(namespace, name, document)
-    return plan
 
 
 def _parse_status(body: dict[str, Any]) -> api.GRPOJobStatus:
@@ -120,7 +133,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
                 wake.clear()
                 started = time.monotonic()
                 raw = dict(body)  # Kopf keeps a daemon's body current
-                observed = observed_from_indexes(kwargs, namespace, name)
+                observed = observed_from_indexes(kwargs, namespace, name, raw["metadata"].get("uid", ""))
                 try:
                     plan = await loop.run_in_executor(
                         None, reconcile, raw, observed, memo.settings, memo.kube, datetime.now(UTC)
@@ -176,11 +189,11 @@ async def _wait_any(awaitables: list[Any], seconds: float) -> None:
 def _register_index(registry: kopf.OperatorRegistry, kind: str, group: str, version: str, plural: str) -> None:
     async def index(
         body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any
-    ) -> dict[tuple[str, str], Any]:
+    ) -> dict[tuple[str, str, str], Any]:
         job = labels[names.JOB_LABEL]
         # The index is updated when this returns, before the daemon's task runs again.
         wake_job(memo, namespace, job)
-        return {(namespace, job): summarize(kind, dict(body))}
+        return {(namespace, job, labels.get(names.JOB_UID_LABEL, "")): summarize(kind, dict(body))}
 
     kopf.index(
         group or "",

@@ -20,6 +20,8 @@ from grpojob_operator import metrics
 
 log = logging.getLogger(__name__)
 
+REQUEST_TIMEOUT_S = 30.0
+
 
 @dataclass(frozen=True)
 class Resource:
@@ -80,7 +82,7 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(*request)
+        response = self.api.call_api(*request, _request_timeout=REQUEST_TIMEOUT_S)
         payload = response.read()
         if self.exit_after_writes is not None and self.writes >= self.exit_after_writes:
             log.warning("exiting after %d writes (exit_after_writes)", self.writes)
@@ -100,13 +102,13 @@ class Kube:
             raise
         return True
 
-    def replace(self, manifest: dict[str, Any]) -> None:
-        """Overwrite a child's content (merge patch of its data/spec; no read-modify-write race on
-        fields we do not own)."""
+    def replace_data(self, manifest: dict[str, Any], stale_keys: tuple[str, ...] = ()) -> None:
+        """Make a ConfigMap's data what ``manifest`` says: a merge patch that sets every key and removes
+        ``stale_keys`` (no read-modify-write race with fields we do not own)."""
         meta = manifest["metadata"]
         path = f"{RESOURCES[manifest['kind']].collection(meta['namespace'])}/{meta['name']}"
-        patch = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata")}
-        self._call("PATCH", path, patch, "application/merge-patch+json")
+        data: dict[str, Any] = {**dict.fromkeys(stale_keys), **manifest["data"]}
+        self._call("PATCH", path, {"data": data}, "application/merge-patch+json")
 
     def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> bool:
         """Delete a child; False when it was already gone."""

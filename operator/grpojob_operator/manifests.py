@@ -50,12 +50,17 @@ def owner_reference(job: api.GRPOJob) -> dict[str, Any]:
     }
 
 
+def _labels(job: api.GRPOJob, component: str) -> dict[str, str]:
+    owner = owner_reference(job)
+    return names.job_labels(owner["name"], owner["uid"], component)
+
+
 def _metadata(job: api.GRPOJob, name: str, component: str, extra_labels: dict[str, str] | None = None) -> Manifest:
-    job_name, namespace = _job_ref(job)
+    _, namespace = _job_ref(job)
     return {
         "name": name,
         "namespace": namespace,
-        "labels": {**names.job_labels(job_name, component), **(extra_labels or {})},
+        "labels": {**_labels(job, component), **(extra_labels or {})},
         "ownerReferences": [owner_reference(job)],
     }
 
@@ -116,19 +121,37 @@ def _worker_resources(gpus: int) -> Manifest:
     }
 
 
+def checkpoint_volume(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest], str]:
+    """The checkpoint claim's volume and mount, and the checkpoint directory as the policy pods see it.
+
+    The policy actor writes and reads checkpoints, so the claim is mounted on the `policy` workers.
+    Without a claim, checkpoints stay in the policy pod's /tmp and go with it.
+    """
+    pvc = job.spec.checkpointing.pvc
+    if pvc is None:
+        return [], [], f"/tmp/{api.checkpoint_dir(job)}"
+    mount = {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}
+    if pvc.path:
+        mount["subPath"] = pvc.path
+    return [_pvc_volume("checkpoints", pvc, read_only=False)], [mount], f"{CHECKPOINT_MOUNT}/{api.checkpoint_dir(job)}"
+
+
 def _worker_group(
     job: api.GRPOJob, group: str, replicas: int, gpus: int, image: str, ports: list[Manifest]
 ) -> Manifest:
-    job_name, _ = _job_ref(job)
     volumes, mounts = _model_volumes(job)
-    labels = names.job_labels(job_name, group)
+    if group == names.POLICY_GROUP:
+        checkpoint_volumes, checkpoint_mounts, _ = checkpoint_volume(job)
+        volumes, mounts = [*volumes, *checkpoint_volumes], [*mounts, *checkpoint_mounts]
+    labels = _labels(job, group)
     return {
         "groupName": group,
         "replicas": replicas,
         "minReplicas": replicas,
         "maxReplicas": replicas,
-        # A custom Ray resource per group lets the trainer place its actors on the right pods.
-        "rayStartParams": {"resources": json.dumps({group: 1})},
+        # A custom Ray resource per group lets the trainer place its actors on the right pods. KubeRay
+        # pastes the value into a shell command line, so it is single-quoted, as KubeRay quotes its own.
+        "rayStartParams": {"resources": f"'{json.dumps({group: 1})}'"},
         "template": {
             "metadata": {"labels": labels},
             "spec": {
@@ -155,7 +178,6 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
     job_name, _ = _job_ref(job)
     names_ = names.ChildNames(job_name)
     image = job.spec.images.ray or settings.ray_image
-    volumes, mounts = _model_volumes(job)
     generation, training = job.spec.generation, job.spec.training
     return {
         "apiVersion": "ray.io/v1",
@@ -168,10 +190,9 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
                 "serviceType": "ClusterIP",
                 "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
                 "template": {
-                    "metadata": {"labels": names.job_labels(job_name, "ray-head")},
+                    "metadata": {"labels": _labels(job, "ray-head")},
                     "spec": {
                         "securityContext": pod_security_context(),
-                        "volumes": volumes,
                         "containers": [
                             {
                                 "name": "ray-head",
@@ -186,7 +207,6 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
                                     {"name": "dashboard", "containerPort": names.DASHBOARD_PORT},
                                     {"name": "client", "containerPort": RAY_CLIENT_PORT},
                                 ],
-                                "volumeMounts": mounts,
                                 "securityContext": container_security_context(),
                             }
                         ],
@@ -328,11 +348,15 @@ def build_environment_deployment(job: api.GRPOJob, env: api.EnvironmentSpec, set
     """Deployment of one Penguin environment server; it reads `<job>-endpoints` through envFrom."""
     job_name, _ = _job_ref(job)
     selector = {names.JOB_LABEL: job_name, names.ENVIRONMENT_LABEL: env.name}
-    labels = {**names.job_labels(job_name, "environment"), **selector}
+    labels = {**_labels(job, "environment"), **selector}
     container: Manifest = {
         "name": "environment",
         "image": env.image or job.spec.images.environment or settings.environment_image,
-        "env": [{"name": "PORT", "value": str(env.port)}, *_env_vars(env.env)],
+        "env": [
+            {"name": "PORT", "value": str(env.port)},
+            {"name": "POLICY_MODEL_NAME", "value": job.spec.model.served_model_name},
+            *_env_vars(env.env),
+        ],
         "envFrom": _endpoints_env_from(job),
         "ports": [{"name": "http", "containerPort": env.port}],
         "readinessProbe": {"httpGet": {"path": "/", "port": env.port}, "periodSeconds": 5},
@@ -435,7 +459,7 @@ def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int
     attempt_label = {names.ATTEMPT_LABEL: str(attempt)}
     model_volumes, model_mounts = _model_volumes(job)
     dataset_volumes, dataset_mounts, dataset_path = _dataset_volume(job)
-    checkpoint_dir = "/tmp/checkpoints"
+    _, _, checkpoint_dir = checkpoint_volume(job)
     volumes = [
         {"name": "config", "configMap": {"name": child.config}},
         {"name": "tmp", "emptyDir": {}},
@@ -448,15 +472,7 @@ def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int
         *model_mounts,
         *dataset_mounts,
     ]
-    checkpoint = job.spec.checkpointing
-    if checkpoint.pvc is not None:
-        volumes.append(_pvc_volume("checkpoints", checkpoint.pvc, read_only=False))
-        mount = {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}
-        if checkpoint.pvc.path:
-            mount["subPath"] = checkpoint.pvc.path
-        mounts.append(mount)
-        checkpoint_dir = f"{CHECKPOINT_MOUNT}/{checkpoint.path}"
-    labels = {**names.job_labels(job_name, "trainer"), **attempt_label}
+    labels = {**_labels(job, "trainer"), **attempt_label}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 JOB_LABEL = "grpo.dev/job"
+# The job's uid: a child left over from a deleted job of the same name is not mistaken for the new
+# job's (pods carry labels, not owner references to the GRPOJob, so the label is what can tell).
+JOB_UID_LABEL = "grpo.dev/job-uid"
 COMPONENT_LABEL = "grpo.dev/component"
 ENVIRONMENT_LABEL = "grpo.dev/environment"
 ATTEMPT_LABEL = "grpo.dev/attempt"
@@ -69,6 +72,6 @@ class ChildNames:
         return f"{self.job}-env-{environment}"
 
 
-def job_labels(job: str, component: str) -> dict[str, str]:
-    """Labels every child carries: which job, which part of it, who manages it."""
-    return {JOB_LABEL: job, COMPONENT_LABEL: component, MANAGED_BY_LABEL: MANAGED_BY}
+def job_labels(job: str, uid: str, component: str) -> dict[str, str]:
+    """Labels every child and pod carries: which job (name and uid), which part of it, who manages it."""
+    return {JOB_LABEL: job, JOB_UID_LABEL: uid, COMPONENT_LABEL: component, MANAGED_BY_LABEL: MANAGED_BY}

@@ -175,6 +175,10 @@ class Observed:
         return sorted(self.children.get("Pod", {}).values(), key=lambda p: p.name)  # type: ignore[arg-type]
 
     def head_pod(self) -> PodInfo | None:
-        """The live head pod with an IP, if there is one."""
-        heads = [p for p in self.pods() if p.component == "ray-head" and not p.deleting and p.ip]
+        """The head pod that is Running and Ready with an IP (not one on its way out), if there is one."""
+        heads = [
+            p
+            for p in self.pods()
+            if p.component == "ray-head" and p.phase == "Running" and p.ready and p.ip and not p.deleting
+        ]
         return heads[0] if heads else None

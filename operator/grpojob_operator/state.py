@@ -39,7 +39,10 @@ class Create:
 
 @dataclass(frozen=True)
 class Replace:
+    """Make a ConfigMap's data the manifest's (``stale_keys``: keys it has that the manifest has not)."""
+
     manifest: dict[str, Any]
+    stale_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,11 +108,11 @@ def condition(status: api.GRPOJobStatus, kind: ConditionType) -> api.Condition |
 
 
 def transition_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
-    """One Event for each condition that changed status and for each phase change."""
+    """One Event for each condition that changed status or reason, and for each phase change."""
     events = []
-    before = {c.type: c.status for c in old.conditions}
+    before = {c.type: (c.status, c.reason) for c in old.conditions}
     for c in new.conditions:
-        if before.get(c.type) != c.status:
+        if before.get(c.type) != (c.status, c.reason):
             bad = (c.type == ConditionType.FAILED.value and c.status == "True") or c.reason in _WARNING_REASONS
             events.append(Event("Warning" if bad else "Normal", c.reason, f"{c.type} is {c.status}: {c.message}"))
     if old.phase != new.phase:
@@ -119,6 +122,11 @@ def transition_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Ev
 
 
 _WARNING_REASONS = {"TrainerFailed", "HeadPodNotReady"}
+
+
+def reject(plan: Plan, message: str, now: datetime) -> Plan:
+    """The API server refused to create or change a child: the job fails with its answer."""
+    return _fail(plan, "ChildRejected", message, now)
 
 
 def _fail(plan: Plan, reason: str, message: str, now: datetime) -> Plan:
@@ -147,7 +155,10 @@ def plan(body: dict[str, Any], observed: Observed, settings: OperatorSettings, n
         if status.phase != Phase.FAILED:
             _fail(result, "InvalidSpec", _describe(error), now)
     else:
-        if status.phase.is_terminal():
+        unsupported = _unsupported(job)
+        if unsupported is not None and not status.phase.is_terminal():
+            _fail(result, "InvalidSpec", unsupported, now)
+        elif status.phase.is_terminal():
             _finished(job, result, observed, now)
         elif job.spec.suspend:
             _suspend(job, result, observed, now)
@@ -166,6 +177,13 @@ def _current_status(body: dict[str, Any]) -> api.GRPOJobStatus:
 
 
 _STATUS_KEYS = {f.alias or n for n, f in api.GRPOJobStatus.model_fields.items()} | set(api.GRPOJobStatus.model_fields)
+
+
+def _unsupported(job: api.GRPOJob) -> str | None:
+    """What this build cannot run although the schema allows it, naming the field."""
+    if job.spec.generation.backend == api.GenerationBackend.VLLM:
+        return "spec.generation.backend: vllm is not available in this version of grpojob; use transformers"
+    return None
 
 
 def _describe(error: ValidationError) -> str:
@@ -245,21 +263,28 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
         _fail(plan_, *stuck, now)
         return
 
-    # 1. The RayCluster and the children that need no address.
-    base = [
-        manifests.build_raycluster(job, settings),
-        manifests.build_config_map(job),
-        manifests.build_generation_service(job),
-        manifests.build_progress(job),
-        *manifests.build_trainer_rbac(job),
-    ]
-    plan_.actions += [Create(m) for m in base if not observed.has(m["kind"], m["metadata"]["name"])]
+    # 1. The RayCluster and the children that need no address; the config follows the spec (which may
+    # have changed while the job was suspended).
+    cluster_manifest = manifests.build_raycluster(job, settings)
+    if not observed.has("RayCluster", child.raycluster):
+        plan_.actions.append(Create(cluster_manifest))
+    plan_.actions += _config_map_actions(manifests.build_config_map(job), observed)
+    rest = [manifests.build_generation_service(job), manifests.build_progress(job), *manifests.build_trainer_rbac(job)]
+    plan_.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
     _read_progress(status, observed.get("ConfigMap", child.progress))
+    trainer: TrainerJobInfo | None = observed.get("Job", child.trainer)
+    if trainer is not None:
+        status.attempt = max(status.attempt, trainer.attempt)  # a status rebuilt from scratch
+        if (trainer.complete or trainer.failed) and trainer.attempt == status.attempt and not trainer.deleting:
+            _advance_trainer(job, plan_, observed, settings, now)  # even with the head gone
+            return
 
-    # 2. Wait for the head.
+    # 2. Wait for the head (a RayCluster being deleted, after a suspend, does not count).
     cluster: RayClusterInfo | None = observed.get("RayCluster", child.raycluster)
+    if cluster is not None and cluster.deleting:
+        cluster = None
     head = observed.head_pod()
-    if cluster is None or not cluster.head_pod_ready or head is None or not head.ready:
+    if cluster is None or not cluster.head_pod_ready or head is None:
         reason = "WaitingForRayCluster" if cluster is None else "HeadPodNotReady"
         set_condition(status, ConditionType.RAY_CLUSTER_READY, False, reason, "waiting for the Ray head pod", now)
         trainer_running = condition(status, ConditionType.TRAINER_RUNNING)
@@ -274,11 +299,7 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     # 3. Publish the endpoints (again, when the head pod or the attempt changed).
     status.attempt = max(status.attempt, 1)
     endpoints = manifests.build_endpoints(job, settings, head.ip or "", status.attempt)
-    current: ConfigMapInfo | None = observed.get("ConfigMap", child.endpoints)
-    if current is None:
-        plan_.actions.append(Create(endpoints))
-    elif current.as_dict() != endpoints["data"]:
-        plan_.actions.append(Replace(endpoints))
+    plan_.actions += _config_map_actions(endpoints, observed)
     status.gcs_address = endpoints["data"]["RAY_GCS_ADDRESS"]
     set_condition(
         status,
@@ -318,6 +339,17 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     _advance_trainer(job, plan_, observed, settings, now)
 
 
+def _config_map_actions(manifest: dict[str, Any], observed: Observed) -> list[Action]:
+    """Create a ConfigMap, or make its data the manifest's when it differs."""
+    current: ConfigMapInfo | None = observed.get("ConfigMap", manifest["metadata"]["name"])
+    if current is None:
+        return [Create(manifest)]
+    data = current.as_dict()
+    if data == manifest["data"]:
+        return []
+    return [Replace(manifest, tuple(sorted(data.keys() - manifest["data"].keys())))]
+
+
 def _advance_trainer(
     job: api.GRPOJob, plan_: Plan, observed: Observed, settings: OperatorSettings, now: datetime
 ) -> None:
@@ -341,8 +373,7 @@ def _advance_trainer(
             waiting("RestartingTrainer", f"waiting for pods of the previous attempt to go: {', '.join(leftovers)}")
             return
         plan_.actions.append(Create(manifests.build_trainer_job(job, settings, status.attempt)))
-        plan_.events.append(Event("Normal", "TrainerCreated", f"created {child.trainer} (attempt {status.attempt})"))
-        waiting("TrainerStarting", f"attempt {status.attempt} created")
+        waiting("TrainerCreated", f"created {child.trainer} (attempt {status.attempt})")
         return
     if trainer.complete:
         status.phase = Phase.SUCCEEDED
@@ -356,7 +387,6 @@ def _advance_trainer(
         allowed = job.spec.backoff_limit + 1
         if status.attempt < allowed:
             message = f"attempt {status.attempt} of {allowed} failed: {cause}; retrying"
-            plan_.events.append(Event("Warning", "TrainerFailed", message))
             status.attempt += 1
             set_condition(status, ConditionType.TRAINER_RUNNING, False, "TrainerFailed", message, now)
             status.phase = Phase.INITIALIZING

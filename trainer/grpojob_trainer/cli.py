@@ -96,7 +96,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool) -> int:
                 dataset=dataset,
                 logger=logger,
                 progress=FileProgressPublisher(out / "progress.json"),
-                checkpoint_dir=Path(spec.checkpointing.path),
+                checkpoint_dir=Path(api.checkpoint_dir(job)),
                 on_step=on_step,
             )
             bar.close()
@@ -149,7 +149,7 @@ def train_in_cluster(config_path: Path) -> int:
                 ),
                 logger=logger,
                 progress=ConfigMapProgressPublisher.in_cluster(env["GRPOJOB_PROGRESS_CONFIGMAP"]),
-                checkpoint_dir=Path(env.get("GRPOJOB_CHECKPOINT_DIR", spec.checkpointing.path)),
+                checkpoint_dir=Path(env.get("GRPOJOB_CHECKPOINT_DIR", api.checkpoint_dir(job))),
             )
     finally:
         raycluster.disconnect()

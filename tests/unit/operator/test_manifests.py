@@ -62,7 +62,8 @@ def test_raycluster_has_a_cpu_head_and_gpu_groups_sized_from_the_spec():
     assert groups["policy"]["replicas"] == 1
     policy = groups["policy"]["template"]["spec"]["containers"][0]
     assert policy["resources"]["limits"]["nvidia.com/gpu"] == "4"
-    assert json.loads(groups["generation"]["rayStartParams"]["resources"]) == {"generation": 1}
+    # KubeRay pastes rayStartParams into a shell command line: the JSON must be single-quoted.
+    assert groups["generation"]["rayStartParams"]["resources"] == """'{"generation": 1}'"""
     assert head["image"] == "example/ray:1"
 
 
@@ -142,3 +143,24 @@ def test_every_ray_process_agrees_on_ray_auth():
     templates.append(manifests.build_trainer_job(j, SETTINGS, 1)["spec"]["template"])
     for template in templates:
         assert {"name": "RAY_AUTH_MODE", "value": "disabled"} in template["spec"]["containers"][0]["env"]
+
+
+def test_checkpoints_live_where_the_policy_actor_writes_them():
+    j = job(checkpointing={"pvc": {"claimName": "ckpt"}, "interval": 5})
+    cluster = manifests.build_raycluster(j, SETTINGS)["spec"]
+    policy = next(g for g in cluster["workerGroupSpecs"] if g["groupName"] == "policy")["template"]["spec"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt", "readOnly": False}} in policy[
+        "volumes"
+    ]
+    trainer_env = manifests.build_trainer_job(j, SETTINGS, 1)["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "GRPOJOB_CHECKPOINT_DIR", "value": "/data/checkpoints/checkpoints/demo"} in trainer_env
+
+
+def test_every_pod_carries_the_job_uid_so_leftovers_of_a_same_named_job_are_not_adopted():
+    j = job()
+    cluster = manifests.build_raycluster(j, SETTINGS)["spec"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    templates.append(manifests.build_trainer_job(j, SETTINGS, 1)["spec"]["template"])
+    templates.append(manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS)["spec"]["template"])
+    for template in templates:
+        assert template["metadata"]["labels"]["grpo.dev/job-uid"] == j.metadata.uid

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from grpojob_operator import state
+from grpojob_api import v1alpha1 as api
+from grpojob_operator import manifests, state
 from grpojob_operator.observe import (
     ConfigMapInfo,
     DeploymentInfo,
@@ -20,6 +21,7 @@ from .conftest import job_body
 
 NOW = datetime(2026, 11, 30, 10, 0, 10, tzinfo=UTC)
 SETTINGS = OperatorSettings(pod_failure_grace_seconds=60)
+JOB = api.parse_job(job_body())
 
 
 def pod(name: str, component: str, *, ip: str = "10.0.0.2", attempt: int | None = None, **kw) -> PodInfo:
@@ -34,7 +36,7 @@ def base_children(head_ready: bool = True, head_ip: str = "10.0.0.2") -> dict:
     children: dict = {
         "RayCluster": {"demo": RayClusterInfo("demo", head_ready, "ready", 3, 3, False)},
         "ConfigMap": {
-            "demo-config": ConfigMapInfo("demo-config", ()),
+            "demo-config": ConfigMapInfo("demo-config", tuple(manifests.build_config_map(JOB)["data"].items())),
             "demo-progress": ConfigMapInfo("demo-progress", ()),
         },
         "Service": {"demo-generation": OtherInfo("demo-generation", False)},
@@ -47,10 +49,7 @@ def base_children(head_ready: bool = True, head_ip: str = "10.0.0.2") -> dict:
 
 
 def with_endpoints(children: dict, ip: str = "10.0.0.2", attempt: int = 1) -> dict:
-    from grpojob_api import v1alpha1 as api
-    from grpojob_operator import manifests
-
-    data = manifests.endpoints_data(api.parse_job(job_body()), SETTINGS, ip, attempt)
+    data = manifests.endpoints_data(JOB, SETTINGS, ip, attempt)
     children["ConfigMap"]["demo-endpoints"] = ConfigMapInfo("demo-endpoints", tuple(sorted(data.items())))
     children["Deployment"] = {"demo-env-math": DeploymentInfo("demo-env-math", 1, 1)}
     children["Service"]["demo-env-math"] = OtherInfo("demo-env-math", False)
@@ -253,3 +252,57 @@ def test_condition_transition_time_only_moves_when_the_status_flips():
     assert first is not None and again is not None
     assert again.last_transition_time == first.last_transition_time
     assert later.events == []
+
+
+def test_a_trainer_that_finishes_while_the_head_is_down_still_ends_the_job():
+    children = with_endpoints(base_children(head_ready=False))
+    children["Pod"] = {}
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, True, False, "", False)}
+    plan = run(job_body(status={"attempt": 1, "phase": "Running"}), children)
+    assert plan.status.phase == "Succeeded"
+
+
+def test_a_raycluster_being_deleted_is_not_a_ready_head():
+    children = base_children()
+    children["RayCluster"]["demo"] = RayClusterInfo("demo", True, "ready", 3, 3, deleting=True)
+    plan = run(job_body(), children)
+    assert not any(name == "demo-endpoints" for _, _, name in kinds_and_names(plan))
+    assert plan.status.phase == "Initializing"
+
+
+def test_a_head_pod_that_is_not_ready_is_not_published():
+    children = base_children()
+    children["Pod"] = {"demo-head": pod("demo-head", "ray-head", ready=False)}
+    assert not any(name == "demo-endpoints" for _, _, name in kinds_and_names(run(job_body(), children)))
+
+
+def test_the_config_follows_a_spec_changed_while_suspended():
+    children = base_children(head_ready=False)
+    children["ConfigMap"]["demo-config"] = ConfigMapInfo("demo-config", (("grpojob.yaml", "old"), ("extra", "x")))
+    plan = run(job_body(), children)
+    (replace,) = [a for a in plan.actions if isinstance(a, state.Replace)]
+    assert replace.manifest["metadata"]["name"] == "demo-config"
+    assert replace.stale_keys == ("extra",)
+
+
+def test_a_status_rebuilt_from_scratch_takes_the_attempt_from_the_trainer_job():
+    children = with_endpoints(base_children(), attempt=3)
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 3, False, False, "", False)}
+    children["Pod"]["demo-trainer-c"] = pod("demo-trainer-c", "trainer", attempt=3)
+    plan = run(job_body(), children)
+    assert plan.status.attempt == 3 and plan.status.phase == "Running"
+    assert not [a for a in plan.actions if isinstance(a, state.Delete)]
+
+
+def test_the_vllm_backend_is_refused_until_it_exists():
+    body = job_body()
+    body["spec"]["generation"]["backend"] = "vllm"
+    plan = run(body, {})
+    assert plan.status.reason == "InvalidSpec" and "spec.generation.backend" in plan.status.message
+    assert plan.actions == []
+
+
+def test_a_child_the_api_refuses_fails_the_job_with_its_answer():
+    plan = state.reject(run(job_body(), {}), "HTTP 422: subPath must not contain '..'", NOW)
+    assert plan.status.phase == "Failed" and plan.status.reason == "ChildRejected"
+    assert "subPath" in plan.status.message
