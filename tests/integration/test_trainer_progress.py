@@ -59,8 +59,12 @@ def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubec
 
     publisher = ConfigMapProgressPublisher(server, token, ca, namespace, "demo-progress")
     publisher.publish(5, 0.75)
-    publisher.publish(6, float("nan"))
-    assert core.read_namespaced_config_map("demo-progress", namespace).data == {"step": "6", "meanReward": "0.75"}
+    assert core.read_namespaced_config_map("demo-progress", namespace).data == {"step": "5", "meanReward": "0.75"}
+    publisher.publish(6, float("nan"))  # no reward this step: the old one must not linger beside it
+    assert core.read_namespaced_config_map("demo-progress", namespace).data == {"step": "6"}
+
+    # Reporting is best effort: a refused report is logged, it does not end training.
+    ConfigMapProgressPublisher(server, token, ca, namespace, "someone-else").publish(7, 0.5)
 
     verify = ssl.create_default_context(cafile=ca)
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"}

@@ -38,6 +38,11 @@ def load_job(path: Path) -> api.GRPOJob:
         raise UsageError(f"{path}: invalid GRPOJob: {problems}") from None
 
 
+def _check_backend(job: api.GRPOJob) -> None:
+    if job.spec.generation.backend != api.GenerationBackend.TRANSFORMERS:
+        raise UsageError("spec.generation.backend: only `transformers` is available in this version of grpojob")
+
+
 def _require(path: Path, field: str, hint: str) -> Path:
     if not path.exists():
         raise UsageError(f"{field}: {path} does not exist ({hint})")
@@ -57,6 +62,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool) -> int:
 
     job = load_job(job_path)
     spec = job.spec
+    _check_backend(job)
     if spec.dataset.path is None:
         raise UsageError("spec.dataset: `grpojob run` reads a local file: set spec.dataset.path")
     model = _require(Path(spec.model.path), "spec.model.path", "write one with `grpojob tiny-model DIR`")
@@ -71,8 +77,9 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool) -> int:
     gcs = raycluster.start_local(generation_replicas=1, policy_replicas=1)
     print(f"Ray is up (GCS {gcs}); loading the model from {model}", flush=True)
     try:
-        engines = raycluster.place_generation(1, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed)
-        policy = raycluster.place_policy(spec_json, str(model), spec.grpo.seed)
+        # On this machine the engine and the policy run on the CPU, whatever the spec asks of GPUs.
+        engines = raycluster.place_generation(1, 0, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed)
+        policy = raycluster.place_policy(0, spec_json, str(model), spec.grpo.seed)
         base_url = ray.get(engines[0].base_url.remote())
         environments = EnvironmentProcesses(
             spec.environments,
@@ -124,6 +131,7 @@ def train_in_cluster(config_path: Path) -> int:
 
     job = load_job(config_path)
     spec = job.spec
+    _check_backend(job)
     env = os.environ
     gcs = raycluster.join(env["RAY_GCS_ADDRESS"])
     log.info("joined the Ray cluster; GCS address %s", gcs)
@@ -131,11 +139,14 @@ def train_in_cluster(config_path: Path) -> int:
     model = env.get("GRPOJOB_MODEL_PATH", spec.model.path)
     spec_json = spec.model_dump(mode="json", by_alias=True)
     try:
+        generation, training = spec.generation, spec.training
         engines = raycluster.place_generation(
-            spec.generation.replicas, spec_json, model, "0.0.0.0", 8000, spec.grpo.seed
+            generation.replicas, generation.gpus_per_replica, spec_json, model, "0.0.0.0", 8000, spec.grpo.seed
         )
-        policy = raycluster.place_policy(spec_json, model, spec.grpo.seed)
-        ray.get([engine.base_url.remote() for engine in engines])
+        policy = raycluster.place_policy(training.gpus_per_replica, spec_json, model, spec.grpo.seed)
+        # Waits for the worker pods (and their images and GPUs); a job that never gets them is ended
+        # by the operator's deadline or stuck-pod checks, and this gives up after an hour.
+        ray.get([engine.base_url.remote() for engine in engines], timeout=3600)
         wait_for_environments(env_urls)
         out = Path(env.get("GRPOJOB_LOG_DIR", "/tmp/grpojob"))
         with MetricsLogger(out) as logger:

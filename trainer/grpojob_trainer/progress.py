@@ -6,16 +6,17 @@ talks to the API server directly with the pod's token: one merge patch per step.
 
 from __future__ import annotations
 
-import math
+import logging
 import os
 import ssl
 from pathlib import Path
 
 import httpx
 
-from grpojob_api.progress import progress_data
+from grpojob_api.progress import MEAN_REWARD_KEY, progress_data
 from grpojob_trainer.metrics import ProgressPublisher
 
+log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -39,6 +40,9 @@ class ConfigMapProgressPublisher(ProgressPublisher):
         return cls(f"https://{host}:{port}", token, str(SERVICE_ACCOUNT_DIR / "ca.crt"), namespace, name)
 
     def publish(self, step: int, mean_reward: float) -> None:
-        reward = mean_reward if math.isfinite(mean_reward) else None
-        response = self.client.patch(self.url, json={"data": progress_data(step, reward)})
-        response.raise_for_status()
+        """Best effort: a failed report is logged, never the end of training (the next step reports again)."""
+        data: dict[str, str | None] = {MEAN_REWARD_KEY: None, **progress_data(step, mean_reward)}
+        try:
+            self.client.patch(self.url, json={"data": data}).raise_for_status()
+        except httpx.HTTPError as error:
+            log.warning("could not report progress of step %d to %s: %s", step, self.url, error)

@@ -72,17 +72,20 @@ def gcs_address() -> str:
     return address
 
 
-def place_generation(replicas: int, spec: dict, model_path: str, host: str, port: int | None, seed: int) -> list:
-    """One generation engine per `generation` worker (each needs the group's custom resource)."""
+def place_generation(
+    replicas: int, gpus: int, spec: dict, model_path: str, host: str, port: int | None, seed: int
+) -> list:
+    """One generation engine per `generation` worker (each needs the group's custom resource, and its
+    GPUs: Ray hides GPUs from an actor that did not ask for them)."""
     import ray
 
-    actor = ray.remote(GenerationWorker).options(num_cpus=0, resources={GENERATION_RESOURCE: 1})
+    actor = ray.remote(GenerationWorker).options(num_cpus=0, num_gpus=gpus, resources={GENERATION_RESOURCE: 1})
     return [actor.remote(spec, model_path, host, port, seed + i) for i in range(replicas)]
 
 
-def place_policy(spec: dict, model_path: str, seed: int):
-    """The policy on a `policy` worker."""
+def place_policy(gpus: int, spec: dict, model_path: str, seed: int):
+    """The policy on a `policy` worker, with that worker's GPUs."""
     import ray
 
-    actor = ray.remote(PolicyWorker).options(num_cpus=0, resources={POLICY_RESOURCE: 1})
+    actor = ray.remote(PolicyWorker).options(num_cpus=0, num_gpus=gpus, resources={POLICY_RESOURCE: 1})
     return actor.remote(spec, model_path, seed)

@@ -62,6 +62,8 @@ class PolicyWorker:
         self.spec = api.GRPOJobSpec.model_validate(spec)
         tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
+        if torch.cuda.is_available():  # the GPUs Ray gave this actor (none on a CPU worker)
+            model.to("cuda")
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.trainer = PolicyTrainer.from_spec(model, self.spec, pad_token_id=pad)
 
