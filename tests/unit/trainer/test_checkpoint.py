@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
 from grpojob_trainer.checkpoint import (
@@ -23,21 +22,14 @@ from grpojob_trainer.grpo import LossConfig
 from grpojob_trainer.policy import PolicyTrainer
 from grpojob_trainer.samples import TrainingSample
 
+from .models import tiny_causal_lm
+
 CONFIG = {"grpo": {"promptsPerStep": 2, "generationsPerPrompt": 2}, "model": {"path": "/models/tiny"}}
 
 
 def new_trainer() -> PolicyTrainer:
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-    )
     return PolicyTrainer(
-        transformers.AutoModelForCausalLM.from_config(config),
+        tiny_causal_lm(0),
         optimizer=OptimizerSpec(learningRate=1e-2, weightDecay=0.01),
         loss=LossConfig(kl_coef=0.05),
         advantage=AdvantageSpec(),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from grpojob_api.v1alpha1 import AdvantageSpec, GRPOJobSpec, OptimizerSpec
 from grpojob_trainer.grpo import LossConfig
@@ -12,20 +11,9 @@ from grpojob_trainer.metrics import StepTimer
 from grpojob_trainer.policy import PolicyTrainer, build_batch, token_logprobs
 from grpojob_trainer.samples import TrainingSample
 
+from .models import tiny_causal_lm
+
 PAD = 0
-
-
-def tiny_model(seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-    )
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
 def sample(
@@ -67,7 +55,7 @@ def test_batch_is_right_padded_with_targets_shifted_by_one():
 
 
 def test_logprob_of_each_token_equals_a_manual_forward_over_its_prefix():
-    model = tiny_model()
+    model = tiny_causal_lm()
     short = [3, 14, 15, 9, 26]
     batch = build_batch([sample(short[:2], short[2:], 0.0, 0), sample([1, 2, 3], [4, 5, 6, 7, 8], 0.0, 0)], PAD)
     temperature = 0.7
@@ -86,7 +74,7 @@ def sequence_logprob(model: torch.nn.Module, item: TrainingSample) -> float:
 
 
 def test_a_step_makes_positive_advantage_sequences_likelier_and_negative_ones_less_likely():
-    model = tiny_model()
+    model = tiny_causal_lm()
     prompt = [1, 2, 3]
     samples = [
         sample(prompt, [10, 11, 12], reward=1.0, group=0),
@@ -121,7 +109,7 @@ def test_micro_batched_gradients_equal_the_gradients_of_one_batch(aggregation):
     gradients, losses = [], []
     for micro_batch_size in (5, 2, 1):
         policy = trainer(
-            tiny_model(seed=1),
+            tiny_causal_lm(seed=1),
             micro_batch_size=micro_batch_size,
             loss=LossConfig(importance_sampling_cap=2.0, kl_coef=0.1, aggregation=aggregation),
         )
@@ -136,7 +124,7 @@ def test_micro_batched_gradients_equal_the_gradients_of_one_batch(aggregation):
 
 
 def test_kl_penalty_is_taken_against_a_frozen_copy_of_the_initial_policy():
-    policy = trainer(tiny_model(), loss=LossConfig(kl_coef=0.5), optimizer=OptimizerSpec(learningRate=1e-2))
+    policy = trainer(tiny_causal_lm(), loss=LossConfig(kl_coef=0.5), optimizer=OptimizerSpec(learningRate=1e-2))
     initial = {name: p.clone() for name, p in policy.model.named_parameters()}
     first = policy.train_step(varied_samples())
     second = policy.train_step(varied_samples())
@@ -147,7 +135,7 @@ def test_kl_penalty_is_taken_against_a_frozen_copy_of_the_initial_policy():
 
 
 def test_the_reported_grad_norm_is_the_global_norm_before_clipping():
-    policy = trainer(tiny_model(), optimizer=OptimizerSpec(maxGradNorm=1e-3))
+    policy = trainer(tiny_causal_lm(), optimizer=OptimizerSpec(maxGradNorm=1e-3))
     policy.accumulate_gradients(policy.prepare(varied_samples()))
     params = [p for p in policy.model.parameters() if p.grad is not None]
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
@@ -158,13 +146,13 @@ def test_the_reported_grad_norm_is_the_global_norm_before_clipping():
 
 def test_a_step_timer_receives_the_logprob_and_training_phases():
     timer = StepTimer()
-    trainer(tiny_model()).train_step(varied_samples(), timer=timer)
+    trainer(tiny_causal_lm()).train_step(varied_samples(), timer=timer)
     assert set(timer.seconds) == {"logprobs", "training"}
 
 
 def test_greedy_temperature_is_refused():
     with pytest.raises(ValueError, match="temperature"):
-        trainer(tiny_model(), temperature=0.0)
+        trainer(tiny_causal_lm(), temperature=0.0)
 
 
 def test_a_trainer_is_configured_from_the_grpojob_spec():
@@ -178,7 +166,7 @@ def test_a_trainer_is_configured_from_the_grpojob_spec():
             "grpo": {"klCoef": 0.01, "lossAggregation": "sequence", "advantage": {"leaveOneOut": True}},
         }
     )
-    policy = PolicyTrainer.from_spec(tiny_model(), spec, pad_token_id=PAD)
+    policy = PolicyTrainer.from_spec(tiny_causal_lm(), spec, pad_token_id=PAD)
     assert (policy.micro_batch_size, policy.temperature, policy.max_grad_norm) == (3, 0.8, 0.5)
     assert policy.optimizer.param_groups[0]["lr"] == 0.002
     assert policy.loss_config == LossConfig.from_spec(spec.grpo)
@@ -187,7 +175,7 @@ def test_a_trainer_is_configured_from_the_grpojob_spec():
 
 def test_grpo_steps_raise_the_mean_reward_of_a_one_token_bandit():
     """Sample one token after each of 4 prompts, 8 times; reward 1 for a token id below 16 (a quarter of them)."""
-    model = tiny_model()
+    model = tiny_causal_lm()
     policy = trainer(model, optimizer=OptimizerSpec(learningRate=3e-3), micro_batch_size=16)
     rewards = []
     for _ in range(20):

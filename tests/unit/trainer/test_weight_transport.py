@@ -6,7 +6,6 @@ from collections.abc import Iterable
 
 import pytest
 import torch
-import transformers
 
 from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
 from grpojob_trainer.grpo import LossConfig
@@ -14,18 +13,7 @@ from grpojob_trainer.policy import PolicyTrainer
 from grpojob_trainer.samples import TrainingSample
 from grpojob_trainer.weights import InProcessWeightTransport, WeightReceiver, bucket_by_size, copy_into
 
-
-def tiny_model(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-    )
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
+from .models import tiny_causal_lm
 
 
 class GenerationModel:
@@ -42,7 +30,7 @@ class GenerationModel:
 
 def trained_policy() -> PolicyTrainer:
     policy = PolicyTrainer(
-        tiny_model(seed=0),
+        tiny_causal_lm(seed=0),
         optimizer=OptimizerSpec(learningRate=1e-2),
         loss=LossConfig(),
         advantage=AdvantageSpec(),
@@ -79,7 +67,7 @@ def test_buckets_fill_in_order_up_to_the_byte_limit():
 
 def test_after_a_training_step_and_a_push_the_generation_model_has_the_policy_weights():
     policy = trained_policy()
-    receiver = GenerationModel(tiny_model(seed=1))
+    receiver = GenerationModel(tiny_causal_lm(seed=1))
     assert isinstance(receiver, WeightReceiver)
     metrics = InProcessWeightTransport(receiver).push(policy.model)
     assert_same_parameters(policy.model, receiver.model)
@@ -90,7 +78,7 @@ def test_after_a_training_step_and_a_push_the_generation_model_has_the_policy_we
 
 def test_a_bucketed_push_calls_the_receiver_once_per_bucket():
     policy = trained_policy()
-    receivers = [GenerationModel(tiny_model(seed=1)), GenerationModel(tiny_model(seed=2))]
+    receivers = [GenerationModel(tiny_causal_lm(seed=1)), GenerationModel(tiny_causal_lm(seed=2))]
     metrics = InProcessWeightTransport(receivers, bucket_bytes=8192).push(policy.model)
     assert metrics["weight_sync/buckets"] > 1
     for receiver in receivers:
@@ -100,7 +88,7 @@ def test_a_bucketed_push_calls_the_receiver_once_per_bucket():
 
 def test_the_receiver_holds_copies_and_converts_dtype():
     policy = trained_policy()
-    receiver = GenerationModel(tiny_model(seed=1).to(torch.bfloat16))
+    receiver = GenerationModel(tiny_causal_lm(seed=1).to(torch.bfloat16))
     InProcessWeightTransport(receiver).push(policy.model)
     assert_same_parameters(policy.model, receiver.model)
     with torch.no_grad():
@@ -109,7 +97,7 @@ def test_the_receiver_holds_copies_and_converts_dtype():
 
 
 def test_copy_into_refuses_unknown_names_and_wrong_shapes():
-    model = tiny_model(seed=0)
+    model = tiny_causal_lm(seed=0)
     with pytest.raises(KeyError, match="no parameter"):
         copy_into(model, [("model.nope.weight", torch.zeros(1))])
     with pytest.raises(ValueError, match="shape"):
