@@ -43,6 +43,8 @@ class PodInfo:
     """(container, reason, message) of containers waiting in a reason from STUCK_WAITING_REASONS."""
     terminated: tuple[tuple[str, int, str], ...] = ()
     """(container, exit code, reason and message) of terminated containers."""
+    unschedulable: str = ""
+    """The scheduler's message when it cannot place the pod (no GPUs free, a missing claim, ...)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,8 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
                 detail = " ".join(filter(None, [ended.get("reason"), ended.get("message")]))
                 terminated.append((container.get("name", ""), int(ended.get("exitCode", 0)), detail))
         attempt = labels.get(names.ATTEMPT_LABEL)
+        scheduled = _condition(status.get("conditions"), "PodScheduled") or {}
+        unschedulable = scheduled.get("message", "") if scheduled.get("reason") == "Unschedulable" else ""
         return PodInfo(
             name=name,
             component=labels.get(names.COMPONENT_LABEL, ""),
@@ -123,6 +127,7 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
             ready_since=_time(ready.get("lastTransitionTime")) if ready else None,
             stuck=tuple(stuck),
             terminated=tuple(terminated),
+            unschedulable=unschedulable,
         )
     if kind == "Job":
         conditions = status.get("conditions")

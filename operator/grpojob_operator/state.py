@@ -286,7 +286,12 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     head = observed.head_pod()
     if cluster is None or not cluster.head_pod_ready or head is None:
         reason = "WaitingForRayCluster" if cluster is None else "HeadPodNotReady"
-        set_condition(status, ConditionType.RAY_CLUSTER_READY, False, reason, "waiting for the Ray head pod", now)
+        message = "waiting for the Ray head pod"
+        unplaced = [p for p in observed.pods() if p.unschedulable and not p.deleting]
+        if unplaced:
+            # Not a failure (capacity may come: an autoscaler, a queue), but the user should see why.
+            message += f"; pod {unplaced[0].name} cannot be scheduled: {unplaced[0].unschedulable}"
+        set_condition(status, ConditionType.RAY_CLUSTER_READY, False, reason, message, now)
         trainer_running = condition(status, ConditionType.TRAINER_RUNNING)
         if not (trainer_running and trainer_running.status == "True"):
             status.phase = Phase.INITIALIZING

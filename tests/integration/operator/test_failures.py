@@ -79,3 +79,14 @@ def test_active_deadline_fails_the_job(operator, jobs):
     assert status["reason"] == "DeadlineExceeded"
     assert "activeDeadlineSeconds" in status["message"]
     eventually(lambda: not jobs.children("slow")["RayCluster"], "the RayCluster to be cleaned up", 30)
+
+
+def test_a_job_bigger_than_the_fleet_waits_and_says_why(operator, jobs):
+    jobs.create(job_manifest("huge", generation={"replicas": 40, "gpusPerReplica": 8}))
+
+    def explained() -> bool:
+        ready = jobs.condition("huge", "RayClusterReady") or {}
+        return "cannot be scheduled" in ready.get("message", "") and "nvidia.com/gpu" in ready["message"]
+
+    eventually(explained, "the scheduler's reason in RayClusterReady", 60)
+    assert jobs.status("huge")["phase"] == "Initializing", "capacity may still come: the job waits"

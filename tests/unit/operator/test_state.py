@@ -306,3 +306,14 @@ def test_a_child_the_api_refuses_fails_the_job_with_its_answer():
     plan = state.reject(run(job_body(), {}), "HTTP 422: subPath must not contain '..'", NOW)
     assert plan.status.phase == "Failed" and plan.status.reason == "ChildRejected"
     assert "subPath" in plan.status.message
+
+
+def test_a_pod_the_scheduler_cannot_place_is_explained_without_failing_the_job():
+    children = base_children(head_ready=False)
+    children["Pod"] = {
+        "demo-head": pod("demo-head", "ray-head", ip=None, phase="Pending", ready=False, unschedulable="0/6 nodes")
+    }
+    plan = run(job_body(), children)
+    ready = state.condition(plan.status, state.ConditionType.RAY_CLUSTER_READY)
+    assert plan.status.phase == "Initializing"
+    assert ready is not None and ready.message.endswith("pod demo-head cannot be scheduled: 0/6 nodes")
