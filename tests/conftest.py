@@ -45,6 +45,24 @@ def api_client(kubeconfig: Path):
     client.close()
 
 
+@pytest.fixture(scope="session")
+def fake_gpu_nodes(api_client) -> list[str]:
+    """The kwok-managed GPU nodes the operator tests schedule onto and steer pods on (through the pod
+    stages of testing/kwok/pod-stages.yaml). A cluster without them (plain kind) skips those tests."""
+    from kubernetes import client
+
+    from grpojob_testing.nodes import GPU_RESOURCE, KWOK_ANNOTATION
+
+    nodes = [
+        n.metadata.name
+        for n in client.CoreV1Api(api_client).list_node().items
+        if (n.metadata.annotations or {}).get(KWOK_ANNOTATION) and GPU_RESOURCE in (n.status.capacity or {})
+    ]
+    if not nodes:
+        pytest.skip("the cluster has no kwok-managed GPU nodes (kwok.x-k8s.io/node=fake with nvidia.com/gpu)")
+    return nodes
+
+
 @pytest.fixture
 def namespace(api_client, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace for one test (with its default ServiceAccount), deleted afterwards."""

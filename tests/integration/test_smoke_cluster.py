@@ -61,7 +61,7 @@ def raycluster(name: str, gpu_workers: int) -> dict:
     }
 
 
-def test_raycluster_runs_on_fake_gpu_nodes_and_is_garbage_collected(api_client, namespace):
+def test_raycluster_runs_on_fake_gpu_nodes_and_is_garbage_collected(api_client, namespace, fake_gpu_nodes):
     core = client.CoreV1Api(api_client)
     custom = client.CustomObjectsApi(api_client)
     name = "smoke"

@@ -234,7 +234,7 @@ class Jobs:
 
 
 @pytest.fixture
-def jobs(api_client, namespace: str) -> Jobs:
+def jobs(api_client, namespace: str, fake_gpu_nodes: list[str]) -> Jobs:
     return Jobs(api_client, namespace)
 
 
