@@ -310,7 +310,8 @@ class CleanupPolicy(StrEnum):
     DELETE_CLUSTER = "DeleteCluster"
     """Delete the RayCluster and environment servers, keep the trainer Job for its logs."""
     DELETE_ALL = "DeleteAll"
-    """Delete every child, the trainer Job included."""
+    """Delete the whole workload, the trainer Job included (the small config objects stay until the
+    GRPOJob itself is deleted)."""
     KEEP_ALL = "KeepAll"
     """Keep everything (for debugging; GPUs stay allocated)."""
 
