@@ -282,9 +282,10 @@ class CheckpointSpec(ApiModel):
 
     pvc: PvcSource | None = None
     """Claim to write checkpoints to (on Kubernetes); without it checkpoints stay in the pod."""
-    path: str | None = Field(default=None, min_length=1, pattern=r"^[^/]")
-    """Directory, relative: inside the claim on Kubernetes, under the working directory with `grpojob
-    run`. Default `checkpoints/<job name>`, so jobs sharing a claim never resume each other's runs."""
+    path: str | None = Field(default=None, min_length=1)
+    """Directory: inside the claim on Kubernetes (without `..`), relative to the working directory (or
+    absolute) with `grpojob run`. Default `checkpoints/<job name>`, so jobs sharing a claim never resume
+    each other's runs."""
 
     _inside_the_volume = field_validator("path")(_no_parent_segments)
     interval: int = Field(default=10, ge=1)

@@ -133,7 +133,8 @@ def checkpoint_volume(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest],
     mount = {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}
     if pvc.path:
         mount["subPath"] = pvc.path
-    return [_pvc_volume("checkpoints", pvc, read_only=False)], [mount], f"{CHECKPOINT_MOUNT}/{api.checkpoint_dir(job)}"
+    inside = api.checkpoint_dir(job).lstrip("/")
+    return [_pvc_volume("checkpoints", pvc, read_only=False)], [mount], f"{CHECKPOINT_MOUNT}/{inside}"
 
 
 def _worker_group(

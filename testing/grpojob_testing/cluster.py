@@ -39,6 +39,7 @@ SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 POD_CIDR = "10.244.0.1/16"
 CLUSTER_DOMAIN = "cluster.local"
+KUBERAY_CRDS = ("rayclusters.ray.io", "rayjobs.ray.io")
 PROCESS_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kuberay-operator")
 # Node lifecycles are kwok's own stage definitions, shipped in its module (nodes become Ready at once
 # and renew their lease, as kwokctl configures them); pod lifecycles are ours (see the file).
@@ -306,9 +307,14 @@ class Cluster:
     def _install_kuberay(self, kuberay_bin: Path, component: build.Component) -> None:
         crds = kuberay_bin / "crds"
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-        self.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s", "crd/rayclusters.ray.io", "crd/rayjobs.ray.io"
-        )
+
+        # Not `kubectl wait`: it fails instead of waiting while a new CRD has no conditions yet.
+        def established() -> bool:
+            jsonpath = "{range .items[*]}{.status.conditions[?(@.type=='Established')].status} {end}"
+            out = self.kubectl("get", "crd", *KUBERAY_CRDS, "-o", f"jsonpath={jsonpath}", check=False)
+            return out.split() == ["True"] * len(KUBERAY_CRDS)
+
+        wait_until(established, "the KubeRay CRDs to be established", 60)
         self.ports["kuberay-operator"] = free_port()
         self.ports["kuberay-metrics"] = free_port()
         self._spawn(
