@@ -78,7 +78,7 @@ def reconcile(
         # retrying cannot help, so the job fails with the API's answer.
         state.reject(plan, f"the API server refused a child of this job: {error}", now)
     document = status_document(plan.status)
-    if document != status_document(_parse_status(body)) or not body.get("status"):
+    if document != status_document(state.current_status(body)) or not body.get("status"):
         kube.write_status(namespace, name, document)
     return plan
 
@@ -105,13 +105,6 @@ def _carry_out(plan: state.Plan, kube: Kube, namespace: str, name: str, where: s
         elif isinstance(action, state.DeleteJob):
             kube.delete(api.KIND, namespace, name)
             log.info("%s: deleted (ttlSecondsAfterFinished)", where)
-
-
-def _parse_status(body: dict[str, Any]) -> api.GRPOJobStatus:
-    try:
-        return api.GRPOJobStatus.model_validate(body.get("status") or {})
-    except ValueError:
-        return api.GRPOJobStatus()
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:

@@ -145,7 +145,7 @@ def _fail(plan: Plan, reason: str, message: str, now: datetime) -> Plan:
 
 def plan(body: dict[str, Any], observed: Observed, settings: OperatorSettings, now: datetime) -> Plan:
     """Decide the next actions and the new status of the GRPOJob ``body`` (as read from the API)."""
-    old = _current_status(body)
+    old = current_status(body)
     status = old.model_copy(deep=True)
     status.observed_generation = body.get("metadata", {}).get("generation")
     result = Plan(status=status)
@@ -168,7 +168,8 @@ def plan(body: dict[str, Any], observed: Observed, settings: OperatorSettings, n
     return result
 
 
-def _current_status(body: dict[str, Any]) -> api.GRPOJobStatus:
+def current_status(body: dict[str, Any]) -> api.GRPOJobStatus:
+    """The job's status as written, ignoring fields that are not ours; empty when unreadable."""
     raw = {k: v for k, v in (body.get("status") or {}).items() if k in _STATUS_KEYS}
     try:
         return api.GRPOJobStatus.model_validate(raw)
