@@ -52,7 +52,11 @@ def backend(model_dirs):
 def prompts(backend, count: int) -> list[tuple[int, ...]]:
     questions = [f"What is {i % 10}+{(3 * i) % 10}?" for i in range(count)]
     return [
-        tuple(backend.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
+        tuple(
+            backend.tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, return_dict=True
+            )["input_ids"]
+        )
         for q in questions
     ]
 
