@@ -90,8 +90,7 @@ class GenerationSpec(ApiModel):
     """
 
     backend: GenerationBackend = GenerationBackend.TRANSFORMERS
-    """Engine behind the OpenAI-compatible server: `transformers` (CPU or GPU); `vllm` is reserved for
-    the vLLM engine, which this version does not ship yet (a job asking for it fails as InvalidSpec)."""
+    """Engine behind the OpenAI-compatible server: `transformers` (CPU or GPU) or `vllm` (GPUs only)."""
     replicas: int = Field(default=1, ge=1, le=256)
     """Number of generation engines (pods of the `generation` worker group)."""
     gpus_per_replica: int = Field(default=1, ge=0, le=8)

@@ -181,9 +181,9 @@ _STATUS_KEYS = {f.alias or n for n, f in api.GRPOJobStatus.model_fields.items()}
 
 
 def _unsupported(job: api.GRPOJob) -> str | None:
-    """What this build cannot run although the schema allows it, naming the field."""
-    if job.spec.generation.backend == api.GenerationBackend.VLLM:
-        return "spec.generation.backend: vllm is not available in this version of grpojob; use transformers"
+    """What cannot run although the schema allows it, naming the field."""
+    if job.spec.generation.backend == api.GenerationBackend.VLLM and job.spec.generation.gpus_per_replica == 0:
+        return "spec.generation.backend: vllm needs spec.generation.gpusPerReplica of 1 or more"
     return None
 
 

@@ -38,9 +38,18 @@ def load_job(path: Path) -> api.GRPOJob:
         raise UsageError(f"{path}: invalid GRPOJob: {problems}") from None
 
 
-def _check_backend(job: api.GRPOJob) -> None:
-    if job.spec.generation.backend != api.GenerationBackend.TRANSFORMERS:
-        raise UsageError("spec.generation.backend: only `transformers` is available in this version of grpojob")
+def _local_gpus(spec: api.GRPOJobSpec) -> int:
+    """GPUs `grpojob run` uses: this machine's, when the spec asks for any (none for a CPU job)."""
+    wants = spec.generation.gpus_per_replica > 0 or spec.training.gpus_per_replica > 0
+    if spec.generation.backend == api.GenerationBackend.VLLM and not wants:
+        raise UsageError("spec.generation.backend: vllm needs spec.generation.gpusPerReplica of 1 or more")
+    if not wants:
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("spec.generation.gpusPerReplica / spec.training.gpusPerReplica: this machine has no GPU")
+    return torch.cuda.device_count()
 
 
 def _require(path: Path, field: str, hint: str) -> Path:
@@ -49,7 +58,7 @@ def _require(path: Path, field: str, hint: str) -> Path:
     return path
 
 
-def run_local(job_path: Path, out: Path | None, show_progress: bool) -> int:
+def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard: bool = True) -> int:
     """`grpojob run`: the whole loop on this machine."""
     import ray
     from tqdm import tqdm
@@ -62,7 +71,6 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool) -> int:
 
     job = load_job(job_path)
     spec = job.spec
-    _check_backend(job)
     if spec.dataset.path is None:
         raise UsageError("spec.dataset: `grpojob run` reads a local file: set spec.dataset.path")
     model = _require(Path(spec.model.path), "spec.model.path", "write one with `grpojob tiny-model DIR`")
@@ -74,12 +82,15 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool) -> int:
         log.warning("grpojob run serves one generation engine (spec.generation.replicas=%d)", spec.generation.replicas)
     spec_json = spec.model_dump(mode="json", by_alias=True)
 
-    gcs = raycluster.start_local(generation_replicas=1, policy_replicas=1)
-    print(f"Ray is up (GCS {gcs}); loading the model from {model}", flush=True)
+    gpus = _local_gpus(spec)
+    gcs = raycluster.start_local(generation_replicas=1, policy_replicas=1, num_gpus=gpus)
+    print(f"Ray is up (GCS {gcs}, {gpus} GPUs); loading the model from {model}", flush=True)
     try:
-        # On this machine the engine and the policy run on the CPU, whatever the spec asks of GPUs.
-        engines = raycluster.place_generation(1, 0, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed)
-        policy = raycluster.place_policy(0, spec_json, str(model), spec.grpo.seed)
+        # One engine and the policy. With one GPU they share it (colocated: half each, the engine taking
+        # spec.generation.gpuMemoryUtilization of its memory); without GPUs both run on the CPU.
+        share = 0.5 if gpus == 1 else min(1, gpus)
+        engines = raycluster.place_generation(1, share, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed)
+        policy = raycluster.place_policy(share, spec_json, str(model), spec.grpo.seed)
         base_url = ray.get(engines[0].base_url.remote())
         environments = EnvironmentProcesses(
             spec.environments,
@@ -88,7 +99,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool) -> int:
             gcs_address=gcs,
             log_dir=out / "environments",
         )
-        with environments as env_urls, MetricsLogger(out) as logger:
+        with environments as env_urls, MetricsLogger(out, tensorboard=tensorboard) as logger:
             bar = tqdm(total=spec.grpo.max_steps, desc=job.metadata.name, unit="step", disable=not show_progress)
 
             def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -131,7 +142,6 @@ def train_in_cluster(config_path: Path) -> int:
 
     job = load_job(config_path)
     spec = job.spec
-    _check_backend(job)
     env = os.environ
     gcs = raycluster.join(env["RAY_GCS_ADDRESS"])
     log.info("joined the Ray cluster; GCS address %s", gcs)
@@ -174,11 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("job", type=Path)
     run.add_argument("--out", type=Path, help="where metrics, TensorBoard logs and the reward curve go")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-tensorboard", action="store_true", help="metrics to JSONL only")
     train = commands.add_parser("train", help="the trainer pod's entrypoint")
     train.add_argument("--config", type=Path, required=True)
     tiny = commands.add_parser("tiny-model", help="write a tiny random-init model directory")
     tiny.add_argument("out", type=Path)
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--hidden-size", type=int, default=128, help="256 with --heads 4 gives vLLM's head_dim 64")
+    tiny.add_argument("--heads", type=int, default=4)
     data = commands.add_parser("dataset", help="write an example environment's rows")
     data.add_argument("name")
     data.add_argument("--rows", type=int, default=256)
@@ -189,13 +202,22 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         if args.command == "run":
-            return run_local(args.job, args.out, show_progress=not args.no_progress)
+            return run_local(
+                args.job, args.out, show_progress=not args.no_progress, tensorboard=not args.no_tensorboard
+            )
         if args.command == "train":
             return train_in_cluster(args.config)
         if args.command == "tiny-model":
             from grpojob_trainer.tiny_model import TinyModelConfig, write_tiny_model
 
-            print(write_tiny_model(args.out, TinyModelConfig(seed=args.seed)))
+            config = TinyModelConfig(
+                hidden_size=args.hidden_size,
+                intermediate_size=3 * args.hidden_size,
+                num_attention_heads=args.heads,
+                num_key_value_heads=max(1, args.heads // 2),
+                seed=args.seed,
+            )
+            print(write_tiny_model(args.out, config))
             return 0
         from grpojob_trainer.environments.dataset import write_rows
 

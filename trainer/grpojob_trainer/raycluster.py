@@ -22,13 +22,14 @@ GENERATION_RESOURCE = "generation"
 POLICY_RESOURCE = "policy"
 
 
-def start_local(generation_replicas: int, policy_replicas: int, num_cpus: int | None = None) -> str:
-    """Start a local Ray head declaring the resources of the RayCluster's worker groups; its GCS address."""
+def start_local(generation_replicas: int, policy_replicas: int, num_gpus: int = 0) -> str:
+    """Start a local Ray head declaring the resources of the RayCluster's worker groups (and this
+    machine's GPUs); its GCS address."""
     import ray
 
     ray.init(
-        num_cpus=num_cpus or os.cpu_count() or 1,
-        num_gpus=0,
+        num_cpus=os.cpu_count() or 1,
+        num_gpus=num_gpus,
         resources={GENERATION_RESOURCE: generation_replicas, POLICY_RESOURCE: policy_replicas},
         include_dashboard=False,
         namespace="grpojob",

@@ -27,13 +27,25 @@ class GenerationWorker:
 
     def __init__(self, spec: dict[str, Any], model_path: str, host: str, port: int | None, seed: int) -> None:
         from grpojob_trainer.generation.app import ServerConfig
-        from grpojob_trainer.generation.backend import SamplingParams
+        from grpojob_trainer.generation.backend import GenerationBackend, SamplingParams
         from grpojob_trainer.generation.server import GenerationServer
         from grpojob_trainer.generation.transformers_backend import TransformersBackend
 
         job_spec = api.GRPOJobSpec.model_validate(spec)
         generation = job_spec.generation
-        backend = TransformersBackend(model_path, max_model_len=generation.max_model_len, seed=seed)
+        backend: GenerationBackend
+        if generation.backend == api.GenerationBackend.VLLM:
+            from grpojob_trainer.generation.vllm_backend import VLLMBackend
+
+            backend = VLLMBackend(
+                model_path,
+                max_model_len=generation.max_model_len,
+                gpu_memory_utilization=generation.gpu_memory_utilization,
+                tensor_parallel_size=max(1, generation.gpus_per_replica),
+                seed=seed,
+            )
+        else:
+            backend = TransformersBackend(model_path, max_model_len=generation.max_model_len, seed=seed)
         config = ServerConfig(
             served_model_name=job_spec.model.served_model_name,
             sampling=SamplingParams(generation.temperature, generation.top_p, generation.max_new_tokens),

@@ -294,12 +294,14 @@ def test_a_status_rebuilt_from_scratch_takes_the_attempt_from_the_trainer_job():
     assert not [a for a in plan.actions if isinstance(a, state.Delete)]
 
 
-def test_the_vllm_backend_is_refused_until_it_exists():
+def test_the_vllm_backend_without_gpus_is_refused_naming_the_field():
     body = job_body()
-    body["spec"]["generation"]["backend"] = "vllm"
+    body["spec"]["generation"] |= {"backend": "vllm", "gpusPerReplica": 0}
     plan = run(body, {})
     assert plan.status.reason == "InvalidSpec" and "spec.generation.backend" in plan.status.message
     assert plan.actions == []
+    body["spec"]["generation"]["gpusPerReplica"] = 1
+    assert run(body, {}).status.phase == "Initializing"
 
 
 def test_a_child_the_api_refuses_fails_the_job_with_its_answer():
