@@ -64,22 +64,30 @@ class GenerationResult:
 
 
 class GenerationBackend(abc.ABC):
-    """A batched generation engine whose weights the trainer replaces after every step."""
+    """A batched generation engine whose weights the trainer replaces after every step.
+
+    A backend sets ``_tokenizer`` and ``_max_model_len`` when it starts and increments
+    ``_weights_version`` in `update_weights`.
+    """
+
+    _tokenizer: Any
+    _max_model_len: int
+    _weights_version: int = 0
 
     @property
-    @abc.abstractmethod
     def tokenizer(self) -> Any:
         """The model's Hugging Face tokenizer, chat template included."""
+        return self._tokenizer
 
     @property
-    @abc.abstractmethod
     def max_model_len(self) -> int:
         """Longest prompt plus generation, in tokens."""
+        return self._max_model_len
 
     @property
-    @abc.abstractmethod
     def weights_version(self) -> int:
         """0 for the weights loaded at start, incremented by each `update_weights`."""
+        return self._weights_version
 
     @abc.abstractmethod
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:

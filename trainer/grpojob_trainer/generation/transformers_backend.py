@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -73,18 +72,6 @@ class TransformersBackend(GenerationBackend):
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._lock = threading.Lock()
         self._weights_version = 0
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def weights_version(self) -> int:
-        return self._weights_version
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy tensors into the model's parameters and buffers by ``state_dict`` name."""

@@ -13,7 +13,6 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -57,18 +56,6 @@ class VLLMBackend(GenerationBackend):
         self._max_model_len = max_model_len
         self._lock = threading.Lock()
         self._weights_version = 0
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def weights_version(self) -> int:
-        return self._weights_version
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         from vllm import SamplingParams as VllmSamplingParams
