@@ -6,7 +6,9 @@
 # it works with `runAsNonRoot` and a read-only root filesystem (nothing is written at run time; the
 # chart still mounts an emptyDir at /tmp).
 
-ARG PYTHON_IMAGE=python:3.12.12-slim-bookworm
+# Python 3.11 on Debian bookworm: also what `python -m grpojob_testing.images` can make without a
+# registry (Debian's python3 in a debootstrapped bookworm, tagged with this name).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src

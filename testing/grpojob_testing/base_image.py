@@ -1,0 +1,133 @@
+"""The Python base image of our Dockerfiles, made here from Debian packages (no registry can be pulled).
+
+``debootstrap`` writes a minimal Debian bookworm root filesystem with Python 3.11, pip, venv and CA
+certificates; it is trimmed (no apt lists, docs, man pages, locales), given the ``python`` and ``pip``
+commands the official ``python`` images have (pip may install outside a venv, as there), packed
+into a tar cached under ``~/.cache/grpojob/images/`` by a hash of these inputs, and imported into
+the container storage under the exact name the Dockerfiles' ``FROM ${PYTHON_IMAGE}`` uses.
+
+Debian bookworm has Python 3.11 (trixie has 3.13; neither has 3.12), so the Dockerfiles' default base
+is ``python:3.11-slim-bookworm``: the same Python minor version and Debian release as the official
+image of that name, which a real registry serves. It is not bit-for-bit that image (Debian's
+``python3.11`` in ``/usr/bin`` instead of a source build in ``/usr/local``); the Debian package
+versions it holds are written next to the tar (``<tar>.packages``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from grpojob_testing import build
+
+NAME = "docker.io/library/python:3.11-slim-bookworm"
+"""The fully qualified name of ``python:3.11-slim-bookworm``, the Dockerfiles' ``PYTHON_IMAGE``."""
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+INPUTS_LABEL = "dev.grpojob.inputs"
+"""Image label holding the hash of the inputs an image was built from."""
+
+# Paths removed from the root filesystem (relative, shell globs), as the official slim images do.
+TRIM = (
+    "var/lib/apt/lists/*",
+    "var/cache/apt/*.bin",
+    "var/cache/apt/archives/*.deb",
+    "var/log/*",
+    "usr/share/doc/*",
+    "usr/share/man/*",
+    "usr/share/info/*",
+    "usr/share/locale/*",
+    # Debian marks its Python "externally managed"; the official images let pip install anywhere.
+    "usr/lib/python3.11/EXTERNALLY-MANAGED",
+)
+LINKS = {"usr/bin/python": "python3", "usr/bin/pip": "pip3"}
+CHANGES = ("ENV=LANG=C.UTF-8", 'CMD=["python3"]')
+
+
+def debootstrap_version() -> str:
+    """The installed debootstrap's version (part of the base's inputs)."""
+    result = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Version}", "debootstrap"], capture_output=True, text=True, check=True
+    )
+    return result.stdout.strip()
+
+
+def inputs_hash() -> str:
+    """A hash of everything the base is made from: suite, mirror, packages, trimming, debootstrap."""
+    inputs = {
+        "suite": SUITE,
+        "mirror": MIRROR,
+        "packages": PACKAGES,
+        "trim": TRIM,
+        "links": LINKS,
+        "changes": CHANGES,
+        "debootstrap": debootstrap_version(),
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def rootfs_tar(digest: str) -> Path:
+    """Where the packed root filesystem of inputs ``digest`` is cached."""
+    return build.cache_root() / "images" / f"python-3.11-slim-bookworm-{digest}.rootfs.tar"
+
+
+def make_rootfs_tar(target: Path) -> None:
+    """Debootstrap, trim and pack the root filesystem into ``target`` (written atomically)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="grpojob-base-", dir=target.parent) as scratch:
+        rootfs = Path(scratch) / "rootfs"
+        subprocess.run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(rootfs), MIRROR],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        for pattern in TRIM:
+            for path in rootfs.glob(pattern):
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        for link, points_to in LINKS.items():
+            (rootfs / link).unlink(missing_ok=True)
+            (rootfs / link).symlink_to(points_to)
+        packages = subprocess.run(
+            ["chroot", str(rootfs), "dpkg-query", "-W", "-f", "${Package}=${Version}\n"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        target.with_name(target.name + ".packages").write_text(packages)
+        partial = target.with_name(target.name + ".partial")
+        excludes = [f"--exclude=./{d}/*" for d in ("dev", "proc", "sys", "run", "tmp")]
+        subprocess.run(["tar", "-C", str(rootfs), *excludes, "--sort=name", "-cf", str(partial), "."], check=True)
+        partial.rename(target)
+
+
+def image_inputs(name: str) -> str | None:
+    """The inputs label of image ``name`` in the container storage, or None when it is absent."""
+    result = subprocess.run(
+        ["podman", "image", "inspect", "--format", f'{{{{index .Labels "{INPUTS_LABEL}"}}}}', name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def ensure() -> str:
+    """Make the base image unless the storage holds it from the same inputs; return its inputs hash."""
+    digest = inputs_hash()
+    if image_inputs(NAME) == digest:
+        return digest
+    tar = rootfs_tar(digest)
+    if not tar.exists():
+        make_rootfs_tar(tar)
+    changes = [*CHANGES, f"LABEL={INPUTS_LABEL}={digest}"]
+    subprocess.run(
+        ["podman", "import", "--quiet", *(f"--change={c}" for c in changes), str(tar), NAME],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return digest

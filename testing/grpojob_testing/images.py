@@ -1,0 +1,207 @@
+"""Build our three images here with buildah from our Dockerfiles, export them, load them into containerd.
+
+    python -m grpojob_testing.images build [NAME ...]   # base, then operator, trainer-cpu, penguin-env
+    python -m grpojob_testing.images list               # name, image, archive, whether it is built
+    python -m grpojob_testing.images load ADDRESS       # import every archive into a containerd
+
+No registry can be reached: the base comes from `base_image` (debootstrap), the Python packages from
+`wheelhouse`. Each image is built only when the hash of its inputs (base, Dockerfile, build args, the
+files of the build context) has no archive in ``~/.cache/grpojob/images/`` yet; the archive is a
+docker-archive that ``ctr images import`` and ``podman load`` both read, tagged with the name the
+chart and the operator's settings use. Builds run with Debian's runc (crun refuses this machine's
+cgroup v1 layout) and the machine's hard open-file limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpojob_testing import base_image, build, wheelhouse
+
+REPO = build.TESTING_DIR.parent
+CONTEXT_PATHS = ("pyproject.toml", "README.md", "api", "operator", "trainer", "testing")
+"""What the Dockerfiles COPY from the build context; a change in these rebuilds the images."""
+RUNTIME = "runc"
+
+
+def ulimits() -> list[str]:
+    """The ``--ulimit`` flags a container needs on this machine: podman's defaults exceed what runc may set
+    here, so the open-file limit is the machine's hard limit and the process limit is at most pid_max."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nproc = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], int(Path("/proc/sys/kernel/pid_max").read_text()))
+    return [f"--ulimit=nofile={nofile}:{nofile}", f"--ulimit=nproc={nproc}:{nproc}"]
+
+
+def run_flags() -> list[str]:
+    """The ``podman run`` flags of every container here: Debian's runc, the ulimits, the host network."""
+    return [f"--runtime={RUNTIME}", *ulimits(), "--network=host"]
+
+
+def version() -> str:
+    """The project's version: the tag of every image."""
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+@dataclass(frozen=True)
+class Image:
+    """One image built from one of our Dockerfiles."""
+
+    key: str
+    """Short name on the command line."""
+    name: str
+    """Full name and tag, as the chart and the operator's settings refer to it."""
+    dockerfile: str
+    """Path of the Dockerfile, relative to the repository."""
+    build_args: dict[str, str] = field(default_factory=dict)
+
+
+def images() -> list[Image]:
+    """The images of this repository, with the names the chart (values.yaml) and the operator use."""
+    tag = version()
+    cpu = {"BASE_IMAGE": "python:3.11-slim-bookworm", "WITH_VLLM": "false"}
+    return [
+        Image("operator", f"ghcr.io/grpojob/operator:{tag}", "Dockerfile"),
+        Image("trainer-cpu", f"ghcr.io/grpojob/trainer:{tag}-cpu", "images/trainer/Dockerfile", cpu),
+        Image("penguin-env", f"ghcr.io/grpojob/penguin-env:{tag}", "images/penguin-env/Dockerfile"),
+    ]
+
+
+def context_files() -> list[str]:
+    """The build context's files that the Dockerfiles copy (tracked or not ignored), sorted."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", *CONTEXT_PATHS],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    return sorted({path for path in listed.split("\0") if path and (REPO / path).is_file()})
+
+
+def inputs_hash(image: Image, base_digest: str) -> str:
+    """A hash of everything `image` is built from."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"base": base_digest, "name": image.name, "args": image.build_args}).encode())
+    for path in [image.dockerfile, *context_files()]:
+        digest.update(path.encode() + b"\0" + (REPO / path).read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def archive_path(image: Image, digest: str) -> Path:
+    """Where the archive of `image` built from inputs `digest` is cached."""
+    return build.cache_root() / "images" / f"{image.key}-{version()}-{digest}.docker.tar"
+
+
+def latest_archive(image: Image) -> Path | None:
+    """The newest cached archive of `image`, whatever its inputs, or None."""
+    found = sorted(archive_path(image, "*").parent.glob(archive_path(image, "*").name), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def build_image(image: Image, base_digest: str) -> tuple[Path, bool]:
+    """Build `image` and export its archive unless cached; return the archive and whether it was built."""
+    digest = inputs_hash(image, base_digest)
+    archive = archive_path(image, digest)
+    if archive.exists():
+        if base_image.image_inputs(image.name) != digest:
+            subprocess.run(["podman", "load", "--quiet", "--input", str(archive)], check=True)
+        return archive, False
+    args = [f"--build-arg={key}={value}" for key, value in image.build_args.items()]
+    engine = ["buildah", "bud", "--layers", "--pull=never", f"--runtime={RUNTIME}", *ulimits(), "--network=host"]
+    label = f"--label={base_image.INPUTS_LABEL}={digest}"
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    log = archive.parent / f"{image.key}.build.log"
+    with log.open("w") as out:
+        built = subprocess.run(
+            [*engine, *wheelhouse.build_volumes(), *args, label, "--tag", image.name, "--file", image.dockerfile, "."],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    if built.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-40:])
+        raise RuntimeError(f"building {image.name} failed (log: {log}):\n{tail}")
+    partial = archive.with_name(archive.name + ".partial")
+    partial.unlink(missing_ok=True)
+    subprocess.run(
+        ["podman", "save", "--quiet", "--format", "docker-archive", "--output", str(partial), image.name], check=True
+    )
+    for stale in archive.parent.glob(archive_path(image, "*").name):
+        stale.unlink()
+    partial.rename(archive)
+    return archive, True
+
+
+def build_all(keys: list[str] | None = None) -> dict[str, Path]:
+    """Make the base, then build the images named by `keys` (all when None); return their archives."""
+    missing = [tool for tool in ("buildah", "podman", "debootstrap", RUNTIME) if shutil.which(tool) is None]
+    if missing:
+        raise SystemExit(f"missing {', '.join(missing)}: run testing/install-image-packages (as root)")
+    unknown = set(keys or []) - {image.key for image in images()}
+    if unknown:
+        raise SystemExit(f"unknown images: {', '.join(sorted(unknown))}")
+    started = time.monotonic()
+    base_digest = base_image.ensure()
+    print(f"base {base_image.NAME} ({base_digest}) ready after {time.monotonic() - started:.0f}s", flush=True)
+    archives = {}
+    for image in images():
+        if keys and image.key not in keys:
+            continue
+        started = time.monotonic()
+        archives[image.key], built = build_image(image, base_digest)
+        print(f"{image.name}: {'built' if built else 'cached'} in {time.monotonic() - started:.0f}s", flush=True)
+    return archives
+
+
+def load_into_containerd(archive: Path, address: str | Path, namespace: str = "k8s.io") -> list[str]:
+    """Import an image archive into the containerd at socket `address` (namespace ``k8s.io`` is the one
+    the kubelet's CRI uses), unpacked for its default snapshotter; return the names of the images."""
+    result = subprocess.run(
+        ["ctr", "--address", str(address), "--namespace", namespace, "images", "import", str(archive)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return re.findall(r"^unpacking (\S+) \(", result.stdout, re.MULTILINE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module's docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m grpojob_testing.images", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    build_command = commands.add_parser("build", help="build the images unless cached")
+    build_command.add_argument("keys", nargs="*", help="operator, trainer-cpu, penguin-env (default: all)")
+    commands.add_parser("list", help="show the images and their cached archives")
+    load = commands.add_parser("load", help="import every built archive into a containerd")
+    load.add_argument("address", help="containerd's socket")
+    load.add_argument("--namespace", default="k8s.io")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        for key, archive in build_all(args.keys or None).items():
+            print(f"{key}: {archive} ({archive.stat().st_size / 2**20:.0f} MiB)")
+    elif args.command == "list":
+        for image in images():
+            archive = latest_archive(image)
+            print(f"{image.key:12} {image.name:40} {archive or '(not built)'}")
+    else:
+        for image in images():
+            archive = latest_archive(image)
+            if archive is None:
+                raise SystemExit(f"{image.key} is not built: python -m grpojob_testing.images build")
+            print(", ".join(load_into_containerd(archive, args.address, args.namespace)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
