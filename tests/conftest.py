@@ -3,6 +3,9 @@
 Integration tests run against a real control plane: by default the session starts one on loopback
 (`grpojob_testing.cluster`) and stops it at the end; with ``GRPOJOB_TEST_KUBECONFIG`` set they use
 that cluster instead (kind, for example). Each test gets a namespace of its own.
+
+``pytest --real-node`` starts the session's cluster with a real node (kubelet, containerd, CNI,
+kube-proxy, CoreDNS; root only) and without kwok's fake nodes, for tests/e2e.
 """
 
 from __future__ import annotations
@@ -18,8 +21,16 @@ import pytest
 EXISTING_CLUSTER_ENV = "GRPOJOB_TEST_KUBECONFIG"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--real-node",
+        action="store_true",
+        help="start the session cluster with a real node and no fake nodes (root; for tests/e2e)",
+    )
+
+
 @pytest.fixture(scope="session")
-def kubeconfig() -> Iterator[Path]:
+def kubeconfig(request: pytest.FixtureRequest) -> Iterator[Path]:
     """Admin kubeconfig of the cluster the integration tests run against."""
     existing = os.environ.get(EXISTING_CLUSTER_ENV)
     if existing:
@@ -28,7 +39,10 @@ def kubeconfig() -> Iterator[Path]:
     from grpojob_testing.cluster import Cluster, clusters_root
 
     cluster = Cluster(clusters_root() / f"pytest-{os.getpid()}")
-    cluster.up()
+    if request.config.getoption("--real-node"):
+        cluster.up(cpu_nodes=0, gpu_nodes=0, real_node=True)
+    else:
+        cluster.up()
     try:
         yield cluster.kubeconfig
     finally:

@@ -1,6 +1,7 @@
 """A real Kubernetes control plane on loopback, with the KubeRay operator and kwok's fake GPU nodes.
 
     python -m grpojob_testing.cluster up            # build if needed, start, print the kubeconfig path
+    python -m grpojob_testing.cluster up --real-node --cpu-nodes 0 --gpu-nodes 0   # and a real node
     python -m grpojob_testing.cluster kubeconfig    # print the kubeconfig path of a running cluster
     python -m grpojob_testing.cluster status        # which processes run, on which ports
     python -m grpojob_testing.cluster down          # stop every process and delete the state
@@ -11,6 +12,10 @@ close to those of controller-runtime's envtest and kwokctl's binary runtime. A c
 state directory (``--name`` picks one under ~/.cache/grpojob/clusters/) holding its certificates,
 kubeconfig, etcd data, logs and ``cluster.json`` (ports and process ids), so `down` from another
 shell finds and stops everything `up` started.
+
+With ``--real-node`` (root only) the cluster also gets a real node, ``grpojob-node``: containerd,
+the kubelet, kube-proxy and CoreDNS (see `grpojob_testing.node`); the apiserver then listens on the
+node address too, so pods reach it through the ``kubernetes`` Service.
 """
 
 from __future__ import annotations
@@ -33,14 +38,25 @@ from pathlib import Path
 
 import yaml
 
-from grpojob_testing import build, nodes, pki
+from grpojob_testing import build, node, node_images, nodes, pki
 
 SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 POD_CIDR = "10.244.0.1/16"
 CLUSTER_DOMAIN = "cluster.local"
 KUBERAY_CRDS = ("rayclusters.ray.io", "rayjobs.ray.io")
-PROCESS_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kuberay-operator")
+PROCESS_ORDER = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "kuberay-operator",
+    "containerd",
+    "kubelet",
+    "kube-proxy",
+    "coredns",
+)
 # Node lifecycles are kwok's own stage definitions, shipped in its module (nodes become Ready at once
 # and renew their lease, as kwokctl configures them); pod lifecycles are ours (see the file).
 KWOK_NODE_STAGES = ("kustomize/stage/node/fast", "kustomize/stage/node/heartbeat-with-lease")
@@ -83,6 +99,8 @@ class Cluster:
     state_dir: Path
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
+    # Present when the cluster has a real node: the host sysctl values to restore at `down`.
+    real_node: dict[str, str] | None = None
     _children: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -119,35 +137,47 @@ class Cluster:
         if self.state_file.exists():
             state = json.loads(self.state_file.read_text())
             self.ports, self.pids = state["ports"], state["pids"]
+            self.real_node = state.get("real_node")
 
     def save(self) -> None:
-        self.state_file.write_text(json.dumps({"ports": self.ports, "pids": self.pids}, indent=2))
+        state = {"ports": self.ports, "pids": self.pids, "real_node": self.real_node}
+        self.state_file.write_text(json.dumps(state, indent=2))
 
     def running(self) -> dict[str, bool]:
         return {name: process_alive(pid) for name, pid in self.pids.items()}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def up(self, *, cpu_nodes: int = 2, gpu_nodes: int = 4, log=sys.stderr) -> Path:
-        """Build what is missing, start every process, install the KubeRay CRDs and the fake nodes.
+    def up(self, *, cpu_nodes: int = 2, gpu_nodes: int = 4, real_node: bool = False, log=sys.stderr) -> Path:
+        """Build what is missing, start every process, install the KubeRay CRDs and the fake nodes,
+        and with ``real_node`` the real node.
 
         Returns the admin kubeconfig. On any failure the processes already started are stopped.
         """
+        if real_node:
+            node.preflight()
         self.load()
         if self.pids and any(self.running().values()):
             raise RuntimeError(f"a cluster already runs from {self.state_dir}; run `down` first")
         shutil.rmtree(self.state_dir, ignore_errors=True)
         self.log_dir.mkdir(parents=True)
-        self.pids, self.ports = {}, {}
+        self.pids, self.ports, self.real_node = {}, {}, None
         components = build.load_components()
         bins = {name: build.build(component, log) for name, component in components.items()}
         started = time.monotonic()
         try:
+            if real_node:
+                self.real_node = node.set_sysctls()
+                self.save()
+                node.add_node_address()
             self._start_control_plane(bins)
             self._install_kuberay(bins["kuberay"], components["kuberay"])
             self._start_kwok(bins["kwok"], components["kwok"])
-            self.apply_objects(nodes.fake_nodes(cpu_nodes, gpu_nodes))
-            self._wait_nodes_ready(cpu_nodes + gpu_nodes)
+            if cpu_nodes + gpu_nodes:
+                self.apply_objects(nodes.fake_nodes(cpu_nodes, gpu_nodes))
+                self._wait_nodes_ready(cpu_nodes + gpu_nodes)
+            if real_node:
+                self._start_real_node(bins)
             self._wait_default_service_account()
         except BaseException:
             self.down(keep_logs=True)
@@ -158,9 +188,16 @@ class Cluster:
     def down(self, *, keep_logs: bool = False) -> None:
         """Stop every process `up` started (SIGTERM, then SIGKILL) and remove the state directory."""
         self.load()
+        paths = node.NodePaths(self.state_dir / "node")
         for name in reversed([n for n in PROCESS_ORDER if n in self.pids]):
+            if name == "containerd" and process_alive(self.pids[name]):
+                node.kill_containers(self._ctr(paths))
             self._stop(name, self.pids[name])
         self.pids = {}
+        if self.real_node is not None:
+            kube_proxy = build.load_components()["kubernetes"].bin_dir / "kube-proxy"
+            node.clean_host(paths, kube_proxy, self.real_node)
+            self.real_node = None
         if keep_logs:
             for path in self.state_dir.iterdir() if self.state_dir.exists() else []:
                 if path != self.log_dir:
@@ -229,6 +266,7 @@ class Cluster:
             self.state_dir / "pki",
             KUBERNETES_SERVICE_IP,
             ["kubernetes", "kubernetes.default", "kubernetes.default.svc", f"kubernetes.default.svc.{CLUSTER_DOMAIN}"],
+            extra_ips=(node.NODE_IP,) if self.real_node is not None else (),
         )
         self._write_kubeconfig()
 
@@ -252,12 +290,24 @@ class Cluster:
         )
         self._wait_healthy("etcd", f"{etcd_url}/health")
 
+        if self.real_node is None:
+            addresses = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--authorization-mode=RBAC"]
+        else:
+            # Pods reach the apiserver through the `kubernetes` Service, whose endpoint is the advertised
+            # node address; the kubelet is authorised by the Node authorizer and serves logs to the admin.
+            addresses = [
+                "--bind-address=0.0.0.0",
+                f"--advertise-address={node.NODE_IP}",
+                "--authorization-mode=Node,RBAC",
+                f"--kubelet-client-certificate={p.admin_cert}",
+                f"--kubelet-client-key={p.admin_key}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
         self._spawn(
             "kube-apiserver",
             [
                 str(k8s / "kube-apiserver"),
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                *addresses,
                 f"--secure-port={self.ports['kube-apiserver']}",
                 f"--etcd-servers={etcd_url}",
                 f"--cert-dir={self.state_dir / 'apiserver'}",
@@ -268,7 +318,6 @@ class Cluster:
                 f"--service-account-key-file={p.service_account_pub}",
                 f"--service-account-signing-key-file={p.service_account_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--authorization-mode=RBAC",
                 "--enable-admission-plugins=ExtendedResourceToleration",
                 "--allow-privileged=true",
                 "--v=1",
@@ -358,6 +407,55 @@ class Cluster:
         )
         self._wait_healthy("kwok", f"http://127.0.0.1:{self.ports['kwok']}/healthz")
 
+    def _ctr(self, paths: node.NodePaths) -> list[str]:
+        return ["ctr", f"--address={paths.containerd_socket}", "--namespace=k8s.io"]
+
+    def _start_real_node(self, bins: dict[str, Path]) -> None:
+        """Start containerd (with our images imported), the kubelet, CoreDNS and kube-proxy; wait for
+        the node to be Ready and for kube-proxy and CoreDNS to serve."""
+        paths = node.NodePaths(self.state_dir / "node")
+        for name in ("kubelet", "kubelet-healthz", "kube-proxy", "kube-proxy-metrics", "coredns", "coredns-health"):
+            self.ports[name] = free_port()
+        files = node.write_configs(paths, self.server, self.pki, self.ports)
+        self._spawn("containerd", ["containerd", f"--config={files['containerd']}"])
+        ctr = self._ctr(paths)
+        wait_until(lambda: node.run(*ctr, "version", check=False).returncode == 0, "containerd", 30)
+        for archive in node_images.write_archives(paths.images_dir).values():
+            node.run(*ctr, "images", "import", str(archive))
+        k8s = bins["kubernetes"]
+        self._spawn(
+            "kubelet",
+            [
+                str(k8s / "kubelet"),
+                f"--config={files['kubelet']}",
+                f"--kubeconfig={files['kubelet-kubeconfig']}",
+                f"--root-dir={paths.kubelet_dir}",
+                f"--hostname-override={node.NODE_NAME}",
+                f"--node-ip={node.NODE_IP}",
+                f"--node-labels={nodes.NODE_ROLE_LABEL}={node.NODE_ROLE}",
+                "--v=1",
+            ],
+        )
+        self.apply_objects(node.dns_objects())
+        self._spawn("coredns", [str(bins["coredns"] / "coredns"), "-conf", str(files["coredns"])])
+        self._wait_healthy("kubelet", f"http://127.0.0.1:{self.ports['kubelet-healthz']}/healthz")
+        wait_until(
+            lambda: self.kubectl("get", "node", node.NODE_NAME, check=False) != "", "the kubelet to register", 60
+        )
+        self._spawn("kube-proxy", [str(k8s / "kube-proxy"), f"--config={files['kube-proxy']}", "--v=1"])
+        self._wait_healthy("kube-proxy", f"http://127.0.0.1:{self.ports['kube-proxy']}/healthz")
+        self._wait_healthy("coredns", f"http://127.0.0.1:{self.ports['coredns']}/ready")
+        wait_until(
+            lambda: (
+                self.kubectl(
+                    "get", "node", node.NODE_NAME, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+                )
+                == "True"
+            ),
+            f"{node.NODE_NAME} to be Ready",
+            120,
+        )
+
     def _wait_nodes_ready(self, count: int) -> None:
         def all_ready() -> bool:
             out = self.kubectl(
@@ -422,10 +520,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="default", help="which cluster (a state directory under the cache)")
     parser.add_argument("--cpu-nodes", type=int, default=2)
     parser.add_argument("--gpu-nodes", type=int, default=4)
+    parser.add_argument("--real-node", action="store_true", help="also start a real node (root; see the node module)")
     args = parser.parse_args(argv)
     cluster = Cluster.named(args.name)
     if args.command == "up":
-        print(cluster.up(cpu_nodes=args.cpu_nodes, gpu_nodes=args.gpu_nodes))
+        print(cluster.up(cpu_nodes=args.cpu_nodes, gpu_nodes=args.gpu_nodes, real_node=args.real_node))
     elif args.command == "down":
         cluster.down()
     elif args.command == "kubeconfig":

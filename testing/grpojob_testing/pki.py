@@ -94,9 +94,9 @@ def _sign(subject: x509.Name, key, issuer: x509.Name, issuer_key, *, ca: bool, e
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def generate(directory: Path, service_cluster_ip: str, dns_names: list[str]) -> Pki:
-    """Write a fresh CA, serving cert (loopback, the `kubernetes` Service IP and DNS names), admin
-    client cert (group system:masters) and service-account key pair into ``directory``."""
+def generate(directory: Path, service_cluster_ip: str, dns_names: list[str], extra_ips: tuple[str, ...] = ()) -> Pki:
+    """Write a fresh CA, serving cert (loopback, the `kubernetes` Service IP, ``extra_ips`` and DNS
+    names), admin client cert (group system:masters) and service-account key pair into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(directory)
 
@@ -108,7 +108,7 @@ def generate(directory: Path, service_cluster_ip: str, dns_names: list[str]) -> 
 
     serving_key = _key()
     alt_names = [x509.DNSName(name) for name in ["localhost", *dns_names]]
-    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", service_cluster_ip)]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", service_cluster_ip, *extra_ips)]
     serving = _sign(
         _name("kube-apiserver"),
         serving_key,
@@ -141,3 +141,23 @@ def generate(directory: Path, service_cluster_ip: str, dns_names: list[str]) -> 
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki
+
+
+def client_cert(pki: Pki, name: str, common_name: str, organization: str | None = None) -> tuple[Path, Path]:
+    """Sign a client certificate for ``common_name`` (in group ``organization``) with the CA of
+    ``pki``; write ``<name>.crt`` and ``<name>.key`` beside it and return their paths."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    ca_name = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes()).subject
+    key = _key()
+    cert = _sign(
+        _name(common_name, organization),
+        key,
+        ca_name,
+        ca_key,
+        ca=False,
+        extensions=[x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH])],
+    )
+    cert_path, key_path = pki.directory / f"{name}.crt", pki.directory / f"{name}.key"
+    _write_key(key_path, key)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path

@@ -1,0 +1,81 @@
+"""The real node runs pods: from an image imported into its container runtime, with the exit code
+of their process, and with cluster networking (Services through kube-proxy, names through DNS)."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from grpojob_testing.cluster import wait_until
+from grpojob_testing.node_images import PROBE_IMAGE
+from tests.e2e.conftest import wait_for_pod
+
+pytestmark = pytest.mark.e2e
+
+
+def probe_pod(name: str, node: str, args: list[str], labels: dict[str, str] | None = None) -> dict:
+    """A pod running grpojob-probe with ``args`` on ``node``, never restarted."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "probe", "image": PROBE_IMAGE, "imagePullPolicy": "IfNotPresent", "args": args}],
+        },
+    }
+
+
+def exit_code(pod) -> int:
+    return pod.status.container_statuses[0].state.terminated.exit_code
+
+
+def test_a_pod_from_a_locally_imported_image_exits_with_its_code(api_client, real_node, namespace):
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, probe_pod("succeeds", real_node, ["exit", "0"]))
+    core.create_namespaced_pod(namespace, probe_pod("fails", real_node, ["exit", "3"]))
+
+    succeeded = wait_for_pod(core, namespace, "succeeds", {"Succeeded", "Failed"}, 60)
+    failed = wait_for_pod(core, namespace, "fails", {"Succeeded", "Failed"}, 60)
+
+    assert (succeeded.status.phase, exit_code(succeeded)) == ("Succeeded", 0)
+    assert (failed.status.phase, exit_code(failed)) == ("Failed", 3)
+    assert succeeded.status.pod_ip and succeeded.status.pod_ip != failed.status.pod_ip
+
+
+def test_a_pod_resolves_a_service_name_and_reaches_the_pod_behind_it(api_client, real_node, namespace):
+    core = client.CoreV1Api(api_client)
+    server = probe_pod("web", real_node, ["serve", ":8080", "hello from web"], labels={"app": "web"})
+    server["spec"]["restartPolicy"] = "Always"
+    server["spec"]["containers"][0]["readinessProbe"] = {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}
+    core.create_namespaced_pod(namespace, server)
+    service = core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+    )
+    wait_until(
+        lambda: (
+            core.read_namespaced_pod("web", namespace).status.pod_ip is not None
+            and all(c.ready for c in core.read_namespaced_pod("web", namespace).status.container_statuses or [False])
+        ),
+        "the web pod to be ready",
+        60,
+    )
+    name = f"web.{namespace}.svc.cluster.local"
+
+    core.create_namespaced_pod(namespace, probe_pod("lookup", real_node, ["lookup", name]))
+    core.create_namespaced_pod(namespace, probe_pod("get", real_node, ["get", f"http://{name}/"]))
+    core.create_namespaced_pod(namespace, probe_pod("get-short", real_node, ["get", "http://web/"]))
+
+    for pod in ("lookup", "get", "get-short"):
+        finished = wait_for_pod(core, namespace, pod, {"Succeeded", "Failed"}, 60)
+        log = core.read_namespaced_pod_log(pod, namespace)
+        assert finished.status.phase == "Succeeded", f"{pod}: {log}"
+    assert core.read_namespaced_pod_log("lookup", namespace).split() == [service.spec.cluster_ip]
+    assert core.read_namespaced_pod_log("get", namespace).strip() == "hello from web"
+    assert core.read_namespaced_pod_log("get-short", namespace).strip() == "hello from web"
