@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint cluster-binaries cluster-up cluster-down
+.PHONY: demo test lint cluster-binaries cluster-up cluster-down image-tools images
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ lint: $(VENV)/.dev-installed
 # Builds the pinned control-plane programs into ~/.cache/grpojob unless they are cached.
 cluster-binaries: $(VENV)/.dev-installed
 	$(BIN)/python -m grpojob_testing.build
+
+# buildah, podman, debootstrap and runc from Debian at the versions of testing/image-packages.txt (root).
+image-tools:
+	testing/install-image-packages
+
+# Builds the base, operator, CPU trainer and penguin-env images into ~/.cache/grpojob/images unless cached.
+images: image-tools $(VENV)/.dev-installed
+	$(BIN)/python -m grpojob_testing.images build
 
 test: lint cluster-binaries
 	$(BIN)/pytest

@@ -154,13 +154,17 @@ def build_all(keys: list[str] | None = None) -> dict[str, Path]:
     started = time.monotonic()
     base_digest = base_image.ensure()
     print(f"base {base_image.NAME} ({base_digest}) ready after {time.monotonic() - started:.0f}s", flush=True)
-    archives = {}
+    archives, any_built = {}, False
     for image in images():
         if keys and image.key not in keys:
             continue
         started = time.monotonic()
         archives[image.key], built = build_image(image, base_digest)
         print(f"{image.name}: {'built' if built else 'cached'} in {time.monotonic() - started:.0f}s", flush=True)
+        any_built = any_built or built
+    if any_built:
+        # Untagged layers of earlier builds: any source change rebuilds every layer after the wheel's COPY.
+        subprocess.run(["podman", "image", "prune", "--force"], stdout=subprocess.DEVNULL, check=False)
     return archives
 
 
@@ -188,7 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--namespace", default="k8s.io")
     args = parser.parse_args(argv)
     if args.command == "build":
-        for key, archive in build_all(args.keys or None).items():
+        try:
+            built = build_all(args.keys or None)
+        except (RuntimeError, subprocess.CalledProcessError) as error:
+            print(error, file=sys.stderr)
+            return 1
+        for key, archive in built.items():
             print(f"{key}: {archive} ({archive.stat().st_size / 2**20:.0f} MiB)")
     elif args.command == "list":
         for image in images():
