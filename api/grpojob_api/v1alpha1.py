@@ -142,6 +142,12 @@ class TrainingSpec(ApiModel):
     """Optimizer settings."""
     micro_batch_size: int = Field(default=4, ge=1, le=4096)
     """Sequences per forward/backward pass; gradients accumulate over the step's batch."""
+    precision: Literal["bf16", "fp32"] = "bf16"
+    """On GPUs: `bf16` runs forward and backward in bfloat16 autocast over float32 master weights and
+    optimizer state; `fp32` runs in float32. On the CPU training is always float32."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory for longer sequences, about a third more
+    compute."""
 
 
 class KlEstimator(StrEnum):

@@ -10,6 +10,7 @@ grpojob dataset NAME --out F  write an example environment's JSONL rows
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -192,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--hidden-size", type=int, default=128, help="256 with --heads 4 gives vLLM's head_dim 64")
     tiny.add_argument("--heads", type=int, default=4)
+    tiny.add_argument(
+        "--shape", choices=["tiny", "small", "qwen2.5-1.5b"], help="a named shape (overrides --hidden-size/--heads)"
+    )
     data = commands.add_parser("dataset", help="write an example environment's rows")
     data.add_argument("name")
     data.add_argument("--rows", type=int, default=256)
@@ -208,15 +212,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return train_in_cluster(args.config)
         if args.command == "tiny-model":
-            from grpojob_trainer.tiny_model import TinyModelConfig, write_tiny_model
+            from grpojob_trainer.tiny_model import SHAPES, TinyModelConfig, write_tiny_model
 
-            config = TinyModelConfig(
-                hidden_size=args.hidden_size,
-                intermediate_size=3 * args.hidden_size,
-                num_attention_heads=args.heads,
-                num_key_value_heads=max(1, args.heads // 2),
-                seed=args.seed,
-            )
+            if args.shape is not None:
+                config = dataclasses.replace(SHAPES[args.shape], seed=args.seed)
+            else:
+                config = TinyModelConfig(
+                    hidden_size=args.hidden_size,
+                    intermediate_size=3 * args.hidden_size,
+                    num_attention_heads=args.heads,
+                    num_key_value_heads=max(1, args.heads // 2),
+                    seed=args.seed,
+                )
             print(write_tiny_model(args.out, config))
             return 0
         from grpojob_trainer.environments.dataset import write_rows

@@ -24,7 +24,7 @@ from grpojob_trainer.data import PromptDataset
 from grpojob_trainer.errors import AllRolloutsFailed
 from grpojob_trainer.metrics import GENERATION, WEIGHT_SYNC, MetricsLogger, ProgressPublisher, StepTimer
 from grpojob_trainer.penguin.rollouts import PolicySampling, collect_rollouts
-from grpojob_trainer.workers import sync_weights
+from grpojob_trainer.weight_sync import weight_sync_for
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ def run_loop(
         start, position = resumed
         dataset.restore(position)
         log.info("resumed from the checkpoint of step %d in %s", start, checkpoint_dir)
-    sync_weights(policy, engines)  # the engines start from the policy's (possibly restored) weights
+    weight_sync = weight_sync_for(policy, engines)
+    weight_sync.push()  # the engines start from the policy's (possibly restored) weights
     sampling = PolicySampling(generation.temperature, generation.top_p, generation.max_new_tokens)
     config = job.model_dump(mode="json", by_alias=True, exclude_none=True)
     result = LoopResult(first_step=start + 1, last_step=start)
@@ -105,7 +106,7 @@ def run_loop(
         failed_in_a_row = 0
         metrics |= ray.get(policy.train_step.remote(samples))
         with timer.phase(WEIGHT_SYNC):
-            metrics |= sync_weights(policy, engines)
+            metrics |= weight_sync.push()
         metrics |= timer.metrics()
         step_seconds = time.perf_counter() - started
         generated = sum(s.generated_tokens for s in samples)

@@ -15,14 +15,18 @@ log-probabilities.
 Dropout. The model is kept in eval mode (dropout off) so that the recomputed old-policy log-probabilities
 and the first forward of the update agree exactly and the PPO ratio starts at 1.
 
-Devices. Batches go to the device of the model's parameters; the tests run on CPU only.
+Devices and precision. Batches go to the device of the model's parameters. On a GPU with ``precision``
+``bf16`` (the default there), forward and backward run under bfloat16 autocast while the weights, their
+gradients and AdamW's state stay float32 (the "master weights"); log-probabilities are always computed
+from float32 logits. On the CPU everything is float32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -140,7 +144,10 @@ class PolicyTrainer:
         temperature: float,
         pad_token_id: int,
         reference_model: torch.nn.Module | None = None,
+        precision: str = "fp32",
     ) -> None:
+        if precision not in ("bf16", "fp32"):
+            raise ValueError(f"precision must be bf16 or fp32, got {precision!r}")
         if temperature <= 0:
             raise ValueError(
                 f"temperature must be positive, got {temperature}: GRPO trains on sampled rollouts, and greedy "
@@ -155,11 +162,14 @@ class PolicyTrainer:
         self.temperature = temperature
         self.pad_token_id = pad_token_id
         self.max_grad_norm = optimizer.max_grad_norm
+        on_gpu = self.device.type == "cuda"
+        self.autocast_dtype = torch.bfloat16 if on_gpu and precision == "bf16" else None
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=optimizer.learning_rate,
             betas=(optimizer.beta1, optimizer.beta2),
             weight_decay=optimizer.weight_decay,
+            fused=on_gpu or None,
         )
         self.reference_model: torch.nn.Module | None = None
         if loss.kl_coef > 0:
@@ -185,11 +195,20 @@ class PolicyTrainer:
             temperature=spec.generation.temperature,
             pad_token_id=pad_token_id,
             reference_model=reference_model,
+            precision=spec.training.precision,
         )
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @contextlib.contextmanager
+    def _autocast(self) -> Iterator[None]:
+        if self.autocast_dtype is None:
+            yield
+        else:
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+                yield
 
     # ----------------------------------------------------------------------------------------------
     # the phases of a step
@@ -218,14 +237,13 @@ class PolicyTrainer:
         for batch in self.micro_batches(samples):
             size = batch.input_ids.shape[0]
             ref = None
-            if self.reference_model is not None:
-                ref = token_logprobs(self.reference_model, batch, self.temperature)
+            with self._autocast():
+                if self.reference_model is not None:
+                    ref = token_logprobs(self.reference_model, batch, self.temperature)
+                old = token_logprobs(self.model, batch, self.temperature)
             prepared.append(
                 PreparedBatch(
-                    batch=batch,
-                    advantages=advantages[start : start + size],
-                    old_logprobs=token_logprobs(self.model, batch, self.temperature),
-                    ref_logprobs=ref,
+                    batch=batch, advantages=advantages[start : start + size], old_logprobs=old, ref_logprobs=ref
                 )
             )
             start += size
@@ -250,7 +268,8 @@ class PolicyTrainer:
         weights: dict[str, float] = {}
         total_loss = 0.0
         for part in prepared:
-            logprobs = token_logprobs(self.model, part.batch, self.temperature)
+            with self._autocast():
+                logprobs = token_logprobs(self.model, part.batch, self.temperature)
             inputs = LossInputs(
                 logprobs=logprobs,
                 old_logprobs=part.old_logprobs,

@@ -83,21 +83,49 @@ class TinyModelConfig:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 2048
+    vocab_size: int | None = None
+    """None: the tokenizer's ~100 tokens. Larger: the vocabulary is padded with filler tokens (never
+    produced by encoding text; decoded as ``<|filler_N|>``) so that embedding and output layers have the
+    size of a real model's."""
+    save_dtype: str = "float32"
     seed: int = 0
 
 
-def build_vocab() -> dict[str, int]:
-    """Token → id: control tokens first, then tool markup, then one token per character."""
+SHAPES: dict[str, TinyModelConfig] = {
+    "tiny": TinyModelConfig(),
+    # head_dim 64, which vLLM's attention kernels want; the GPU tests' and examples' model.
+    "small": TinyModelConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=4),
+    # The dimensions of Qwen2.5-1.5B (28 layers, hidden 1536, MLP 8960, 12 query / 2 key-value heads,
+    # 151936-entry tied vocabulary: 1.54B parameters) on the Llama architecture, random weights.
+    "qwen2.5-1.5b": TinyModelConfig(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        vocab_size=151936,
+        save_dtype="bfloat16",
+    ),
+}
+"""Named model shapes for `grpojob tiny-model --shape`."""
+
+
+def build_vocab(size: int | None = None) -> dict[str, int]:
+    """Token → id: control tokens first, then tool markup, then one token per character, then fillers up
+    to ``size`` entries."""
     tokens = [*SPECIAL_TOKENS, *MARKUP_TOKENS, *CHARACTERS]
+    if size is not None:
+        tokens += [f"<|filler_{index}|>" for index in range(size - len(tokens))]
     return {token: index for index, token in enumerate(tokens)}
 
 
-def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+def build_tokenizer(vocab_size: int | None = None):  # -> transformers.PreTrainedTokenizerFast
     """A character-level fast tokenizer with the chat template, built without any download."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = build_vocab()
+    vocab = build_vocab(vocab_size)
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
@@ -125,8 +153,8 @@ def write_tiny_model(out_dir: str | Path, config: TinyModelConfig | None = None)
     config = config or TinyModelConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    vocab = build_vocab()
+    tokenizer = build_tokenizer(config.vocab_size)
+    vocab = build_vocab(config.vocab_size)
     model_config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
@@ -149,7 +177,7 @@ def write_tiny_model(out_dir: str | Path, config: TinyModelConfig | None = None)
     model.generation_config = GenerationConfig(
         eos_token_id=vocab[IM_END], pad_token_id=vocab[PAD], bos_token_id=vocab[IM_START]
     )
-    model.save_pretrained(out)
+    model.to(getattr(torch, config.save_dtype)).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 

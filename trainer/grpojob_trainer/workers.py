@@ -3,14 +3,15 @@
 A `generation` pod runs one `GenerationWorker` (an engine behind the OpenAI-compatible server on port
 8000, which the `<job>-generation` Service selects); a `policy` pod runs the `PolicyWorker`. Placement
 uses the custom Ray resources the RayCluster's groups declare (`{"generation": 1}`, `{"policy": 1}`);
-`grpojob run` declares the same resources on its local Ray head. Weights travel policy → engines
-through the Ray object store (one put, every engine reads it): the CPU path. Bucketed NCCL broadcast
-is the GPU path (not built here).
+`grpojob run` declares the same resources on its local Ray head. How weights travel policy → engines
+(object store, CUDA IPC or NCCL broadcast) is `grpojob_trainer.weight_sync`'s choice; the actors here
+offer each end of every path.
 """
 
 from __future__ import annotations
 
-import time
+import pickle
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,26 @@ class GenerationWorker:
     def base_url(self) -> str:
         return self.server.base_url
 
+    def weight_sync_info(self) -> dict[str, Any]:
+        """Which weight paths this engine offers: its backend and, for vLLM, its GPUs' UUIDs."""
+        from grpojob_trainer.generation.vllm_backend import VLLMBackend
+
+        backend = self.server.backend
+        if isinstance(backend, VLLMBackend):
+            return {"backend": "vllm", "device_uuids": backend.device_uuids()}
+        return {"backend": "transformers", "device_uuids": []}
+
     def update_weights(self, named_tensors: NamedTensors) -> int:
         return self.server.update_weights(named_tensors)
+
+    def update_weights_ipc(self, payload: bytes) -> int:
+        return self.server.backend.update_weights_ipc(payload)
+
+    def join_weight_group(self, host: str, port: int, world_size: int, rank: int) -> None:
+        self.server.backend.join_weight_group(host, port, world_size, rank)
+
+    def update_weights_from_group(self, layouts_payload: bytes) -> int:
+        return self.server.backend.update_weights_from_group(layouts_payload)
 
     def stop(self) -> None:
         self.server.stop()
@@ -76,15 +95,78 @@ class PolicyWorker:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
         if torch.cuda.is_available():  # the GPUs Ray gave this actor (none on a CPU worker)
             model.to("cuda")
+        if self.spec.training.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.trainer = PolicyTrainer.from_spec(model, self.spec, pad_token_id=pad)
+        self._shared: list[torch.Tensor] = []
+        self._group: Any = None
+        self._layouts: dict[int, list[Any]] = {}
 
     def train_step(self, samples: list[TrainingSample]) -> dict[str, float]:
         return self.trainer.train_step(samples)
 
     def weights(self) -> NamedTensors:
-        """The parameters to push to the engines (detached copies on the CPU)."""
+        """The parameters to push to the engines (detached copies on the CPU): the object-store path."""
         return [(name, tensor.detach().cpu().clone()) for name, tensor in self.trainer.model.state_dict().items()]
+
+    # GPU weight paths: buckets of the parameters in the engines' dtype (bfloat16)
+
+    def device_uuid(self) -> str | None:
+        """The UUID of the policy's GPU (None on the CPU)."""
+        from grpojob_trainer.weights import device_uuid
+
+        device = self.trainer.device
+        return device_uuid(device) if device.type == "cuda" else None
+
+    def bucket_layouts(self, bucket_bytes: int) -> list[Any]:
+        """How the parameters are packed into buckets (computed once per bucket size)."""
+        from grpojob_trainer.weights import plan_buckets, trainable_weights
+
+        if bucket_bytes not in self._layouts:
+            shapes = [(name, tuple(t.shape)) for name, t in trainable_weights(self.trainer.model)]
+            self._layouts[bucket_bytes] = plan_buckets(shapes, bucket_bytes=bucket_bytes, dtype=torch.bfloat16)
+        return self._layouts[bucket_bytes]
+
+    def share_weights_ipc(self, bucket_bytes: int) -> bytes:
+        """Pack the parameters into buckets on the GPU and share them by CUDA IPC handles (kept alive until
+        `release_shared_weights`): pickled ``(gpu_uuid, [(layout, handle), ...])``."""
+        from grpojob_trainer.weights import pack_bucket, share_cuda_tensor, trainable_weights
+
+        tensors = dict(trainable_weights(self.trainer.model))
+        device = self.trainer.device
+        self._shared = [pack_bucket(layout, tensors, device) for layout in self.bucket_layouts(bucket_bytes)]
+        torch.cuda.synchronize(device)
+        buckets = [
+            (layout, share_cuda_tensor(flat))
+            for layout, flat in zip(self.bucket_layouts(bucket_bytes), self._shared, strict=True)
+        ]
+        return pickle.dumps((self.device_uuid(), buckets))
+
+    def release_shared_weights(self) -> None:
+        self._shared = []
+
+    def weight_group_address(self) -> tuple[str, int]:
+        """Where the broadcast group's rendezvous will listen: this node's address and a free port."""
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def join_weight_group(self, host: str, port: int, world_size: int) -> None:
+        """Host the broadcast group's rendezvous and join it as rank 0."""
+        from grpojob_trainer.weights import WeightBroadcastGroup
+
+        self._group = WeightBroadcastGroup(host, port, world_size=world_size, rank=0, backend="nccl")
+
+    def broadcast_weights(self, bucket_bytes: int) -> int:
+        """Broadcast every bucket to the engines of the group (they receive concurrently); bytes sent."""
+        from grpojob_trainer.weights import trainable_weights
+
+        tensors = dict(trainable_weights(self.trainer.model))
+        return self._group.send_buckets(self.bucket_layouts(bucket_bytes), tensors, self.trainer.device)
 
     def save(self, directory: str, step: int, data_position: dict[str, Any], config: dict[str, Any], keep: int) -> str:
         from grpojob_trainer.checkpoint import save_checkpoint
@@ -109,13 +191,3 @@ class PolicyWorker:
             return None
         info = load_checkpoint(path, model=self.trainer.model, optimizer=self.trainer.optimizer)
         return info.step, info.data_position
-
-
-def sync_weights(policy: Any, engines: list[Any]) -> dict[str, float]:
-    """Push the policy's weights to every engine through the object store; wait until all have them."""
-    import ray
-
-    started = time.perf_counter()
-    weights = policy.weights.remote()
-    versions = ray.get([engine.update_weights.remote(weights) for engine in engines])
-    return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/version": float(min(versions))}

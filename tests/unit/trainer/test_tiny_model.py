@@ -31,3 +31,15 @@ def test_the_same_seed_writes_the_same_weights_and_auto_classes_load_them(tmp_pa
     assert "<|im_start|>assistant" in tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
+
+
+def test_a_padded_vocabulary_gives_real_model_sized_embeddings_and_decodes_fillers():
+    from grpojob_trainer.tiny_model import build_tokenizer, build_vocab
+
+    tokenizer = build_tokenizer(vocab_size=1000)
+    assert len(tokenizer) == 1000 == len(build_vocab(1000))
+    text = "What is 2+3?"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert max(ids) < len(build_vocab())  # text never encodes to a filler
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.decode([999]).startswith("<|filler_")

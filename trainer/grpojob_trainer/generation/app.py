@@ -20,8 +20,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from grpojob_trainer.generation.backend import GenerationBackend, GenerationRequest, SamplingParams
-from grpojob_trainer.generation.batching import BatchingEngine
+from grpojob_trainer.generation.backend import (
+    ContinuousBatchingBackend,
+    GenerationBackend,
+    GenerationRequest,
+    SamplingParams,
+)
+from grpojob_trainer.generation.batching import BatchingEngine, DirectEngine
 from grpojob_trainer.generation.chat import PromptError, build_prompt_token_ids, parse_tool_calls
 from grpojob_trainer.penguin.http import StripRolloutPrefix
 
@@ -117,9 +122,13 @@ def token_budget(request: ChatCompletionRequest, prompt_len: int, sampling: Samp
 
 def create_app(backend: GenerationBackend, config: ServerConfig) -> FastAPI:
     """The FastAPI app serving ``backend`` under ``config.served_model_name``."""
-    engine = BatchingEngine(
-        backend, config.sampling, window_s=config.batch_window_s, max_batch_size=config.max_batch_size
-    )
+    engine: BatchingEngine | DirectEngine
+    if isinstance(backend, ContinuousBatchingBackend):
+        engine = DirectEngine(backend, config.sampling)
+    else:
+        engine = BatchingEngine(
+            backend, config.sampling, window_s=config.batch_window_s, max_batch_size=config.max_batch_size
+        )
     tokenizer = backend.tokenizer
 
     @asynccontextmanager

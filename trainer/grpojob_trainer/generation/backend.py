@@ -100,3 +100,12 @@ class GenerationBackend(abc.ABC):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy the policy's parameters in (same architecture, names as in ``state_dict()``) and return
         the new weights version. Never runs while a batch is generating."""
+
+
+class ContinuousBatchingBackend(GenerationBackend):
+    """A backend whose engine batches requests itself as they arrive (vLLM): the server hands it each
+    request on its own instead of gathering batches."""
+
+    @abc.abstractmethod
+    async def generate_one(self, request: GenerationRequest, params: SamplingParams) -> GenerationResult:
+        """Generate for one prompt; awaitable from any event loop, concurrently with other calls."""

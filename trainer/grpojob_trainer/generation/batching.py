@@ -1,4 +1,9 @@
-"""Batch requests that arrive concurrently: an asyncio queue drained by one worker with a short window."""
+"""How the server hands requests to its backend.
+
+`BatchingEngine` batches requests that arrive concurrently (an asyncio queue drained by one worker with
+a short window) for backends that generate a batch at a time; `DirectEngine` passes each request
+straight to a backend that batches continuously itself.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,13 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
-from grpojob_trainer.generation.backend import GenerationBackend, GenerationRequest, GenerationResult, SamplingParams
+from grpojob_trainer.generation.backend import (
+    ContinuousBatchingBackend,
+    GenerationBackend,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
 
 
 @dataclass
@@ -85,3 +96,21 @@ class BatchingEngine:
             for pending, result in zip(batch, results, strict=True):
                 if not pending.future.done():
                     pending.future.set_result(result)
+
+
+class DirectEngine:
+    """Hands every request straight to a `ContinuousBatchingBackend` with the server's ``params``."""
+
+    def __init__(self, backend: ContinuousBatchingBackend, params: SamplingParams) -> None:
+        self.backend = backend
+        self.params = params
+
+    async def start(self) -> None:
+        """Nothing to start: the backend's engine schedules requests itself."""
+
+    async def stop(self) -> None:
+        """Nothing to stop here; the backend's owner shuts it down."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate for one request."""
+        return await self.backend.generate_one(request, self.params)

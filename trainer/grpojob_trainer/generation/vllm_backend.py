@@ -1,30 +1,41 @@
-"""`GenerationBackend` on vLLM: a vLLM engine in this process, fed token ids, answering token ids and
-the log-probabilities of the sampled tokens under the distribution sampled from.
+"""`GenerationBackend` on vLLM's async engine: continuous batching, token ids in, token ids and the
+log-probabilities of the sampled tokens out.
 
-The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so `update_weights` hands the
-policy's tensors to the model's own `load_weights` on the same GPU, with no copy through the host.
-Log-probabilities are vLLM's `processed_logprobs`: after temperature and top-p, as the trainer's
-importance-sampling correction expects (see `GenerationResult`).
+The engine (`AsyncLLM`) runs its scheduler and GPU workers in processes of its own; this backend drives
+it from an event loop on a thread of its own, so the HTTP server's loop, the Ray actor's thread and
+tests can all call in. Each request goes to the engine as it arrives (no batching window): vLLM batches
+continuously. Log-probabilities are vLLM's `processed_logprobs`: after temperature and top-p, as the
+trainer's importance-sampling correction expects (see `GenerationResult`).
+
+Weights reach the GPU workers through `WeightSyncExtension` (`vllm_worker`): pickled CPU tensors, CUDA
+IPC handles of buckets on the same GPU, or buckets broadcast over NCCL from the policy's GPU. After a
+load the prefix cache is dropped: its keys and values were computed with the old weights.
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
+import pickle
 import threading
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Coroutine, Iterable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
 from grpojob_trainer.generation.backend import (
-    GenerationBackend,
+    ContinuousBatchingBackend,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
 )
 
+WORKER_EXTENSION = "grpojob_trainer.generation.vllm_worker.WeightSyncExtension"
+T = TypeVar("T")
 
-class VLLMBackend(GenerationBackend):
+
+class VLLMBackend(ContinuousBatchingBackend):
     """One vLLM engine (tensor-parallel over ``tensor_parallel_size`` GPUs)."""
 
     def __init__(
@@ -38,10 +49,15 @@ class VLLMBackend(GenerationBackend):
         seed: int = 0,
         enforce_eager: bool = False,
     ) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from vllm import LLM
+        from transformers import AutoTokenizer
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.llm = LLM(
+        self.tensor_parallel_size = tensor_parallel_size
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
+        self._thread.start()
+        engine_args = AsyncEngineArgs(
             model=str(model_path),
             max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -51,59 +67,103 @@ class VLLMBackend(GenerationBackend):
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
             enforce_eager=enforce_eager,
+            worker_extension_cls=WORKER_EXTENSION,
+            disable_log_stats=True,
         )
-        self._tokenizer = self.llm.get_tokenizer()
+
+        async def start() -> Any:
+            return AsyncLLM.from_engine_args(engine_args)
+
+        self.engine = self._run(start())
+        self._tokenizer = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
         self._max_model_len = max_model_len
-        self._lock = threading.Lock()
         self._weights_version = 0
 
-    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the engine's loop and wait for it (from any thread but that loop's)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    # ----------------------------------------------------------------------------------------------
+    # generation
+
+    async def _generate_on_engine_loop(self, request: GenerationRequest, params: SamplingParams) -> GenerationResult:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
-        if not requests:
-            return []
-        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
-        sampling = [
-            VllmSamplingParams(
-                temperature=params.temperature,
-                top_p=params.top_p,
-                max_tokens=r.max_new_tokens,
-                logprobs=0,  # the sampled token's log-probability only
-                detokenize=False,
-            )
-            for r in requests
+        sampling = VllmSamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=request.max_new_tokens,
+            logprobs=0,  # the sampled token's log-probability only
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        version = self._weights_version
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        final = None
+        async for output in self.engine.generate(prompt, sampling, request_id=uuid.uuid4().hex):
+            final = output
+        if final is None:
+            raise RuntimeError("the vLLM engine returned no output")
+        completion = final.outputs[0]
+        tokens = tuple(completion.token_ids)
+        log_probs = tuple(
+            float(step[token].logprob) for step, token in zip(completion.logprobs or [], tokens, strict=True)
+        )
+        return GenerationResult(
+            token_ids=tokens,
+            log_probs=log_probs,
+            finish_reason="length" if completion.finish_reason == "length" else "stop",
+            weights_version=version,
+        )
+
+    async def generate_one(self, request: GenerationRequest, params: SamplingParams) -> GenerationResult:
+        future = asyncio.run_coroutine_threadsafe(self._generate_on_engine_loop(request, params), self._loop)
+        return await asyncio.wrap_future(future)
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        futures = [
+            asyncio.run_coroutine_threadsafe(self._generate_on_engine_loop(r, params), self._loop) for r in requests
         ]
-        with self._lock:
-            outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
-            version = self._weights_version
-        results = []
-        for output in outputs:
-            completion = output.outputs[0]
-            tokens = tuple(completion.token_ids)
-            log_probs = tuple(
-                float(step[token].logprob) for step, token in zip(completion.logprobs or [], tokens, strict=True)
-            )
-            results.append(
-                GenerationResult(
-                    token_ids=tokens,
-                    log_probs=log_probs,
-                    finish_reason="length" if completion.finish_reason == "length" else "stop",
-                    weights_version=version,
-                )
-            )
-        return results
+        return [future.result() for future in futures]
+
+    # ----------------------------------------------------------------------------------------------
+    # weights (between steps, when no request is in flight)
+
+    def _load(self, method: str, *args: Any) -> int:
+        async def load() -> list[Any]:
+            results = await self.engine.collective_rpc(method, args=args)
+            await self.engine.reset_prefix_cache()
+            return results
+
+        self._run(load())
+        self._weights_version += 1
+        return self._weights_version
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Load the policy's tensors (Hugging Face names) into the engine's model, then drop the prefix
-        cache: cached keys and values were computed with the old weights."""
-        weights = list(named_tensors)
+        """Load tensors sent by value (moved to the CPU, pickled): the path without a GPU in common."""
+        named = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
+        return self._load("grpojob_load_tensors", pickle.dumps(named))
 
-        def load(model: torch.nn.Module) -> None:
-            model.load_weights(iter(weights))
+    def update_weights_ipc(self, payload: bytes) -> int:
+        """Load buckets the policy shares by CUDA IPC (see `PolicyWorker.share_weights_ipc`)."""
+        return self._load("grpojob_load_ipc", payload)
 
-        with self._lock:
-            self.llm.apply_model(load)
-            self.llm.reset_prefix_cache()
-            self._weights_version += 1
-            return self._weights_version
+    def join_weight_group(self, host: str, port: int, world_size: int, rank: int) -> None:
+        """Join the policy's NCCL broadcast group (tensor parallelism 1: one worker, one rank)."""
+        if self.tensor_parallel_size != 1:
+            raise NotImplementedError("NCCL weight sync supports engines of tensor-parallel size 1")
+        self._run(self.engine.collective_rpc("grpojob_join_weight_group", args=(host, port, world_size, rank)))
+
+    def update_weights_from_group(self, layouts_payload: bytes) -> int:
+        """Receive and load the policy's broadcast buckets (pickled `BucketLayout` list)."""
+        return self._load("grpojob_load_from_group", layouts_payload)
+
+    def device_uuids(self) -> list[str]:
+        """The UUIDs of the engine's GPUs."""
+        return self._run(self.engine.collective_rpc("grpojob_device_uuid"))
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
