@@ -1,5 +1,6 @@
 """The vLLM generation backend on a GPU: token ids and log-probabilities the trainer agrees with,
-weights loaded from the policy on the same GPU, and the OpenAI-compatible server's token contract.
+weights loaded from the policy (by value, by CUDA IPC on the same GPU, by NCCL broadcast from another
+GPU), and the OpenAI-compatible server's token contract.
 
 Runs where CUDA and vLLM are present (the H200); elsewhere every test skips and says why."""
 
@@ -111,25 +112,85 @@ def test_the_trainer_recomputes_the_engines_log_probabilities(backend, model_dir
     assert gap.mean() < 0.05
 
 
-def test_weights_from_the_policy_reach_the_engine_on_the_same_gpu(backend, model_dirs):
+def policy_tensors(model_dir: Path, device: str = "cuda") -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
-    new_policy = AutoModelForCausalLM.from_pretrained(model_dirs[1], dtype=torch.bfloat16, local_files_only=True)
-    tensors = [(name, t.cuda()) for name, t in new_policy.state_dict().items()]
+    from grpojob_trainer.weights import trainable_weights
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).to(device)
+    return {name: tensor.clone() for name, tensor in trainable_weights(model)}
+
+
+def assert_engine_samples_from(backend, model_dirs, now: int, before: int, version: int) -> None:
+    requests, results = generate(backend, count=32)
+    assert all(r.weights_version == version for r in results)
+    engine = torch.cat([torch.tensor(r.log_probs) for r in results])
+    under_now = torch.cat(trainer_logprobs(model_dirs[now], requests, results))
+    under_before = torch.cat(trainer_logprobs(model_dirs[before], requests, results))
+    assert (engine - under_now).abs().mean() < 0.05, "the engine samples from the new weights"
+    assert (engine - under_before).abs().mean() > 4 * (engine - under_now).abs().mean()
+
+
+def test_weights_sent_by_value_reach_the_engine(backend, model_dirs):
+    tensors = policy_tensors(model_dirs[1])
+    started = time.perf_counter()
+    version = backend.update_weights(tensors.items())
+    print(f"weight sync (by value through the host): {1000 * (time.perf_counter() - started):.1f} ms")
+    assert version == 1
+    assert_engine_samples_from(backend, model_dirs, now=1, before=0, version=1)
+
+
+def test_weights_shared_by_cuda_ipc_reach_the_engine_without_leaving_the_gpu(backend, model_dirs):
+    import pickle
+
+    from grpojob_trainer.weights import device_uuid, pack_bucket, plan_buckets, share_cuda_tensor
+
+    tensors = policy_tensors(model_dirs[0])
+    layouts = plan_buckets([(n, t.shape) for n, t in tensors.items()], bucket_bytes=1 << 20, dtype=torch.bfloat16)
     torch.cuda.synchronize()
     started = time.perf_counter()
-    version = backend.update_weights(tensors)
+    buckets = [pack_bucket(layout, tensors, "cuda") for layout in layouts]
     torch.cuda.synchronize()
-    print(f"weight sync (in process, same GPU): {1000 * (time.perf_counter() - started):.1f} ms")
-    assert version == 1
+    shared = [(layout, share_cuda_tensor(bucket)) for layout, bucket in zip(layouts, buckets, strict=True)]
+    payload = pickle.dumps((device_uuid(0), shared))
+    version = backend.update_weights_ipc(payload)
+    elapsed = time.perf_counter() - started
+    print(f"weight sync (CUDA IPC, same GPU, {len(layouts)} buckets): {1000 * elapsed:.1f} ms")
+    assert len(layouts) > 1 and version == 2
+    assert_engine_samples_from(backend, model_dirs, now=0, before=1, version=2)
 
-    requests, results = generate(backend, count=32)
-    assert all(r.weights_version == 1 for r in results)
-    engine = torch.cat([torch.tensor(r.log_probs) for r in results])
-    under_new = torch.cat(trainer_logprobs(model_dirs[1], requests, results))
-    under_old = torch.cat(trainer_logprobs(model_dirs[0], requests, results))
-    assert (engine - under_new).abs().mean() < 0.05, "the engine now samples from the new weights"
-    assert (engine - under_old).abs().mean() > 4 * (engine - under_new).abs().mean()
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (NCCL broadcast between GPUs)")
+def test_weights_broadcast_over_nccl_from_another_gpu_reach_the_engine(backend, model_dirs):
+    import pickle
+    import socket
+    import threading
+
+    from grpojob_trainer.weights import WeightBroadcastGroup, plan_buckets
+
+    torch.cuda.set_device(1)  # the policy's GPU; the engine's worker uses GPU 0
+    tensors = policy_tensors(model_dirs[1], device="cuda:1")
+    layouts = plan_buckets([(n, t.shape) for n, t in tensors.items()], bucket_bytes=1 << 20, dtype=torch.bfloat16)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    joined = threading.Thread(target=backend.join_weight_group, args=("127.0.0.1", port, 2, 1))
+    joined.start()
+    group = WeightBroadcastGroup("127.0.0.1", port, world_size=2, rank=0, backend="nccl")
+    joined.join(timeout=120)
+    versions: list[int] = []
+    for _ in range(2):  # the first broadcast also sets up the NCCL communicator
+        receiving = threading.Thread(
+            target=lambda: versions.append(backend.update_weights_from_group(pickle.dumps(layouts)))
+        )
+        started = time.perf_counter()
+        receiving.start()
+        group.send_buckets(layouts, tensors, "cuda:1")
+        receiving.join(timeout=120)
+        elapsed = time.perf_counter() - started
+    print(f"weight sync (NCCL broadcast GPU 1 -> GPU 0, {len(layouts)} buckets, warm): {1000 * elapsed:.1f} ms")
+    assert versions == [3, 4]
+    assert_engine_samples_from(backend, model_dirs, now=1, before=0, version=4)
 
 
 def test_the_openai_server_keeps_multi_turn_tokens_contiguous_on_vllm(backend):

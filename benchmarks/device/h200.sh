@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU session's steps on the device machine (an H200 with torch 2.11 and transformers, no vLLM/Ray):
+#   part DIR     copy one part of the wheels (../shared/gpu/pack-wheels.sh output, one ≤ 60 MiB folder per call)
+#   install      unpack every part and install the wheels into /tmp/site
+#   tests        the GPU tests (tests/gpu)
+#   bench LEG    one leg of benchmarks/gpu_grpo.py (results under /root/bench, copied to $OUT)
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
+case $1 in
+  part) mkdir -p /root/parts && cp "$2"/* /root/parts/ && ls /root/parts | wc -l ;;
+  install)
+    mkdir -p /root/whl && (cd /root/parts && cat part_* | tar xf - -C /root/whl) && cp /root/parts/*.whl /root/whl/ \
+      && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /root/whl/*.whl \
+      && python3 -c "import vllm, ray, trl; print('vllm', vllm.__version__, 'ray', ray.__version__, 'trl', trl.__version__)" ;;
+  tests) python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" ;;
+  bench)
+    python3 benchmarks/gpu_grpo.py "$2" --out /root/bench 2>&1 | tee "$OUT/$2.log"
+    cp /root/bench/*.json "$OUT/" 2>/dev/null ;;
+  *) echo "unknown step $1"; exit 2 ;;
+esac

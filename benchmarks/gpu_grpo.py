@@ -1,0 +1,465 @@
+"""GPU benchmark of the GRPO path on one H200, every leg against its anchor measured in the same run.
+
+    python benchmarks/gpu_grpo.py all --out runs/bench-gpu            # every leg, then the table
+    python benchmarks/gpu_grpo.py LEG --out runs/bench-gpu            # one leg (writes LEG.json)
+    python benchmarks/gpu_grpo.py table --out runs/bench-gpu          # the Markdown table of what ran
+
+Legs (each in a process of its own, so one engine's memory is gone before the next starts):
+
+- ``generation-raw``: vLLM's offline `LLM.generate` on token-id prompts: the anchor.
+- ``generation-http``: the same prompts as chat messages through our OpenAI-compatible server (vLLM
+  async engine behind it), all requests in flight at once, as the environment servers send them.
+  Both legs sample identically (temperature 1, top-p 1, the sampled token's log-probability).
+- ``grpo-ours``: ``grpojob run`` of a GRPOJob with the model below and the arithmetic environment;
+  policy and vLLM engine share GPU 0 (weights by CUDA IPC). ``grpo-ours-2gpu``: the same job with the
+  policy on one GPU and the engine on another (weights by NCCL broadcast).
+- ``grpo-trl``: TRL's `GRPOTrainer` (vLLM colocated, bf16) on the same model, rows, group size,
+  completion length, micro-batch and one optimizer step per batch of generations: the anchor.
+
+The model is random-init with the dimensions of Qwen2.5-1.5B (``grpojob tiny-model --shape``), written
+under ``--out`` on first use. Step times are medians over the steps after the first (warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+BF16_PEAK_TFLOPS = 790.0
+"""Dense bf16 matmul peak measured on this H200 (see docs/benchmarks.md): the MFU denominator."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    shape: str = "qwen2.5-1.5b"
+    # generation legs
+    prompts: int = 256
+    prompt_tokens: int = 512
+    new_tokens: int = 512
+    gpu_memory_utilization: float = 0.85
+    # GRPO legs
+    prompts_per_step: int = 32
+    generations_per_prompt: int = 8
+    max_new_tokens: int = 256
+    micro_batch_size: int = 16
+    steps: int = 6
+    learning_rate: float = 1e-6
+    colocated_generation_memory: float = 0.35
+
+
+def model_dir(out: Path, workload: Workload) -> Path:
+    path = out / f"model-{workload.shape}"
+    if not (path / "config.json").exists():
+        from grpojob_trainer.tiny_model import SHAPES, write_tiny_model
+
+        write_tiny_model(path, SHAPES[workload.shape])
+    return path
+
+
+def dataset_path(out: Path, rows: int) -> Path:
+    path = out / "arithmetic.jsonl"
+    if not path.exists():
+        from grpojob_trainer.environments.dataset import write_rows
+
+        write_rows("arithmetic", rows, path, 0)
+    return path
+
+
+def random_messages(tokenizer: Any, count: int, prompt_tokens: int, seed: int = 0) -> list[list[dict[str, str]]]:
+    """``count`` user messages of random printable text whose chat prompt is ``prompt_tokens`` tokens."""
+    rng = random.Random(seed)
+    overhead = len(chat_prompt(tokenizer, [{"role": "user", "content": ""}]))
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 "
+    return [
+        [{"role": "user", "content": "".join(rng.choice(alphabet) for _ in range(prompt_tokens - overhead))}]
+        for _ in range(count)
+    ]
+
+
+def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    from grpojob_trainer.generation.chat import build_prompt_token_ids
+
+    return build_prompt_token_ids(tokenizer, messages, None, add_generation_prompt=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# generation legs
+
+
+def leg_generation_raw(out: Path, workload: Workload) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    model = model_dir(out, workload)
+    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    prompts = [chat_prompt(tokenizer, m) for m in random_messages(tokenizer, workload.prompts, workload.prompt_tokens)]
+    llm = LLM(
+        model=str(model),
+        max_model_len=workload.prompt_tokens + workload.new_tokens + 8,
+        gpu_memory_utilization=workload.gpu_memory_utilization,
+        dtype="bfloat16",
+        seed=0,
+        logprobs_mode="processed_logprobs",
+        enable_prefix_caching=True,
+    )
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=workload.new_tokens, logprobs=0, detokenize=False)
+    llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], params, use_tqdm=False)  # warm-up
+    started = time.perf_counter()
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {"seconds": seconds, "generated_tokens": generated, "tokens_per_s": generated / seconds}
+
+
+def leg_generation_http(out: Path, workload: Workload) -> dict[str, Any]:
+    import httpx
+
+    from grpojob_trainer.generation.app import ServerConfig
+    from grpojob_trainer.generation.backend import SamplingParams
+    from grpojob_trainer.generation.server import GenerationServer
+    from grpojob_trainer.generation.vllm_backend import VLLMBackend
+
+    model = model_dir(out, workload)
+    backend = VLLMBackend(
+        model,
+        max_model_len=workload.prompt_tokens + workload.new_tokens + 8,
+        gpu_memory_utilization=workload.gpu_memory_utilization,
+    )
+    messages = random_messages(backend.tokenizer, workload.prompts, workload.prompt_tokens)
+    config = ServerConfig("bench", SamplingParams(1.0, 1.0, workload.new_tokens))
+
+    async def send_all(base_url: str, batch: list[list[dict[str, str]]]) -> list[dict[str, Any]]:
+        limits = httpx.Limits(max_connections=len(batch), max_keepalive_connections=len(batch))
+        async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
+
+            async def one(m: list[dict[str, str]]) -> dict[str, Any]:
+                body = {"model": "bench", "messages": m, "temperature": 1.0, "top_p": 1.0}
+                response = await client.post("/chat/completions", json=body | {"max_tokens": workload.new_tokens})
+                response.raise_for_status()
+                return response.json()
+
+            return await asyncio.gather(*(one(m) for m in batch))
+
+    with GenerationServer(backend, config) as server:
+        asyncio.run(send_all(server.base_url, messages[:1]))  # warm-up
+        started = time.perf_counter()
+        answers = asyncio.run(send_all(server.base_url, messages))
+        seconds = time.perf_counter() - started
+    prompt_lengths = {a["usage"]["prompt_tokens"] for a in answers}
+    generated = sum(a["usage"]["completion_tokens"] for a in answers)
+    backend.shutdown()
+    return {
+        "seconds": seconds,
+        "generated_tokens": generated,
+        "tokens_per_s": generated / seconds,
+        "prompt_tokens": sorted(prompt_lengths),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# GRPO legs
+
+
+def job_yaml(out: Path, workload: Workload, name: str, colocated: bool) -> Path:
+    model = model_dir(out, workload)
+    data = dataset_path(out, workload.prompts_per_step * (workload.steps + 2))
+    job = {
+        "apiVersion": "grpo.dev/v1alpha1",
+        "kind": "GRPOJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"path": str(model), "servedModelName": "policy"},
+            "dataset": {"path": str(data)},
+            "environments": [
+                {"name": "arithmetic", "command": ["python", "-m", "grpojob_trainer.environments", "arithmetic"]}
+            ],
+            "generation": {
+                "backend": "vllm",
+                "gpusPerReplica": 1,
+                "gpuMemoryUtilization": workload.colocated_generation_memory if colocated else 0.85,
+                "maxModelLen": workload.max_new_tokens + 256,
+                "maxNewTokens": workload.max_new_tokens,
+            },
+            "training": {
+                "gpusPerReplica": 1,
+                "microBatchSize": workload.micro_batch_size,
+                "optimizer": {"learningRate": workload.learning_rate},
+            },
+            "grpo": {
+                "promptsPerStep": workload.prompts_per_step,
+                "generationsPerPrompt": workload.generations_per_prompt,
+                "maxSteps": workload.steps,
+                "rolloutConcurrency": workload.prompts_per_step * workload.generations_per_prompt,
+            },
+            "checkpointing": {"path": str(out / f"{name}-checkpoints"), "interval": 1000},
+        },
+    }
+    path = out / f"{name}.yaml"
+    path.write_text(json.dumps(job, indent=2))
+    return path
+
+
+def median_after_warmup(rows: list[dict[str, float]], key: str) -> float:
+    values = [r[key] for r in rows[1:] if key in r]
+    return statistics.median(values) if values else float("nan")
+
+
+def parameter_count(model: Path) -> int:
+    """Parameters stored in the model directory (a tied output layer is stored, and counted, once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in model.glob("*.safetensors"):
+        with safe_open(file, "pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
+                count = 1
+                for size in handle.get_slice(key).get_shape():
+                    count *= size
+                total += count
+    return total
+
+
+def training_flops_per_token(model: Path, mean_sequence: float) -> float:
+    """Forward + backward FLOPs per token: 6 per parameter (the tied output layer counted once, as the
+    matmul it is) plus causal attention, 6 · layers · hidden · mean sequence length."""
+    config = json.loads((model / "config.json").read_text())
+    return 6 * parameter_count(model) + 6 * config["num_hidden_layers"] * config["hidden_size"] * mean_sequence
+
+
+def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1) -> dict[str, Any]:
+    name = "ours-colocated" if gpus == 1 else "ours-2gpu"
+    job = job_yaml(out, workload, name, colocated=gpus == 1)
+    env = os.environ | {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
+    run_dir = out / name
+    started = time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpojob_trainer.cli",
+            "run",
+            str(job),
+            "--out",
+            str(run_dir),
+            "--no-progress",
+            "--no-tensorboard",
+        ],
+        check=True,
+        env=env,
+    )
+    wall = time.perf_counter() - started
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    sequences = workload.prompts_per_step * workload.generations_per_prompt
+    mean_sequence = median_after_warmup(rows, "tokens") / sequences
+    flops = training_flops_per_token(model_dir(out, workload), mean_sequence)
+    train_tps = median_after_warmup(rows, "train_tokens_per_s")
+    return {
+        "wall_seconds": wall,
+        "steps": len(rows),
+        "step_seconds": median_after_warmup(rows, "time/step"),
+        "generation_seconds": median_after_warmup(rows, "time/generation"),
+        "logprobs_seconds": median_after_warmup(rows, "time/logprobs"),
+        "training_seconds": median_after_warmup(rows, "time/training"),
+        "weight_sync_seconds": median_after_warmup(rows, "time/weight_sync"),
+        "generated_tokens_per_s": median_after_warmup(rows, "throughput/generated_tokens_per_s"),
+        "train_tokens_per_s": train_tps,
+        "tokens_per_step": median_after_warmup(rows, "tokens"),
+        "reward_first": rows[0].get("rollout/reward/mean"),
+        "reward_last": rows[-1].get("rollout/reward/mean"),
+        "training_mfu": train_tps * flops / (BF16_PEAK_TFLOPS * 1e12),
+    }
+
+
+def leg_grpo_trl(out: Path, workload: Workload) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpojob_trainer.environments.arithmetic import score_answer
+
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
+    os.environ.setdefault("MASTER_PORT", "29517")
+    model = model_dir(out, workload)
+    rows = [json.loads(line) for line in dataset_path(out, workload.prompts_per_step * (workload.steps + 2)).open()]
+    dataset = Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": m["role"], "content": m["content"]} for m in r["responses_create_params"]["input"]],
+                "expected_answer": r["expected_answer"],
+            }
+            for r in rows
+        ]
+    )
+
+    def reward(completions: list[Any], expected_answer: list[str], **_: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [score_answer(t, e)["reward"] for t, e in zip(texts, expected_answer, strict=True)]
+
+    step_times: list[float] = []
+
+    class StepTimes(TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            torch.cuda.synchronize()
+            self.started = time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            torch.cuda.synchronize()
+            step_times.append(time.perf_counter() - self.started)
+
+    sequences = workload.prompts_per_step * workload.generations_per_prompt
+    accumulation = sequences // workload.micro_batch_size
+    config = GRPOConfig(
+        output_dir=str(out / "trl"),
+        per_device_train_batch_size=workload.micro_batch_size,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation,  # one optimizer step per batch of generations, as ours
+        num_generations=workload.generations_per_prompt,
+        max_completion_length=workload.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        learning_rate=workload.learning_rate,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        max_steps=workload.steps,
+        bf16=True,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=workload.colocated_generation_memory,
+        vllm_max_model_length=workload.max_new_tokens + 256,
+        model_init_kwargs={"dtype": "float32"},
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=str(model),
+        reward_funcs=[reward],
+        args=config,
+        train_dataset=dataset,
+        processing_class=AutoTokenizer.from_pretrained(model, local_files_only=True),
+        callbacks=[StepTimes()],
+    )
+    started = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - started
+    import trl
+
+    return {
+        "wall_seconds": wall,
+        "steps": len(step_times),
+        "step_seconds": statistics.median(step_times[1:]) if len(step_times) > 1 else float("nan"),
+        "trl_version": trl.__version__,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for name in ("torch", "vllm", "transformers", "trl", "ray"):
+        try:
+            module = __import__(name)
+            found[name] = getattr(module, "__version__", "?")
+        except Exception:  # a leg's package absent: not part of this run
+            continue
+    try:
+        import torch
+
+        found["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    return found
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "n/a"
+
+
+def table(out: Path) -> str:
+    """The Markdown table of the legs found under ``out``."""
+    legs = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json") if p.stem in LEGS}
+    raw, http = legs.get("generation-raw", {}), legs.get("generation-http", {})
+    ours, trl, two = legs.get("grpo-ours", {}), legs.get("grpo-trl", {}), legs.get("grpo-ours-2gpu", {})
+
+    def fmt(value: Any, digits: int = 3) -> str:
+        return f"{value:.{digits}f}" if isinstance(value, float) else str(value if value is not None else "n/a")
+
+    lines = [
+        "| measurement | ours | anchor | ours / anchor |",
+        "|---|---|---|---|",
+        f"| generation tokens/s (HTTP server vs raw vLLM `LLM.generate`) | {fmt(http.get('tokens_per_s'), 0)} "
+        f"| {fmt(raw.get('tokens_per_s'), 0)} | {ratio(http.get('tokens_per_s'), raw.get('tokens_per_s'))} |",
+        f"| GRPO step seconds (median; vs TRL GRPOTrainer, vLLM colocate) | {fmt(ours.get('step_seconds'))} "
+        f"| {fmt(trl.get('step_seconds'))} | {ratio(ours.get('step_seconds'), trl.get('step_seconds'))} "
+        "(lower is faster) |",
+        f"| step: generation / logprobs / training / weight sync s | {fmt(ours.get('generation_seconds'))} / "
+        f"{fmt(ours.get('logprobs_seconds'))} / {fmt(ours.get('training_seconds'))} / "
+        f"{fmt(ours.get('weight_sync_seconds'))} | | |",
+        f"| generated tokens/s in the GRPO step | {fmt(ours.get('generated_tokens_per_s'), 0)} | | |",
+        f"| training tokens/s, MFU (bf16 peak {BF16_PEAK_TFLOPS:.0f} TFLOP/s) | "
+        f"{fmt(ours.get('train_tokens_per_s'), 0)}, "
+        f"{fmt(ours.get('training_mfu'))} | | |",
+        f"| weight sync ms, same GPU (CUDA IPC) | {fmt((ours.get('weight_sync_seconds') or 0) * 1000, 1)} | | |",
+    ]
+    if two:
+        lines += [
+            f"| 2 GPUs (policy / engine): step s, weight sync ms (NCCL) | {fmt(two.get('step_seconds'))}, "
+            f"{fmt((two.get('weight_sync_seconds') or 0) * 1000, 1)} | | |",
+        ]
+    lines.append("")
+    lines.append("Versions: " + json.dumps(next((v["versions"] for v in legs.values() if "versions" in v), {})))
+    return "\n".join(lines)
+
+
+LEGS = {
+    "generation-raw": leg_generation_raw,
+    "generation-http": leg_generation_http,
+    "grpo-ours": leg_grpo_ours,
+    "grpo-ours-2gpu": lambda out, workload: leg_grpo_ours(out, workload, gpus=2),
+    "grpo-trl": leg_grpo_trl,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("leg", choices=[*LEGS, "all", "table"])
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-gpu"))
+    parser.add_argument("--steps", type=int, default=Workload.steps)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    workload = Workload(steps=args.steps)
+    if args.leg == "table":
+        print(table(args.out))
+        return 0
+    if args.leg == "all":
+        failed = []
+        for leg in ("generation-raw", "generation-http", "grpo-ours", "grpo-trl"):
+            command = [sys.executable, __file__, leg, "--out", str(args.out), "--steps", str(args.steps)]
+            if subprocess.run(command).returncode != 0:
+                failed.append(leg)
+        print(table(args.out))
+        return 1 if failed else 0
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    result = LEGS[args.leg](args.out, workload) | {"workload": asdict(workload), "versions": versions()}
+    (args.out / f"{args.leg}.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
