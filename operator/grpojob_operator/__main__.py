@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import sys
 
 import kopf
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> None:
             clusterwide=not settings.namespaces,
             namespaces=settings.namespaces,
             standalone=True,
+            # Kopf's default identity is user@host from getpass, which fails for a numeric UID that
+            # has no passwd entry: the chart runs the operator as 65532 on an image without one.
+            identity=f"grpojob-operator@{socket.gethostname()}",
             liveness_endpoint=liveness,
             memo=handlers.new_memo(settings),
         )

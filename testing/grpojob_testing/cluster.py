@@ -302,6 +302,10 @@ class Cluster:
                 f"--kubelet-client-certificate={p.admin_cert}",
                 f"--kubelet-client-key={p.admin_key}",
                 "--kubelet-preferred-address-types=InternalIP",
+                # MutatingAdmissionPolicy (beta, off by default in 1.34): tests/e2e shrink pod requests to
+                # fit the real node, which has the machine's few cores.
+                "--feature-gates=MutatingAdmissionPolicy=true",
+                "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
             ]
         self._spawn(
             "kube-apiserver",
