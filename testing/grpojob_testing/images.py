@@ -30,8 +30,15 @@ from pathlib import Path
 from grpojob_testing import base_image, build, wheelhouse
 
 REPO = build.TESTING_DIR.parent
-CONTEXT_PATHS = ("pyproject.toml", "README.md", "api", "operator", "trainer", "testing")
-"""What the Dockerfiles COPY from the build context; a change in these rebuilds the images."""
+CONTEXT_PATHS = (
+    "pyproject.toml",
+    "README.md",
+    "api/grpojob_api",
+    "operator/grpojob_operator",
+    "trainer/grpojob_trainer",
+    "testing/grpojob_testing",
+)
+"""What the wheel the Dockerfiles build is made of; a change in these rebuilds the images."""
 RUNTIME = "runc"
 
 

@@ -1,0 +1,163 @@
+"""Our three images, built here from our Dockerfiles (grpojob_testing.images), run as their pods run
+them: a numeric non-root user, a read-only root filesystem and a writable /tmp. The first test to run
+builds whatever is not cached (several minutes cold; `make images` does it ahead)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpojob_operator.manifests import NON_ROOT_UID
+from grpojob_testing import images
+
+TOOLS = ("buildah", "podman", "debootstrap", "runc")
+OPERATOR_USER = "65532:65532"
+"""The operator pod's runAsUser:runAsGroup (charts/grpojob/values.yaml podSecurityContext)."""
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="building and running images needs root (rootful podman)"),
+    pytest.mark.skipif(
+        any(shutil.which(tool) is None for tool in TOOLS),
+        reason=f"needs {', '.join(TOOLS)}: run testing/install-image-packages",
+    ),
+    pytest.mark.timeout(1800),
+]
+
+
+@pytest.fixture(scope="module")
+def archives() -> dict[str, Path]:
+    """Every image built (or taken from the cache) and loaded into podman's storage; their archives."""
+    return images.build_all()
+
+
+def image_name(key: str) -> str:
+    return next(image.name for image in images.images() if image.key == key)
+
+
+def podman_run(key: str, *command: str, user: str, options: tuple[str, ...] = (), timeout: float = 120) -> str:
+    """Run `command` in image `key` as its pod would; return its output, failing on a non-zero exit."""
+    pod_like = ["--rm", f"--user={user}", "--read-only", "--tmpfs=/tmp:rw,exec,mode=1777", "--shm-size=1g"]
+    result = subprocess.run(
+        ["podman", "run", *images.run_flags(), *pod_like, *options, image_name(key), *command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    return output
+
+
+def test_the_operator_image_runs_the_operator_as_its_pod_user(archives: dict[str, Path]):
+    output = podman_run("operator", "--help", user=OPERATOR_USER)
+    assert "usage:" in output and "--namespace" in output
+
+
+def test_the_trainer_image_has_ray_torch_and_the_trainer_for_uid_1000(archives: dict[str, Path]):
+    check = (
+        "import getpass, ray, torch, transformers, grpojob_trainer; "
+        "print(getpass.getuser(), ray.__version__, torch.__version__, float(torch.ones(2, 2).sum()))"
+    )
+    user, ray, torch, total = podman_run("trainer-cpu", "python", "-c", check, user=str(NON_ROOT_UID)).split()[-4:]
+    # PyPI's Linux torch is the CUDA build (2.15.0+cu132); without a GPU it runs on the CPU.
+    assert (user, ray, torch.split("+")[0], total) == ("ray", "2.60.0", "2.15.0", "4.0")
+
+
+def test_the_trainer_image_trains_the_tiny_model_with_grpojob_run(archives: dict[str, Path], tmp_path: Path):
+    job = yaml.safe_load((images.REPO / "examples" / "tiny.yaml").read_text())
+    job["spec"]["model"]["path"] = "/tmp/model"
+    job["spec"]["dataset"]["path"] = "/tmp/data/train.jsonl"
+    job["spec"]["grpo"]["maxSteps"] = 3
+    job["spec"]["checkpointing"] = {"path": "/tmp/checkpoints", "interval": 100}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    for path in (tmp_path, tmp_path / "job.yaml"):
+        path.chmod(0o755)  # readable by the container's UID 1000
+    script = (
+        "grpojob tiny-model /tmp/model"
+        " && grpojob dataset arithmetic --rows 64 --out /tmp/data/train.jsonl"
+        " && grpojob run /job/job.yaml --out /tmp/out --no-progress --no-tensorboard"
+        " && echo METRICS && cat /tmp/out/metrics.jsonl"
+    )
+    options = (f"--volume={tmp_path}:/job:ro", "--env=HF_HUB_OFFLINE=1", "--env=RAY_DISABLE_USAGE_STATS=1")
+    output = podman_run("trainer-cpu", "sh", "-c", script, user=str(NON_ROOT_UID), options=options, timeout=900)
+    metrics = [json.loads(line) for line in output.split("METRICS\n", 1)[1].splitlines() if line.startswith("{")]
+    assert [record["step"] for record in metrics] == [1, 2, 3], output[-4000:]
+    assert all(0.0 <= record["rollout/reward/mean"] <= 1.0 for record in metrics)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_penguin_env_image_serves_its_health_route(archives: dict[str, Path]):
+    port, name = free_port(), f"grpojob-test-{uuid.uuid4().hex[:8]}"
+    pod_like = [f"--user={NON_ROOT_UID}", "--read-only", "--tmpfs=/tmp:rw,mode=1777", f"--env=PORT={port}"]
+    pod_like.append("--env=POLICY_BASE_URL=http://127.0.0.1:9/v1")  # not called: only the health route is
+    subprocess.run(
+        ["podman", "run", "--detach", f"--name={name}", *images.run_flags(), *pod_like, image_name("penguin-env")],
+        capture_output=True,
+        check=True,
+    )
+    try:
+        deadline, body = time.monotonic() + 60, None
+        while body is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
+                    body = json.loads(response.read())
+            except OSError:
+                time.sleep(0.5)
+        logs = subprocess.run(["podman", "logs", name], capture_output=True, text=True, check=False)
+        assert body == {"status": "ok"}, logs.stdout + logs.stderr
+    finally:
+        subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
+
+
+@pytest.fixture
+def containerd() -> Iterator[Path]:
+    """A private containerd (Debian's) with its own root, state and socket; its socket."""
+    if shutil.which("containerd") is None or shutil.which("ctr") is None:
+        pytest.skip("needs containerd and ctr: testing/install-node-packages")
+    scratch = Path(tempfile.mkdtemp(prefix="grpojob-ctrd-"))
+    (scratch / "config.toml").write_text("version = 2\n")
+    socket_path = scratch / "containerd.sock"
+    daemon = ["containerd", "--config", str(scratch / "config.toml"), "--address", str(socket_path)]
+    places = ["--root", str(scratch / "root"), "--state", str(scratch / "state")]
+    process = subprocess.Popen([*daemon, *places], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert socket_path.exists(), "containerd did not start"
+        yield socket_path
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        subprocess.run(["umount", "--recursive", "--lazy", str(scratch / "root")], capture_output=True, check=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_an_image_archive_loads_into_containerd_and_runs_there(archives: dict[str, Path], containerd: Path):
+    names = images.load_into_containerd(archives["operator"], containerd)
+    assert names == [image_name("operator")]
+    ctr = ["ctr", "--address", str(containerd), "--namespace", "k8s.io"]
+    listed = subprocess.run([*ctr, "images", "ls", "--quiet"], capture_output=True, text=True, check=True).stdout
+    assert image_name("operator") in listed.split()
+    # ctr runs the image's own user (USER 65532:65532), as the kubelet does when the pod names none.
+    run = [*ctr, "run", "--rm", "--read-only", image_name("operator"), f"t-{uuid.uuid4().hex[:8]}"]
+    result = subprocess.run([*run, "grpojob-operator", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "usage:" in result.stdout, result.stdout + result.stderr
