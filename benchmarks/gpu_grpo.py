@@ -52,17 +52,18 @@ class Workload:
     generations_per_prompt: int = 8
     max_new_tokens: int = 256
     micro_batch_size: int = 16
-    steps: int = 6
+    steps: int = 4
     learning_rate: float = 1e-6
     colocated_generation_memory: float = 0.35
 
 
 def model_dir(out: Path, workload: Workload) -> Path:
+    """The model directory, written by a child process on first use: a process whose CPU thread pools ran
+    (writing 1.5B random weights) must not fork vLLM's engine."""
     path = out / f"model-{workload.shape}"
     if not (path / "config.json").exists():
-        from grpojob_trainer.tiny_model import SHAPES, write_tiny_model
-
-        write_tiny_model(path, SHAPES[workload.shape])
+        command = [sys.executable, "-m", "grpojob_trainer.cli", "tiny-model", str(path), "--shape", workload.shape]
+        subprocess.run(command, check=True)
     return path
 
 
@@ -455,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(args.out))
         return 1 if failed else 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     result = LEGS[args.leg](args.out, workload) | {"workload": asdict(workload), "versions": versions()}
     (args.out / f"{args.leg}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

@@ -6,7 +6,7 @@
 #   bench LEG    one leg of benchmarks/gpu_grpo.py (results under /root/bench, copied to $OUT)
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
+export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 case $1 in
   part) mkdir -p /root/parts && cp "$2"/* /root/parts/ && ls /root/parts | wc -l ;;
   install)
@@ -15,7 +15,8 @@ case $1 in
       && python3 -c "import vllm, ray, trl; print('vllm', vllm.__version__, 'ray', ray.__version__, 'trl', trl.__version__)" ;;
   tests) python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" ;;
   bench)
-    python3 benchmarks/gpu_grpo.py "$2" --out /root/bench 2>&1 | tee "$OUT/$2.log"
+    timeout "${3:-280}" python3 benchmarks/gpu_grpo.py "$2" --out /root/bench > "$OUT/$2.log" 2>&1
+    echo "$2: exit $?"; grep -E '^(Traceback|[A-Za-z]*Error)' "$OUT/$2.log" | head -5
     cp /root/bench/*.json "$OUT/" 2>/dev/null ;;
   *) echo "unknown step $1"; exit 2 ;;
 esac

@@ -15,6 +15,7 @@ load the prefix cache is dropped: its keys and values were computed with the old
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import threading
 import uuid
@@ -49,6 +50,9 @@ class VLLMBackend(ContinuousBatchingBackend):
         seed: int = 0,
         enforce_eager: bool = False,
     ) -> None:
+        # Forking a process whose CPU thread pools have run (model writing, tokenizing) can deadlock the
+        # child: the engine's processes are spawned.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
