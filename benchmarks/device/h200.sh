@@ -17,6 +17,7 @@ case $1 in
   bench)
     timeout "${3:-280}" python3 benchmarks/gpu_grpo.py "$2" --out /root/bench > "$OUT/$2.log" 2>&1
     echo "$2: exit $?"; grep -E '^(Traceback|[A-Za-z]*Error)' "$OUT/$2.log" | head -5
+    pkill -9 -f 'EngineCore|gpu_grpo.py|raylet|gcs_server|default_worker' 2>/dev/null; sleep 1
     cp /root/bench/*.json "$OUT/" 2>/dev/null ;;
   *) echo "unknown step $1"; exit 2 ;;
 esac
