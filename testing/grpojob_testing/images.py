@@ -6,15 +6,18 @@
 
 No registry can be reached: the base comes from `base_image` (debootstrap), the Python packages from
 `wheelhouse`. Each image is built only when the hash of its inputs (base, Dockerfile, build args, the
-files of the build context) has no archive in ``~/.cache/grpojob/images/`` yet; the archive is a
+files the wheel is made of) has no archive in ``~/.cache/grpojob/images/`` yet; the archive is a
 docker-archive that ``ctr images import`` and ``podman load`` both read, tagged with the name the
-chart and the operator's settings use. Builds run with Debian's runc (crun refuses this machine's
-cgroup v1 layout) and the machine's hard open-file limit.
+chart and the operator's settings use. Builds and containers run with Debian's runc (crun refuses
+this machine's cgroup v1 layout), the host network and ulimits that runc may set here (`ulimits`).
+The real test node loads the archives with `load_into_containerd`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import re
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,7 +128,9 @@ def build_image(image: Image, base_digest: str) -> tuple[Path, bool]:
             subprocess.run(["podman", "load", "--quiet", "--input", str(archive)], check=True)
         return archive, False
     args = [f"--build-arg={key}={value}" for key, value in image.build_args.items()]
-    engine = ["buildah", "bud", "--layers", "--pull=never", f"--runtime={RUNTIME}", *ulimits(), "--network=host"]
+    # --force-rm: a failed build leaves no working containers (and their GBs) behind.
+    engine = ["buildah", "bud", "--layers", "--force-rm", "--pull=never", f"--runtime={RUNTIME}", "--network=host"]
+    engine += ulimits()
     label = f"--label={base_image.INPUTS_LABEL}={digest}"
     archive.parent.mkdir(parents=True, exist_ok=True)
     log = archive.parent / f"{image.key}.build.log"
@@ -158,6 +164,25 @@ def build_all(keys: list[str] | None = None) -> dict[str, Path]:
     unknown = set(keys or []) - {image.key for image in images()}
     if unknown:
         raise SystemExit(f"unknown images: {', '.join(sorted(unknown))}")
+    with build_lock():
+        return _build_locked(keys)
+
+
+@contextlib.contextmanager
+def build_lock() -> Iterator[None]:
+    """Hold the machine's image-build lock: concurrent builds share layers that a finishing one prunes."""
+    lock = build.cache_root() / "images" / ".lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another image build ({lock})", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _build_locked(keys: list[str] | None) -> dict[str, Path]:
     started = time.monotonic()
     base_digest = base_image.ensure()
     print(f"base {base_image.NAME} ({base_digest}) ready after {time.monotonic() - started:.0f}s", flush=True)
@@ -187,6 +212,17 @@ def load_into_containerd(archive: Path, address: str | Path, namespace: str = "k
     return re.findall(r"^unpacking (\S+) \(", result.stdout, re.MULTILINE)
 
 
+def load_all_into_containerd(address: str | Path, namespace: str = "k8s.io") -> list[str]:
+    """Import the newest archive of every image into a containerd; return the names of the images."""
+    names = []
+    for image in images():
+        archive = latest_archive(image)
+        if archive is None:
+            raise RuntimeError(f"{image.key} is not built: python -m grpojob_testing.images build")
+        names += load_into_containerd(archive, address, namespace)
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module's docstring)."""
     parser = argparse.ArgumentParser(prog="python -m grpojob_testing.images", description=__doc__.split("\n")[0])
@@ -211,11 +247,11 @@ def main(argv: list[str] | None = None) -> int:
             archive = latest_archive(image)
             print(f"{image.key:12} {image.name:40} {archive or '(not built)'}")
     else:
-        for image in images():
-            archive = latest_archive(image)
-            if archive is None:
-                raise SystemExit(f"{image.key} is not built: python -m grpojob_testing.images build")
-            print(", ".join(load_into_containerd(archive, args.address, args.namespace)))
+        try:
+            print("\n".join(load_all_into_containerd(args.address, args.namespace)))
+        except RuntimeError as error:
+            print(error, file=sys.stderr)
+            return 1
     return 0
 
 
