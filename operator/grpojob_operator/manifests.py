@@ -97,6 +97,28 @@ def model_path(job: api.GRPOJob) -> str:
     return f"{MODEL_MOUNT}/{model.path.strip('/')}" if model.pvc else model.path
 
 
+def share_claims(volumes: list[Manifest], mounts: list[Manifest]) -> tuple[list[Manifest], list[Manifest]]:
+    """One volume per claim: the kubelet mounts a claim once per pod, so a second volume of the same
+    claim (the model, dataset and checkpoints may share one) never mounts and the pod stays in
+    ContainerCreating. Mounts of a dropped volume use the first; it is read-only only if all were."""
+    first_by_claim: dict[str, Manifest] = {}
+    renamed: dict[str, str] = {}
+    kept: list[Manifest] = []
+    for volume in volumes:
+        claim = volume.get("persistentVolumeClaim", {}).get("claimName")
+        if claim is None:
+            kept.append(volume)
+        elif claim in first_by_claim:
+            first = first_by_claim[claim]
+            renamed[volume["name"]] = first["name"]
+            if not volume["persistentVolumeClaim"].get("readOnly", False):
+                first["persistentVolumeClaim"]["readOnly"] = False
+        else:
+            first_by_claim[claim] = {**volume, "persistentVolumeClaim": dict(volume["persistentVolumeClaim"])}
+            kept.append(first_by_claim[claim])
+    return kept, [{**mount, "name": renamed.get(mount["name"], mount["name"])} for mount in mounts]
+
+
 def _model_volumes(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest]]:
     pvc = job.spec.model.pvc
     if pvc is None:
@@ -143,7 +165,7 @@ def _worker_group(
     volumes, mounts = _model_volumes(job)
     if group == names.POLICY_GROUP:
         checkpoint_volumes, checkpoint_mounts, _ = checkpoint_volume(job)
-        volumes, mounts = [*volumes, *checkpoint_volumes], [*mounts, *checkpoint_mounts]
+        volumes, mounts = share_claims([*volumes, *checkpoint_volumes], [*mounts, *checkpoint_mounts])
     labels = _labels(job, group)
     return {
         "groupName": group,
@@ -473,6 +495,7 @@ def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int
         *model_mounts,
         *dataset_mounts,
     ]
+    volumes, mounts = share_claims(volumes, mounts)
     labels = {**_labels(job, "trainer"), **attempt_label}
     return {
         "apiVersion": "batch/v1",

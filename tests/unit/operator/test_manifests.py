@@ -164,3 +164,24 @@ def test_every_pod_carries_the_job_uid_so_leftovers_of_a_same_named_job_are_not_
     templates.append(manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS)["spec"]["template"])
     for template in templates:
         assert template["metadata"]["labels"]["grpo.dev/job-uid"] == j.metadata.uid
+
+
+def test_a_claim_shared_by_model_dataset_and_checkpoints_is_one_volume_per_pod():
+    # The kubelet mounts a claim once per pod: a second volume of it never mounts (found on the real node).
+    claim = {"claimName": "grpo-data"}
+    j = job(
+        model={"path": "tiny-model", "pvc": claim},
+        dataset={"path": "train.jsonl", "pvc": claim},
+        checkpointing={"pvc": claim, "path": "checkpoints"},
+    )
+    trainer = manifests.build_trainer_job(j, SETTINGS, 1)["spec"]["template"]["spec"]
+    policy = next(
+        g for g in manifests.build_raycluster(j, SETTINGS)["spec"]["workerGroupSpecs"] if g["groupName"] == "policy"
+    )["template"]["spec"]
+    for pod, read_only in ((trainer, True), (policy, False)):
+        claims = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+        assert [v["persistentVolumeClaim"] for v in claims] == [{"claimName": "grpo-data", "readOnly": read_only}]
+        names = {v["name"] for v in pod["volumes"]}
+        assert {m["name"] for m in pod["containers"][0]["volumeMounts"]} <= names
+    mounts = {m["mountPath"]: m for m in trainer["containers"][0]["volumeMounts"]}
+    assert mounts[manifests.MODEL_MOUNT]["readOnly"] and mounts[manifests.DATASET_MOUNT]["readOnly"]
