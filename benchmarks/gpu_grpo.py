@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -55,6 +56,8 @@ class Workload:
     steps: int = 4
     learning_rate: float = 1e-6
     colocated_generation_memory: float = 0.35
+    trl_use_vllm: bool = True
+    """False: TRL generates with transformers (how the leg is smoke-tested on a CPU)."""
 
 
 def model_dir(out: Path, workload: Workload) -> Path:
@@ -306,17 +309,19 @@ def leg_grpo_trl(out: Path, workload: Workload) -> dict[str, Any]:
 
     def reward(completions: list[Any], expected_answer: list[str], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [score_answer(t, e)["reward"] for t, e in zip(texts, expected_answer, strict=True)]
+        return [sum(score_answer(t, e).values()) for t, e in zip(texts, expected_answer, strict=True)]
 
     step_times: list[float] = []
 
     class StepTimes(TrainerCallback):
         def on_step_begin(self, *_: Any, **__: Any) -> None:
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             self.started = time.perf_counter()
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             step_times.append(time.perf_counter() - self.started)
 
     sequences = workload.prompts_per_step * workload.generations_per_prompt
@@ -335,8 +340,9 @@ def leg_grpo_trl(out: Path, workload: Workload) -> dict[str, Any]:
         epsilon=0.2,
         epsilon_high=0.28,
         max_steps=workload.steps,
-        bf16=True,
-        use_vllm=True,
+        bf16=torch.cuda.is_available(),
+        use_cpu=not torch.cuda.is_available(),
+        use_vllm=workload.trl_use_vllm,
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=workload.colocated_generation_memory,
         vllm_max_model_length=workload.max_new_tokens + 256,
@@ -436,14 +442,35 @@ LEGS = {
 }
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["prompts=8", "trl_use_vllm=false"]`` → typed `Workload` fields."""
+    fields = {f.name: f.type for f in dataclasses.fields(Workload)}
+    out: dict[str, Any] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in fields:
+            raise SystemExit(f"--set {item}: Workload has no field {name!r}")
+        kind = fields[name]
+        if kind == "bool":
+            out[name] = value.lower() in ("1", "true", "yes")
+        elif kind in ("int", "float"):
+            out[name] = {"int": int, "float": float}[kind](value)
+        else:
+            out[name] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("leg", choices=[*LEGS, "all", "table"])
     parser.add_argument("--out", type=Path, default=Path("runs/bench-gpu"))
     parser.add_argument("--steps", type=int, default=Workload.steps)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE", help="override a Workload field (repeatable)"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    workload = Workload(steps=args.steps)
+    workload = Workload(steps=args.steps, **parse_overrides(args.set))
     if args.leg == "table":
         print(table(args.out))
         return 0
@@ -451,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         failed = []
         for leg in ("generation-raw", "generation-http", "grpo-ours", "grpo-trl"):
             command = [sys.executable, __file__, leg, "--out", str(args.out), "--steps", str(args.steps)]
+            command += [f"--set={item}" for item in args.set]
             if subprocess.run(command).returncode != 0:
                 failed.append(leg)
         print(table(args.out))
