@@ -1,10 +1,12 @@
 """The Python base image of our Dockerfiles, made here from Debian packages (no registry can be pulled).
 
 ``debootstrap`` writes a minimal Debian bookworm root filesystem with Python 3.11, pip, venv and CA
-certificates; it is trimmed (no apt lists, docs, man pages, locales), given the ``python`` and ``pip``
-commands the official ``python`` images have (pip may install outside a venv, as there), packed
-into a tar cached under ``~/.cache/grpojob/images/`` by a hash of these inputs, and imported into
-the container storage under the exact name the Dockerfiles' ``FROM ${PYTHON_IMAGE}`` uses.
+certificates; the bookworm-updates and bookworm-security updates are applied; it is trimmed (no apt
+lists, docs, man pages, locales), given the ``python`` and ``pip`` commands the official ``python``
+images have (pip may install outside a venv, as there), packed into a tar cached under
+``~/.cache/grpojob/images/`` by a hash of these inputs (not of the day's package versions: delete the
+tar to take newer updates), and imported into the container storage under the exact name the
+Dockerfiles' ``FROM ${PYTHON_IMAGE}`` uses.
 
 Debian bookworm has Python 3.11 (trixie has 3.13; neither has 3.12), so the Dockerfiles' default base
 is ``python:3.11-slim-bookworm``: the same Python minor version and Debian release as the official
@@ -29,6 +31,13 @@ NAME = "docker.io/library/python:3.11-slim-bookworm"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+SOURCES = (
+    f"deb {MIRROR} {SUITE} main\n"
+    f"deb {MIRROR} {SUITE}-updates main\n"
+    f"deb http://deb.debian.org/debian-security {SUITE}-security main\n"
+)
+"""The base's apt sources: debootstrap installs from the release, then the updates and security
+suites are applied, as in Debian's own images."""
 INPUTS_LABEL = "dev.grpojob.inputs"
 """Image label holding the hash of the inputs an image was built from."""
 
@@ -63,6 +72,7 @@ def inputs_hash() -> str:
         "suite": SUITE,
         "mirror": MIRROR,
         "packages": PACKAGES,
+        "sources": SOURCES,
         "trim": TRIM,
         "links": LINKS,
         "changes": CHANGES,
@@ -86,6 +96,7 @@ def make_rootfs_tar(target: Path) -> None:
             check=True,
             stdout=subprocess.DEVNULL,
         )
+        upgrade(rootfs)
         for pattern in TRIM:
             for path in rootfs.glob(pattern):
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
@@ -103,6 +114,16 @@ def make_rootfs_tar(target: Path) -> None:
         excludes = [f"--exclude=./{d}/*" for d in ("dev", "proc", "sys", "run", "tmp")]
         subprocess.run(["tar", "-C", str(rootfs), *excludes, "--sort=name", "-cf", str(partial), "."], check=True)
         partial.rename(target)
+
+
+def upgrade(rootfs: Path) -> None:
+    """Apply the point-release and security updates of ``SOURCES`` to the debootstrapped ``rootfs``."""
+    (rootfs / "etc" / "apt" / "sources.list").write_text(SOURCES)
+    env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+    for command in (["update", "-qq"], ["upgrade", "-qq", "--yes", "--no-install-recommends"], ["clean"]):
+        done = subprocess.run(["chroot", str(rootfs), "apt-get", *command], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"apt-get {command[0]} in the base failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
 
 def image_inputs(name: str) -> str | None:
@@ -123,6 +144,8 @@ def ensure() -> str:
         return digest
     tar = rootfs_tar(digest)
     if not tar.exists():
+        for stale in tar.parent.glob(rootfs_tar("*").name + "*"):
+            stale.unlink()
         make_rootfs_tar(tar)
     changes = [*CHANGES, f"LABEL={INPUTS_LABEL}={digest}"]
     subprocess.run(
