@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint cluster-binaries cluster-up cluster-down image-tools images
+.PHONY: demo test lint cluster-binaries cluster-up cluster-down image-tools images node-packages e2e
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,15 @@ images: image-tools $(VENV)/.dev-installed
 
 test: lint cluster-binaries
 	$(BIN)/pytest
+
+# containerd, runc, the CNI plugins and iptables from Debian at the versions of testing/debian-packages.txt (root).
+node-packages:
+	testing/install-node-packages
+
+# The end-to-end suite on a real node (root): a cluster with kubelet, containerd, kube-proxy and CoreDNS,
+# our images loaded into it, the chart helm-installed, GRPOJobs trained by real pods.
+e2e: cluster-binaries node-packages images
+	$(BIN)/pytest --real-node tests/e2e
 
 cluster-up: cluster-binaries
 	$(BIN)/python -m grpojob_testing.cluster up

@@ -174,7 +174,9 @@ def kubelet_config(paths: NodePaths, ca_cert: Path, ports: dict[str, int]) -> di
         "resolvConf": "/etc/resolv.conf",
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        # Absolute and small: under disk pressure the kubelet deletes every image no container uses, and
+        # neither ours nor the pause image can be pulled back (containerd 1.6 cannot pin images).
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "512Mi", "imagefs.available": "512Mi"},
         "serializeImagePulls": False,
         "maxPods": 110,
         "podLogsDir": str(paths.root / "pod-logs"),

@@ -9,9 +9,11 @@ The program is built once into the cache (keyed by a hash of its source) and pac
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from grpojob_testing import build, oci
@@ -49,3 +51,17 @@ def write_archives(directory: Path) -> dict[str, Path]:
     oci.write_archive(archives[PAUSE_IMAGE], PAUSE_IMAGE, [program], [PROBE_BINARY])
     oci.write_archive(archives[PROBE_IMAGE], PROBE_IMAGE, [program], [PROBE_BINARY])
     return archives
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m grpojob_testing.node_images DIR``: write both archives (for `kind load image-archive`)."""
+    parser = argparse.ArgumentParser(prog="python -m grpojob_testing.node_images", description=main.__doc__)
+    parser.add_argument("directory", type=Path)
+    args = parser.parse_args(argv)
+    for name, archive in write_archives(args.directory).items():
+        print(f"{name}: {archive}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from grpojob_testing.nodes import KWOK_ANNOTATION
+from tests.e2e import cluster_setup
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +36,33 @@ def wait_for_pod(core: client.CoreV1Api, namespace: str, name: str, phases: set[
         if time.monotonic() > deadline:
             pytest.fail(f"pod {namespace}/{name} is {pod.status.phase}, not {sorted(phases)}: {pod.status}")
         time.sleep(0.5)
+
+
+@pytest.fixture(scope="session")
+def operator_release(kubeconfig: Path, api_client, real_node: str) -> Iterator[str]:
+    """Our images on the node, small requests where the API allows, and the chart installed: the
+    operator runs as a pod. Yields the operator's namespace."""
+    socket = cluster_setup.node_containerd_socket(kubeconfig)
+    if socket is not None:
+        cluster_setup.load_images(socket)
+    cluster_setup.apply_small_requests_policy(api_client)
+    namespace = f"grpojob-e2e-{uuid.uuid4().hex[:6]}"
+    client.CoreV1Api(api_client).create_namespace(
+        {"metadata": {"name": namespace, "labels": cluster_setup.TEST_NAMESPACE_LABEL}}
+    )
+    cluster_setup.helm_install(kubeconfig, namespace, "grpojob")
+    yield namespace
+    cluster_setup.helm_uninstall(kubeconfig, namespace, "grpojob")
+    client.CoreV1Api(api_client).delete_namespace(namespace)
+
+
+@pytest.fixture
+def grpo_data(api_client, namespace: str, operator_release: str) -> Iterator[str]:
+    """The claim ``grpo-data`` in the test's namespace, holding ``tiny-model/`` and ``train.jsonl``."""
+    host_dir = cluster_setup.create_data_claim(api_client, namespace)
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, cluster_setup.write_model_and_dataset_pod(rows=256))
+    pod = wait_for_pod(core, namespace, "write-model", {"Succeeded", "Failed"}, 300)
+    assert pod.status.phase == "Succeeded", core.read_namespaced_pod_log("write-model", namespace)
+    yield cluster_setup.DATA_CLAIM
+    cluster_setup.delete_data_volume(api_client, namespace, host_dir)

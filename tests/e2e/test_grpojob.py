@@ -1,0 +1,168 @@
+"""A GRPOJob trains end to end on real pods from our own images: the helm-installed operator makes
+the RayCluster (real Ray head and workers started by KubeRay), the environment server and the trainer
+Job, which joins Ray at the GCS address of `<job>-endpoints`; the job succeeds with its reward up and
+its progress in `kubectl get grpojobs`; deleting it deletes every child. Killing the Ray head mid-run
+ends in recovery or in a clear failure after the retries `backoffLimit` allows."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from grpojob_operator import names
+from grpojob_testing import build
+from grpojob_testing.cluster import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+GROUP, VERSION, PLURAL = "grpo.dev", "v1alpha1", "grpojobs"
+TERMINAL = {"Succeeded", "Failed"}
+
+
+def tiny_job(name: str, claim: str, max_steps: int, backoff_limit: int = 1) -> dict[str, Any]:
+    """The tiny example (examples/tiny.yaml) on a claim, CPU only, small enough for 2 cores."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GRPOJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"path": "tiny-model", "pvc": {"claimName": claim}, "servedModelName": "tiny"},
+            "dataset": {"path": "train.jsonl", "pvc": {"claimName": claim}},
+            "environments": [{"name": "arithmetic", "args": ["arithmetic"]}],
+            "generation": {"backend": "transformers", "gpusPerReplica": 0, "maxModelLen": 128, "maxNewTokens": 8},
+            "training": {"gpusPerReplica": 0, "microBatchSize": 16, "optimizer": {"learningRate": 0.001}},
+            "grpo": {"promptsPerStep": 8, "generationsPerPrompt": 8, "maxSteps": max_steps},
+            "checkpointing": {"interval": 5},
+            "backoffLimit": backoff_limit,
+        },
+    }
+
+
+def kubectl(kubeconfig: Path, *args: str) -> str:
+    """The pinned kubectl of the test cluster's build, or the one on PATH (kind users)."""
+    pinned = build.load_components()["kubernetes"].bin_dir / "kubectl"
+    program = str(pinned) if pinned.exists() else shutil.which("kubectl") or "kubectl"
+    return subprocess.run([program, f"--kubeconfig={kubeconfig}", *args], capture_output=True, text=True).stdout
+
+
+@dataclass
+class Watch:
+    """What a poll of the job's status saw: every (step, mean reward) and phase, in order."""
+
+    rewards: dict[int, float] = field(default_factory=dict)
+    phases: list[str] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+def read_job(api_client, namespace: str, name: str) -> dict[str, Any]:
+    return client.CustomObjectsApi(api_client).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def watch_job(api_client, namespace: str, name: str, timeout: float, until=None, watch: Watch | None = None) -> Watch:
+    """Poll the job until it is terminal (or ``until(status)`` holds), recording its progress."""
+    watch = watch or Watch()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = read_job(api_client, namespace, name).get("status") or {}
+        watch.status = status
+        if status.get("phase") and (not watch.phases or watch.phases[-1] != status["phase"]):
+            watch.phases.append(status["phase"])
+        if status.get("step") is not None and status.get("meanReward") is not None:
+            watch.rewards[status["step"]] = status["meanReward"]
+        if (until and until(status)) or (until is None and status.get("phase") in TERMINAL):
+            return watch
+        time.sleep(1)
+    pytest.fail(f"GRPOJob {namespace}/{name} did not get there in {timeout:.0f}s: {watch}")
+
+
+def children(api_client, namespace: str, uid: str) -> list[str]:
+    """Every object in the namespace labelled with the job's uid (the operator's children and pods),
+    and every pod of its RayCluster (KubeRay labels those with the cluster's name)."""
+    selector = f"{names.JOB_UID_LABEL}={uid}"
+    core, apps, batch = client.CoreV1Api(api_client), client.AppsV1Api(api_client), client.BatchV1Api(api_client)
+    listings = {
+        "pod": core.list_namespaced_pod,
+        "service": core.list_namespaced_service,
+        "configmap": core.list_namespaced_config_map,
+        "serviceaccount": core.list_namespaced_service_account,
+        "deployment": apps.list_namespaced_deployment,
+        "job": batch.list_namespaced_job,
+    }
+    found = [
+        f"{kind}/{item.metadata.name}"
+        for kind, list_ in listings.items()
+        for item in list_(namespace, label_selector=selector).items
+    ]
+    rayclusters = client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+        "ray.io", "v1", namespace, "rayclusters", label_selector=selector
+    )
+    found += [f"raycluster/{r['metadata']['name']}" for r in rayclusters["items"]]
+    return found
+
+
+def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
+    api_client, kubeconfig, namespace, grpo_data
+):
+    custom = client.CustomObjectsApi(api_client)
+    started = time.monotonic()
+    job = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, tiny_job("tiny", grpo_data, 16))
+    uid = job["metadata"]["uid"]
+
+    running = watch_job(api_client, namespace, "tiny", 900, until=lambda s: (s.get("step") or 0) >= 2)
+    table = kubectl(kubeconfig, "get", "grpojobs", "-n", namespace)
+    endpoints = client.CoreV1Api(api_client).read_namespaced_config_map(names.ChildNames("tiny").endpoints, namespace)
+    watched = watch_job(api_client, namespace, "tiny", 1200, watch=running)
+    print(f"GRPOJob tiny: {watched.phases} in {time.monotonic() - started:.0f}s; rewards by step {watched.rewards}")
+    print(table)
+
+    assert watched.status["phase"] == "Succeeded", watched.status
+    assert watched.status["step"] == 16
+    assert table.split()[:6] == ["NAME", "PHASE", "STEP", "REWARD", "ATTEMPT", "AGE"]
+    assert table.splitlines()[1].split()[:2] == ["tiny", "Running"]
+    steps = sorted(watched.rewards)
+    first, last = steps[: len(steps) // 2], steps[len(steps) // 2 :]
+    assert sum(watched.rewards[s] for s in last) / len(last) > sum(watched.rewards[s] for s in first) / len(first)
+    assert endpoints.data["RAY_GCS_ADDRESS"] == f"tiny-head-svc.{namespace}.svc.cluster.local:{names.GCS_PORT}"
+
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "tiny")
+    wait_until(lambda: children(api_client, namespace, uid) == [], "every child of the GRPOJob to be deleted", 180)
+
+
+def test_killing_the_ray_head_mid_run_ends_in_recovery_or_a_clear_failure_after_retries(
+    api_client, namespace, grpo_data
+):
+    custom = client.CustomObjectsApi(api_client)
+    core = client.CoreV1Api(api_client)
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, tiny_job("headless", grpo_data, 12))
+    watch = watch_job(api_client, namespace, "headless", 900, until=lambda s: (s.get("step") or 0) >= 2)
+    endpoints_name = names.ChildNames("headless").endpoints
+    head_ip = core.read_namespaced_config_map(endpoints_name, namespace).data["RAY_HEAD_POD_IP"]
+    heads = core.list_namespaced_pod(namespace, label_selector="ray.io/cluster=headless,ray.io/node-type=head")
+    for pod in heads.items:
+        core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+
+    def new_head_published() -> bool:
+        data = core.read_namespaced_config_map(endpoints_name, namespace).data
+        return data["RAY_HEAD_POD_IP"] != head_ip
+
+    wait_until(new_head_published, "the endpoints to name the new Ray head pod", 300)
+    watched = watch_job(api_client, namespace, "headless", 1200, watch=watch)
+    status = watched.status
+    print(f"GRPOJob headless after the head was killed: {watched.phases}, attempt {status.get('attempt')}, {status}")
+
+    if status["phase"] == "Succeeded":
+        assert status["step"] == 12
+    else:
+        assert status["phase"] == "Failed"
+        assert status.get("reason") and status.get("message"), status
+        assert status["attempt"] == 2, "backoffLimit 1 allows one retry"
+    # Deleted while the operator still runs, which removes its finalizer.
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "headless")
+    wait_until(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], "", 120)
