@@ -401,11 +401,20 @@ def _advance_trainer(
             message = f"the trainer failed {status.attempt} times (spec.backoffLimit is {limit}); last: {cause}"
             _fail(plan_, "BackoffLimitExceeded", message, now)
         return
-    running = [p for p in pods if p.attempt == status.attempt and p.phase == "Running" and not p.deleting]
+    current = [p for p in pods if p.attempt == status.attempt and not p.deleting]
+    running = [p for p in current if p.phase == "Running"]
+    exited = [p for p in current if p.phase in ("Succeeded", "Failed")]
     if running:
         status.phase = Phase.RUNNING
         status.reason, status.message = "TrainerRunning", f"pod {running[0].name}"
         set_condition(status, ConditionType.TRAINER_RUNNING, True, "TrainerRunning", status.message, now)
+    elif exited:
+        # The pod has ended but the Job controller has not yet marked the Job complete or failed: the
+        # job is still running (not back to Initializing) until the Job's verdict comes.
+        status.phase = Phase.RUNNING
+        pod = exited[0]
+        status.reason, status.message = "TrainerExiting", f"pod {pod.name} ended ({pod.phase}); waiting for the Job"
+        set_condition(status, ConditionType.TRAINER_RUNNING, True, "TrainerExiting", status.message, now)
     else:
         waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
 

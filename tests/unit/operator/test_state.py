@@ -131,6 +131,17 @@ def test_a_running_trainer_pod_makes_the_job_running_and_progress_reaches_the_st
     assert any(e.reason == "PhaseRunning" for e in plan.events)
 
 
+def test_a_trainer_pod_that_ended_before_its_job_is_marked_complete_keeps_the_job_running():
+    children = with_endpoints(base_children())
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, False, False, "", False)}
+    children["Pod"]["demo-trainer-x"] = pod("demo-trainer-x", "trainer", attempt=1, phase="Succeeded", ready=False)
+    plan = run(job_body(status={"attempt": 1, "phase": "Running"}), children)
+    assert plan.actions == []
+    assert plan.status.phase == "Running", "no flap back to Initializing between the pod's exit and the Job's verdict"
+    assert plan.status.reason == "TrainerExiting"
+    assert not any(e.reason == "PhaseInitializing" for e in plan.events)
+
+
 def test_a_failed_trainer_is_retried_in_three_passes_that_survive_a_restart_between_them():
     children = with_endpoints(base_children())
     failed = TrainerJobInfo("demo-trainer", 1, False, True, "BackoffLimitExceeded", False)
