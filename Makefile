@@ -51,7 +51,7 @@ node-packages:
 # The end-to-end suite on a real node (root): a cluster with kubelet, containerd, kube-proxy and CoreDNS,
 # our images loaded into it, the chart helm-installed, GRPOJobs trained by real pods.
 e2e: cluster-binaries node-packages images
-	$(BIN)/pytest --real-node tests/e2e
+	$(BIN)/pytest --real-node -rA tests/e2e
 
 cluster-up: cluster-binaries
 	$(BIN)/python -m grpojob_testing.cluster up
