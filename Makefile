@@ -35,7 +35,7 @@ cluster-binaries: $(VENV)/.dev-installed
 
 # buildah, podman, debootstrap and runc from Debian at the versions of testing/image-packages.txt (root).
 image-tools:
-	testing/install-image-packages
+	testing/install-debian-packages testing/image-packages.txt
 
 # Builds the base, operator, CPU trainer and penguin-env images into ~/.cache/grpojob/images unless cached.
 images: image-tools $(VENV)/.dev-installed
@@ -44,9 +44,9 @@ images: image-tools $(VENV)/.dev-installed
 test: lint cluster-binaries
 	$(BIN)/pytest
 
-# containerd, runc, the CNI plugins and iptables from Debian at the versions of testing/debian-packages.txt (root).
+# containerd, runc, the CNI plugins and iptables from Debian at the versions of testing/node-packages.txt (root).
 node-packages:
-	testing/install-node-packages
+	testing/install-debian-packages testing/node-packages.txt
 
 # The end-to-end suite on a real node (root): a cluster with kubelet, containerd, kube-proxy and CoreDNS,
 # our images loaded into it, the chart helm-installed, GRPOJobs trained by real pods.

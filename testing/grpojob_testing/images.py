@@ -160,7 +160,7 @@ def build_all(keys: list[str] | None = None) -> dict[str, Path]:
     """Make the base, then build the images named by `keys` (all when None); return their archives."""
     missing = [tool for tool in ("buildah", "podman", "debootstrap", RUNTIME) if shutil.which(tool) is None]
     if missing:
-        raise SystemExit(f"missing {', '.join(missing)}: run testing/install-image-packages (as root)")
+        raise SystemExit(f"missing {', '.join(missing)}: run `make image-tools` (as root)")
     unknown = set(keys or []) - {image.key for image in images()}
     if unknown:
         raise SystemExit(f"unknown images: {', '.join(sorted(unknown))}")

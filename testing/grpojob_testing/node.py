@@ -7,7 +7,7 @@ mounts and network namespaces under the cluster's state directory, and two sysct
 per machine, since the bridge, the node address and the ``kubepods`` cgroups are host-wide.
 
 Runtime choice: Debian bookworm's containerd 1.6 and runc 1.1 (pinned with the CNI plugins and
-iptables in testing/debian-packages.txt, installed by testing/install-node-packages). Kubelet 1.34
+iptables in testing/node-packages.txt, installed by `make node-packages`). Kubelet 1.34
 still speaks CRI v1 to containerd 1.6 (it only logs that the runtime cannot report its cgroup driver
 and uses the configured one), so building containerd 2 from the Go module proxy buys nothing yet; it
 will when Kubernetes drops containerd 1.x.
@@ -42,7 +42,7 @@ CNI_BIN_DIR = Path("/usr/lib/cni")
 NODE_ROLE = "real"
 # Host-wide switches the node needs; `down` restores the values it found.
 SYSCTLS = {"net/ipv4/ip_forward": "1", "net/bridge/bridge-nf-call-iptables": "1"}
-DEBIAN_PACKAGES_FILE = Path(__file__).resolve().parent.parent / "debian-packages.txt"
+NODE_PACKAGES_FILE = Path(__file__).resolve().parent.parent / "node-packages.txt"
 
 
 @dataclass(frozen=True)
@@ -295,7 +295,7 @@ def write_configs(paths: NodePaths, server: str, p: pki.Pki, ports: dict[str, in
 
 def debian_packages() -> dict[str, str]:
     """The pinned Debian packages of the node: name to exact version."""
-    lines = [line.strip() for line in DEBIAN_PACKAGES_FILE.read_text().splitlines()]
+    lines = [line.strip() for line in NODE_PACKAGES_FILE.read_text().splitlines()]
     return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
 
@@ -309,7 +309,7 @@ def preflight() -> None:
         if found != version:
             wrong.append(f"{name} {found or 'missing'} (pinned {version})")
     if wrong:
-        raise RuntimeError(f"run testing/install-node-packages: {', '.join(wrong)}")
+        raise RuntimeError(f"run `make node-packages`: {', '.join(wrong)}")
 
 
 # -- host changes ---------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="building and running images needs root (rootful podman)"),
     pytest.mark.skipif(
         any(shutil.which(tool) is None for tool in TOOLS),
-        reason=f"needs {', '.join(TOOLS)}: run testing/install-image-packages",
+        reason=f"needs {', '.join(TOOLS)}: run make image-tools",
     ),
     pytest.mark.timeout(1800),
 ]
@@ -131,7 +131,7 @@ def test_the_penguin_env_image_serves_its_health_route(archives: dict[str, Path]
 def containerd() -> Iterator[Path]:
     """A private containerd (Debian's) with its own root, state and socket; its socket."""
     if shutil.which("containerd") is None or shutil.which("ctr") is None:
-        pytest.skip("needs containerd and ctr: testing/install-node-packages")
+        pytest.skip("needs containerd and ctr: make node-packages")
     scratch = Path(tempfile.mkdtemp(prefix="grpojob-ctrd-"))
     (scratch / "config.toml").write_text("version = 2\n")
     socket_path = scratch / "containerd.sock"
