@@ -15,9 +15,12 @@ case $1 in
       && python3 -c "import vllm, ray, trl; print('vllm', vllm.__version__, 'ray', ray.__version__, 'trl', trl.__version__)" ;;
   tests) python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" ;;
   bench)
-    timeout "${3:-280}" python3 benchmarks/gpu_grpo.py "$2" --out /root/bench > "$OUT/$2.log" 2>&1
+    # A session of its own, so that what the leg started (vLLM engine, Ray) goes with it, and only that.
+    setsid timeout "${3:-280}" python3 benchmarks/gpu_grpo.py "$2" --out /root/bench > "$OUT/$2.log" 2>&1 &
+    leg=$!
+    wait "$leg"
     echo "$2: exit $?"; grep -E '^(Traceback|[A-Za-z]*Error)' "$OUT/$2.log" | head -5
-    pkill -9 -f 'EngineCore|gpu_grpo.py|raylet|gcs_server|default_worker' 2>/dev/null; sleep 1
+    kill -9 -- "-$leg" 2>/dev/null; sleep 1
     cp /root/bench/*.json "$OUT/" 2>/dev/null ;;
   *) echo "unknown step $1"; exit 2 ;;
 esac
