@@ -25,17 +25,11 @@ TEMPERATURE, TOP_P = 1.0, 1.0
 
 def small_model(directory: Path, seed: int) -> Path:
     """A random model with head_dim 64 (vLLM's attention kernels want it) and the tiny tokenizer."""
-    from grpojob_trainer.tiny_model import TinyModelConfig, write_tiny_model
+    import dataclasses
 
-    config = TinyModelConfig(
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        seed=seed,
-    )
-    return write_tiny_model(directory, config)
+    from grpojob_trainer.tiny_model import SHAPES, write_tiny_model
+
+    return write_tiny_model(directory, dataclasses.replace(SHAPES["small"], seed=seed))
 
 
 @pytest.fixture(scope="module")
@@ -141,21 +135,16 @@ def test_weights_sent_by_value_reach_the_engine(backend, model_dirs):
 
 
 def test_weights_shared_by_cuda_ipc_reach_the_engine_without_leaving_the_gpu(backend, model_dirs):
-    import pickle
-
-    from grpojob_trainer.weights import device_uuid, pack_bucket, plan_buckets, share_cuda_tensor
+    from grpojob_trainer.weights import plan_buckets, share_buckets
 
     tensors = policy_tensors(model_dirs[0])
     layouts = plan_buckets([(n, t.shape) for n, t in tensors.items()], bucket_bytes=1 << 20, dtype=torch.bfloat16)
     torch.cuda.synchronize()
     started = time.perf_counter()
-    buckets = [pack_bucket(layout, tensors, "cuda") for layout in layouts]
-    torch.cuda.synchronize()
-    shared = [(layout, share_cuda_tensor(bucket)) for layout, bucket in zip(layouts, buckets, strict=True)]
-    payload = pickle.dumps((device_uuid(0), shared))
+    payload, buckets = share_buckets(layouts, tensors, torch.device("cuda", 0))
     version = backend.update_weights_ipc(payload)
     elapsed = time.perf_counter() - started
-    print(f"weight sync (CUDA IPC, same GPU, {len(layouts)} buckets): {1000 * elapsed:.1f} ms")
+    print(f"weight sync (CUDA IPC, same GPU, {len(buckets)} buckets): {1000 * elapsed:.1f} ms")
     assert len(layouts) > 1 and version == 2
     assert_engine_samples_from(backend, model_dirs, now=0, before=1, version=2)
 

@@ -11,6 +11,7 @@ gloo on the CPU, which is how the protocol is tested without GPUs). Which path a
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -150,6 +151,28 @@ def local_device_index(uuid: str) -> int:
         if device_uuid(index) == uuid:
             return index
     raise ValueError(f"GPU {uuid} is not visible to this process")
+
+
+def share_buckets(
+    layouts: Iterable[BucketLayout], tensors: Mapping[str, torch.Tensor], device: torch.device
+) -> tuple[bytes, list[torch.Tensor]]:
+    """Pack ``tensors`` into buckets on GPU ``device`` and share them: the payload for
+    `open_shared_buckets` (pickled ``(gpu_uuid, [(layout, handle), ...])``) and the buckets, which the
+    caller keeps alive until every receiver has loaded them."""
+    layouts = list(layouts)
+    buckets = [pack_bucket(layout, tensors, device) for layout in layouts]
+    torch.cuda.synchronize(device)
+    shared = [(layout, share_cuda_tensor(bucket)) for layout, bucket in zip(layouts, buckets, strict=True)]
+    return pickle.dumps((device_uuid(device), shared)), buckets
+
+
+def open_shared_buckets(payload: bytes) -> Iterator[NamedTensor]:
+    """The receiver's side of `share_buckets`: views by name of each bucket, opened in place on this
+    process's index of the sender's GPU."""
+    uuid, shared = pickle.loads(payload)
+    index = local_device_index(uuid)
+    for layout, handle in shared:
+        yield from unpack_bucket(layout, open_shared_tensor(handle, index))
 
 
 # --------------------------------------------------------------------------------------------------

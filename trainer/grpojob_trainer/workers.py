@@ -10,7 +10,6 @@ offer each end of every path.
 
 from __future__ import annotations
 
-import pickle
 import socket
 from pathlib import Path
 from typing import Any
@@ -130,18 +129,12 @@ class PolicyWorker:
 
     def share_weights_ipc(self, bucket_bytes: int) -> bytes:
         """Pack the parameters into buckets on the GPU and share them by CUDA IPC handles (kept alive until
-        `release_shared_weights`): pickled ``(gpu_uuid, [(layout, handle), ...])``."""
-        from grpojob_trainer.weights import pack_bucket, share_cuda_tensor, trainable_weights
+        `release_shared_weights`); the payload `grpojob_trainer.weights.open_shared_buckets` opens."""
+        from grpojob_trainer.weights import share_buckets, trainable_weights
 
         tensors = dict(trainable_weights(self.trainer.model))
-        device = self.trainer.device
-        self._shared = [pack_bucket(layout, tensors, device) for layout in self.bucket_layouts(bucket_bytes)]
-        torch.cuda.synchronize(device)
-        buckets = [
-            (layout, share_cuda_tensor(flat))
-            for layout, flat in zip(self.bucket_layouts(bucket_bytes), self._shared, strict=True)
-        ]
-        return pickle.dumps((self.device_uuid(), buckets))
+        payload, self._shared = share_buckets(self.bucket_layouts(bucket_bytes), tensors, self.trainer.device)
+        return payload
 
     def release_shared_weights(self) -> None:
         self._shared = []

@@ -12,17 +12,12 @@ Payloads are pickled by us (bytes), so vLLM's message encoding never needs to kn
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from grpojob_trainer.weights import (
-    WeightBroadcastGroup,
-    device_uuid,
-    local_device_index,
-    open_shared_tensor,
-    unpack_bucket,
-)
+from grpojob_trainer.weights import WeightBroadcastGroup, device_uuid, open_shared_buckets
 
 
 class WeightSyncExtension:
@@ -38,44 +33,25 @@ class WeightSyncExtension:
         """The UUID of this worker's GPU (how the trainer tells a shared GPU from another one)."""
         return device_uuid(self.device)
 
-    def grpojob_load_tensors(self, payload: bytes) -> int:
-        """Load pickled ``[(name, tensor), ...]`` (CPU tensors: the object-store path)."""
-        named = pickle.loads(payload)
+    def _grpojob_load(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load named tensors (consumed lazily, bucket by bucket) and wait until the GPU has them."""
         self._grpojob_model().load_weights(iter(named))
         torch.cuda.synchronize(self.device)
-        return len(named)
 
-    def grpojob_load_ipc(self, payload: bytes) -> int:
-        """Load buckets shared by CUDA IPC: pickled ``(gpu_uuid, [(layout, handle), ...])``."""
-        uuid, buckets = pickle.loads(payload)
-        index = local_device_index(uuid)
-        model = self._grpojob_model()
-        loaded = 0
-        for layout, handle in buckets:
-            flat = open_shared_tensor(handle, index)
-            named = unpack_bucket(layout, flat)
-            model.load_weights(iter(named))
-            loaded += len(named)
-            del flat, named
-        torch.cuda.synchronize(self.device)
-        return loaded
+    def grpojob_load_tensors(self, payload: bytes) -> None:
+        """Load pickled ``[(name, tensor), ...]`` (CPU tensors: the object-store path)."""
+        self._grpojob_load(pickle.loads(payload))
+
+    def grpojob_load_ipc(self, payload: bytes) -> None:
+        """Load buckets shared by CUDA IPC (`grpojob_trainer.weights.share_buckets`), in place."""
+        self._grpojob_load(open_shared_buckets(payload))
 
     def grpojob_join_weight_group(self, host: str, port: int, world_size: int, rank: int) -> None:
         """Join the policy's broadcast group (NCCL) as ``rank``."""
         torch.cuda.set_device(self.device)
         self._grpojob_group = WeightBroadcastGroup(host, port, world_size=world_size, rank=rank, backend="nccl")
 
-    def grpojob_load_from_group(self, payload: bytes) -> int:
+    def grpojob_load_from_group(self, payload: bytes) -> None:
         """Receive pickled ``[layout, ...]`` buckets from the broadcast group and load each as it arrives."""
-        layouts = pickle.loads(payload)
         group: WeightBroadcastGroup = self._grpojob_group
-        loaded = 0
-        model = self._grpojob_model()
-        for layout in layouts:
-            flat = torch.empty(layout.numel, dtype=layout.torch_dtype, device=self.device)
-            group.broadcast(flat)
-            named = unpack_bucket(layout, flat)
-            model.load_weights(iter(named))
-            loaded += len(named)
-        torch.cuda.synchronize(self.device)
-        return loaded
+        self._grpojob_load(group.receive_buckets(pickle.loads(payload), self.device))
