@@ -3,12 +3,14 @@
     python benchmarks/gpu_grpo.py all --out runs/bench-gpu            # every leg, then the table
     python benchmarks/gpu_grpo.py LEG --out runs/bench-gpu            # one leg (writes LEG.json)
     python benchmarks/gpu_grpo.py table --out runs/bench-gpu          # the Markdown table of what ran
+    python benchmarks/gpu_grpo.py prepare --out runs/bench-gpu        # only write the model and the rows
 
 Legs (each in a process of its own, so one engine's memory is gone before the next starts):
 
 - ``generation-raw``: vLLM's offline `LLM.generate` on token-id prompts: the anchor.
 - ``generation-http``: the same prompts as chat messages through our OpenAI-compatible server (vLLM
-  async engine behind it), all requests in flight at once, as the environment servers send them.
+  async engine behind it), all requests in flight at once from another process, as the environment
+  servers send them.
   Both legs sample identically (temperature 1, top-p 1, the sampled token's log-probability).
 - ``grpo-ours``: ``grpojob run`` of a GRPOJob with the model below and the arithmetic environment;
   policy and vLLM engine share GPU 0 (weights by CUDA IPC). ``grpo-ours-2gpu``: the same job with the
@@ -26,6 +28,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import multiprocessing
 import os
 import random
 import statistics
@@ -123,12 +126,23 @@ def leg_generation_raw(out: Path, workload: Workload) -> dict[str, Any]:
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     seconds = time.perf_counter() - started
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {"seconds": seconds, "generated_tokens": generated, "tokens_per_s": generated / seconds}
+    return {
+        "seconds": seconds,
+        "generated_tokens": generated,
+        "tokens_per_s": generated / seconds,
+        "scheduler": scheduler_limits(llm.llm_engine),
+    }
+
+
+def scheduler_limits(engine: Any) -> dict[str, int] | None:
+    """The engine's batch limits: the two legs must run with the same ones to compare their throughput."""
+    scheduler = getattr(getattr(engine, "vllm_config", None), "scheduler_config", None)
+    if scheduler is None:
+        return None
+    return {"max_num_seqs": scheduler.max_num_seqs, "max_num_batched_tokens": scheduler.max_num_batched_tokens}
 
 
 def leg_generation_http(out: Path, workload: Workload) -> dict[str, Any]:
-    import httpx
-
     from grpojob_trainer.generation.app import ServerConfig
     from grpojob_trainer.generation.backend import SamplingParams
     from grpojob_trainer.generation.server import GenerationServer
@@ -143,32 +157,45 @@ def leg_generation_http(out: Path, workload: Workload) -> dict[str, Any]:
     messages = random_messages(backend.tokenizer, workload.prompts, workload.prompt_tokens)
     config = ServerConfig("bench", SamplingParams(1.0, 1.0, workload.new_tokens))
 
-    async def send_all(base_url: str, batch: list[list[dict[str, str]]]) -> list[dict[str, Any]]:
-        limits = httpx.Limits(max_connections=len(batch), max_keepalive_connections=len(batch))
-        async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
-
-            async def one(m: list[dict[str, str]]) -> dict[str, Any]:
-                body = {"model": "bench", "messages": m, "temperature": 1.0, "top_p": 1.0}
-                response = await client.post("/chat/completions", json=body | {"max_tokens": workload.new_tokens})
-                response.raise_for_status()
-                return response.json()
-
-            return await asyncio.gather(*(one(m) for m in batch))
-
-    with GenerationServer(backend, config) as server:
-        asyncio.run(send_all(server.base_url, messages[:1]))  # warm-up
-        started = time.perf_counter()
-        answers = asyncio.run(send_all(server.base_url, messages))
-        seconds = time.perf_counter() - started
+    # The requests come from another process, as they do from the environment servers: an HTTP client
+    # in the server's process would compete with it and with the engine's output handling for the GIL.
+    with GenerationServer(backend, config) as server, multiprocessing.get_context("spawn").Pool(1) as client:
+        client.apply(send_chat_requests, (server.base_url, messages[:1], workload.new_tokens))  # warm-up
+        seconds, answers = client.apply(send_chat_requests, (server.base_url, messages, workload.new_tokens))
     prompt_lengths = {a["usage"]["prompt_tokens"] for a in answers}
     generated = sum(a["usage"]["completion_tokens"] for a in answers)
+    limits = scheduler_limits(backend.engine)
     backend.shutdown()
     return {
         "seconds": seconds,
         "generated_tokens": generated,
         "tokens_per_s": generated / seconds,
         "prompt_tokens": sorted(prompt_lengths),
+        "scheduler": limits,
     }
+
+
+def send_chat_requests(
+    base_url: str, conversations: list[list[dict[str, str]]], max_tokens: int
+) -> tuple[float, list[dict[str, Any]]]:
+    """Send every conversation to ``/chat/completions`` at once; (seconds until the last answer, answers)."""
+    import httpx
+
+    async def send_all() -> list[dict[str, Any]]:
+        limits = httpx.Limits(max_connections=len(conversations), max_keepalive_connections=len(conversations))
+        async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
+
+            async def one(messages: list[dict[str, str]]) -> dict[str, Any]:
+                body = {"model": "bench", "messages": messages, "temperature": 1.0, "top_p": 1.0}
+                response = await client.post("/chat/completions", json=body | {"max_tokens": max_tokens})
+                response.raise_for_status()
+                return response.json()
+
+            return await asyncio.gather(*(one(m) for m in conversations))
+
+    started = time.perf_counter()
+    answers = asyncio.run(send_all())
+    return time.perf_counter() - started, answers
 
 
 # --------------------------------------------------------------------------------------------------
@@ -244,7 +271,10 @@ def training_flops_per_token(model: Path, mean_sequence: float) -> float:
 def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1) -> dict[str, Any]:
     name = "ours-colocated" if gpus == 1 else "ours-2gpu"
     job = job_yaml(out, workload, name, colocated=gpus == 1)
-    env = os.environ | {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(gpus))).split(",")
+    if len(visible) < gpus:
+        raise SystemExit(f"this leg needs {gpus} GPUs; CUDA_VISIBLE_DEVICES={','.join(visible)}")
+    env = os.environ | {"CUDA_VISIBLE_DEVICES": ",".join(visible[:gpus])}
     run_dir = out / name
     started = time.perf_counter()
     subprocess.run(
@@ -341,6 +371,7 @@ def leg_grpo_trl(out: Path, workload: Workload) -> dict[str, Any]:
         epsilon_high=0.28,
         max_steps=workload.steps,
         bf16=torch.cuda.is_available(),
+        gradient_checkpointing=False,  # TRL's default is on; ours is off unless the job asks for it
         use_cpu=not torch.cuda.is_available(),
         use_vllm=workload.trl_use_vllm,
         vllm_mode="colocate",
@@ -462,7 +493,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("leg", choices=[*LEGS, "all", "table"])
+    parser.add_argument("leg", choices=[*LEGS, "all", "table", "prepare"])
     parser.add_argument("--out", type=Path, default=Path("runs/bench-gpu"))
     parser.add_argument("--steps", type=int, default=Workload.steps)
     parser.add_argument(
@@ -473,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     workload = Workload(steps=args.steps, **parse_overrides(args.set))
     if args.leg == "table":
         print(table(args.out))
+        return 0
+    if args.leg == "prepare":  # the model and rows, before legs run side by side on several GPUs
+        print(model_dir(args.out, workload), dataset_path(args.out, workload.prompts_per_step * (workload.steps + 2)))
         return 0
     if args.leg == "all":
         failed = []

@@ -3,7 +3,10 @@
 #   part DIR     copy one part of the wheels (../shared/gpu/pack-wheels.sh output, one ≤ 60 MiB folder per call)
 #   install      unpack every part and install the wheels into /tmp/site
 #   tests        the GPU tests (tests/gpu)
-#   bench LEG    one leg of benchmarks/gpu_grpo.py (results under /root/bench, copied to $OUT)
+#   prepare      write the benchmark's model and rows (before legs run side by side)
+#   bench LEG [TIMEOUT]
+#                one leg of benchmarks/gpu_grpo.py (results under /root/bench, copied to $OUT); the leg
+#                uses the GPUs of CUDA_VISIBLE_DEVICES, so two legs can run at once on two GPUs
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
 export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
@@ -13,6 +16,7 @@ case $1 in
     mkdir -p /root/whl && (cd /root/parts && cat part_* | tar xf - -C /root/whl) && cp /root/parts/*.whl /root/whl/ \
       && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /root/whl/*.whl \
       && python3 -c "import vllm, ray, trl; print('vllm', vllm.__version__, 'ray', ray.__version__, 'trl', trl.__version__)" ;;
+  prepare) python3 benchmarks/gpu_grpo.py prepare --out /root/bench ;;
   tests) python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" ;;
   bench)
     # A session of its own, so that what the leg started (vLLM engine, Ray) goes with it, and only that.
