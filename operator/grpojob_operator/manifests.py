@@ -159,6 +159,12 @@ def checkpoint_volume(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest],
     return [_pvc_volume("checkpoints", pvc, read_only=False)], [mount], f"{CHECKPOINT_MOUNT}/{inside}"
 
 
+def group_resource(group: str, gpus: int) -> int:
+    """How much of its group's custom Ray resource a worker pod declares: a `policy` pod one unit per GPU
+    (the trainer places one policy rank per GPU, each asking for one unit), anything else one."""
+    return max(1, gpus) if group == names.POLICY_GROUP else 1
+
+
 def _worker_group(
     job: api.GRPOJob, group: str, replicas: int, gpus: int, image: str, ports: list[Manifest]
 ) -> Manifest:
@@ -174,7 +180,7 @@ def _worker_group(
         "maxReplicas": replicas,
         # A custom Ray resource per group lets the trainer place its actors on the right pods. KubeRay
         # pastes the value into a shell command line, so it is single-quoted, as KubeRay quotes its own.
-        "rayStartParams": {"resources": f"'{json.dumps({group: 1})}'"},
+        "rayStartParams": {"resources": f"'{json.dumps({group: group_resource(group, gpus)})}'"},
         "template": {
             "metadata": {"labels": labels},
             "spec": {

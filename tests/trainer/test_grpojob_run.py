@@ -18,7 +18,9 @@ import yaml
 from grpojob_trainer.checkpoint import latest_checkpoint, list_checkpoints
 
 
-def write_job(tmp: Path, model: Path, *, steps: int, interval: int, environment: dict | None = None) -> Path:
+def write_job(
+    tmp: Path, model: Path, *, steps: int, interval: int, environment: dict | None = None, replicas: int = 1
+) -> Path:
     data = tmp / "train.jsonl"
     if not data.exists():
         from grpojob_trainer.environments.dataset import write_rows
@@ -29,6 +31,7 @@ def write_job(tmp: Path, model: Path, *, steps: int, interval: int, environment:
     job["spec"]["dataset"]["path"] = str(data)
     job["spec"]["grpo"]["maxSteps"] = steps
     job["spec"]["checkpointing"] = {"path": str(tmp / "checkpoints"), "interval": interval}
+    job["spec"]["training"]["replicas"] = replicas
     if environment is not None:
         job["spec"]["environments"] = [environment]
         job["spec"]["grpo"] |= {"rolloutTimeoutSeconds": 3, "rolloutRetries": 1, "maxFailedSteps": 2}
@@ -129,3 +132,23 @@ def test_an_environment_that_only_fails_ends_the_run_with_counted_failures(tiny_
         json.loads(line)["rollout/failed"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     ]
     assert failed == [64.0, 64.0], "each step's 8 prompts x 8 generations are counted as failed"
+
+
+def test_two_policy_ranks_on_the_cpu_train_sync_weights_and_hand_their_checkpoint_to_one(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """training.replicas 2 on the CPU: two gloo ranks (FSDP2) behind the loop; then one rank resumes."""
+    job = write_job(tmp_path, tiny_model_dir, steps=2, interval=2, replicas=2)
+    out = finish(grpojob("run", str(job), "--out", str(tmp_path / "two"), "--no-progress", cwd=tmp_path), 300)
+    assert "Traceback" not in out, out[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert record["grad_norm"] > 0 and record["generated_tokens"] > 0
+        assert record["weight_sync/version"] >= 1  # the engine took the policy's weights
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000002"
+
+    job = write_job(tmp_path, tiny_model_dir, steps=3, interval=3, replicas=1)
+    out = finish(grpojob("run", str(job), "--out", str(tmp_path / "one"), "--no-progress", cwd=tmp_path), 300)
+    assert "resumed from the checkpoint of step 2" in out, out[-3000:]
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000003"

@@ -5,12 +5,17 @@ Layout of ``<directory>/step_<step:08d>/``:
 - ``meta.json``: format version, step, the data loader's position (an opaque JSON dict), the config
   that produced the run (an opaque JSON dict: the GRPOJob spec) and the model's architecture config;
 - ``model.safetensors``: the model's parameters and buffers (tied weights stored once);
-- ``optimizer.pt``: the optimizer's state dict;
+- ``optimizer.pt``: the optimizer's state dict, as ``torch.optim.Optimizer.state_dict`` writes it
+  (parameters numbered in the order of the optimizer's parameter groups);
 - ``rng.pt``: Python, NumPy and torch (CPU, and CUDA when present) random-number-generator states.
 
 A checkpoint is written to a hidden temporary directory beside its final place and renamed into place
 only when every file is complete, so a crash mid-write leaves no ``step_*`` directory: a half-written
 checkpoint is never loaded. `latest_checkpoint` also ignores a ``step_*`` directory without ``meta.json``.
+
+A policy sharded over several ranks (FSDP2) writes the same files: every rank takes part in gathering
+the full model and optimizer state (``torch.distributed.checkpoint.state_dict``), rank 0 writes them;
+every rank loads the full state and keeps its shard. So a checkpoint of N ranks resumes on M.
 """
 
 from __future__ import annotations
@@ -89,6 +94,85 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def tied_names(model: torch.nn.Module) -> list[list[str]]:
+    """Names of parameters that are one tensor (tied weights), in groups of two or more, first name first."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def optimizer_param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names of ``optimizer``'s parameters in the order its state dict numbers them."""
+    names = {id(param): name for name, param in model.named_parameters()}
+    return [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
+
+
+def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter names (``get_optimizer_state_dict``'s) keyed by number
+    instead, as ``Optimizer.state_dict`` numbers them: in the order of the parameter groups."""
+    index: dict[str, int] = {}
+    groups = []
+    for group in state["param_groups"]:
+        groups.append({**group, "params": [index.setdefault(name, len(index)) for name in group["params"]]})
+    return {"state": {index[name]: value for name, value in state["state"].items()}, "param_groups": groups}
+
+
+def optimizer_state_by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The inverse of `optimizer_state_by_index`, for parameters numbered as ``names`` lists them."""
+    return {
+        "state": {names[index]: value for index, value in state["state"].items()},
+        "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]],
+    }
+
+
+def _full_state_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def gather_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The full (unsharded, on the CPU) model state, tied weights once, and optimizer state, numbered as
+    ``Optimizer.state_dict`` numbers it. A collective on a sharded model: every rank calls it, rank 0
+    gets the state and the others empty dicts."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    options = _full_state_options()
+    model_state = get_model_state_dict(model, options=options)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+    if not model_state:
+        return {}, {}
+    for names in tied_names(model):
+        for alias in names[1:]:
+            model_state.pop(alias, None)
+    return {k: v.contiguous() for k, v in model_state.items()}, optimizer_state_by_index(optimizer_state)
+
+
+def restore_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any] | None,
+) -> None:
+    """Load full states (as `gather_state` returns them, or as read from a checkpoint) into a model and
+    optimizer, sharded or not (every rank of a sharded model calls it with the full states)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    model_state = dict(model_state)
+    for names in tied_names(model):
+        present = next((name for name in names if name in model_state), None)
+        if present is not None:
+            model_state |= {name: model_state[present] for name in names}
+    options = StateDictOptions(full_state_dict=True, strict=True)
+    set_model_state_dict(model, model_state, options=options)
+    if optimizer is not None and optimizer_state is not None:
+        named = optimizer_state_by_name(optimizer_state, optimizer_param_names(model, optimizer))
+        set_optimizer_state_dict(model, optimizer, named, options=options)
+
+
 def save_checkpoint(
     directory: str | os.PathLike[str],
     *,
@@ -102,11 +186,15 @@ def save_checkpoint(
     """Write the checkpoint of ``step`` atomically; with ``keep``, then delete all but the newest ``keep``.
 
     ``data_position`` and ``config`` must be JSON-serialisable. An existing checkpoint of the same step
-    is replaced. Returns the checkpoint's directory.
+    is replaced. Returns the checkpoint's directory. With a sharded model every rank calls this (the
+    state is gathered from all of them) and rank 0 writes.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(directory, step)
+    model_state, optimizer_state = gather_state(model, optimizer)
+    if not model_state:  # not rank 0
+        return final
+    directory.mkdir(parents=True, exist_ok=True)
     model_config = model.config.to_dict() if hasattr(model, "config") and hasattr(model.config, "to_dict") else None
     meta = {
         "format": FORMAT_VERSION,
@@ -118,8 +206,8 @@ def save_checkpoint(
     meta_text = json.dumps(meta, indent=2, sort_keys=True)  # fails before anything is written
     temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{step:08d}-", dir=directory))
     try:
-        safetensors.torch.save_model(model, str(temp / MODEL))
-        torch.save(optimizer.state_dict(), temp / OPTIMIZER)
+        safetensors.torch.save_file(model_state, str(temp / MODEL), metadata={"format": "pt"})
+        torch.save(optimizer_state, temp / OPTIMIZER)
         torch.save(rng_state(), temp / RNG)
         (temp / META).write_text(meta_text, encoding="utf-8")
         for file in temp.iterdir():
@@ -144,15 +232,17 @@ def load_checkpoint(
     restore_rng: bool = True,
 ) -> CheckpointInfo:
     """Load a checkpoint into ``model`` (in place: existing parameter objects, so an optimizer built
-    over them stays valid), ``optimizer`` when given, and the global RNGs when ``restore_rng``."""
+    over them stays valid), ``optimizer`` when given, and the global RNGs when ``restore_rng``. Every
+    rank of a sharded model calls it and keeps its shards."""
     path = Path(path)
     meta = json.loads((path / META).read_text(encoding="utf-8"))
     if meta.get("format") != FORMAT_VERSION:
         raise ValueError(f"{path}: checkpoint format {meta.get('format')!r}, this trainer reads {FORMAT_VERSION}")
-    device = next(model.parameters()).device
-    safetensors.torch.load_model(model, str(path / MODEL), strict=True, device=str(device))
+    model_state = safetensors.torch.load_file(str(path / MODEL))
+    optimizer_state = None
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(path / OPTIMIZER, map_location=device, weights_only=True))
+        optimizer_state = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True)
+    restore_state(model, optimizer, model_state, optimizer_state)
     if restore_rng:
         set_rng_state(torch.load(path / RNG, weights_only=True))
     return CheckpointInfo(path=path, step=meta["step"], data_position=meta["data_position"], config=meta["config"])

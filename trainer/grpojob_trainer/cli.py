@@ -53,6 +53,27 @@ def _local_gpus(spec: api.GRPOJobSpec) -> int:
     return torch.cuda.device_count()
 
 
+def _local_policy(spec: api.GRPOJobSpec, gpus: int) -> tuple[int, float]:
+    """`grpojob run`'s policy: its ranks and each one's GPUs. Without GPUs, one gloo rank per
+    training replica; with one GPU, one rank sharing it with the engine; with more, one rank per GPU
+    asked for (`ranks.world_size`), the engine on a GPU of its own."""
+    from grpojob_trainer.ranks import world_size
+
+    training = spec.training
+    if gpus == 0:
+        return training.replicas, 0
+    world = world_size(training.replicas, training.gpus_per_replica)
+    if gpus == 1:
+        if world > 1:
+            raise UsageError(f"spec.training: {world} policy ranks need {world + 1} GPUs here, this machine has 1")
+        return 1, 0.5
+    if world + 1 > gpus:
+        raise UsageError(
+            f"spec.training: {world} policy ranks and the engine need {world + 1} GPUs, this machine has {gpus}"
+        )
+    return world, 1
+
+
 def _require(path: Path, field: str, hint: str) -> Path:
     if not path.exists():
         raise UsageError(f"{field}: {path} does not exist ({hint})")
@@ -84,14 +105,15 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     spec_json = spec.model_dump(mode="json", by_alias=True)
 
     gpus = _local_gpus(spec)
-    gcs = raycluster.start_local(generation_replicas=1, policy_replicas=1, num_gpus=gpus)
+    world, policy_gpus = _local_policy(spec, gpus)
+    gcs = raycluster.start_local(generation_replicas=1, policy_replicas=world, num_gpus=gpus)
     print(f"Ray is up (GCS {gcs}, {gpus} GPUs); loading the model from {model}", flush=True)
     try:
-        # One engine and the policy. With one GPU they share it (colocated: half each, the engine taking
-        # spec.generation.gpuMemoryUtilization of its memory); without GPUs both run on the CPU.
+        # One engine and the policy's ranks. With one GPU they share it (colocated: half each, the engine
+        # taking spec.generation.gpuMemoryUtilization of its memory); without GPUs all run on the CPU.
         share = 0.5 if gpus == 1 else min(1, gpus)
         engines = raycluster.place_generation(1, share, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed)
-        policy = raycluster.place_policy(share, spec_json, str(model), spec.grpo.seed)
+        policy = raycluster.place_policy(world, policy_gpus, spec_json, str(model), spec.grpo.seed)
         base_url = ray.get(engines[0].base_url.remote())
         environments = EnvironmentProcesses(
             spec.environments,
@@ -140,6 +162,7 @@ def train_in_cluster(config_path: Path) -> int:
     from grpojob_trainer.local_environments import wait_for_environments
     from grpojob_trainer.metrics import MetricsLogger
     from grpojob_trainer.progress import ConfigMapProgressPublisher
+    from grpojob_trainer.ranks import world_size
 
     job = load_job(config_path)
     spec = job.spec
@@ -154,9 +177,17 @@ def train_in_cluster(config_path: Path) -> int:
         engines = raycluster.place_generation(
             generation.replicas, generation.gpus_per_replica, spec_json, model, "0.0.0.0", 8000, spec.grpo.seed
         )
-        policy = raycluster.place_policy(training.gpus_per_replica, spec_json, model, spec.grpo.seed)
-        # Waits for the worker pods (and their images and GPUs); a job that never gets them is ended
-        # by the operator's deadline or stuck-pod checks, and this gives up after an hour.
+        # One rank per GPU of the `policy` workers (one per worker on the CPU). Placing them waits for the
+        # worker pods (and their images and GPUs); a job that never gets them is ended by the operator's
+        # deadline or stuck-pod checks, and this gives up after an hour.
+        policy = raycluster.place_policy(
+            world_size(training.replicas, training.gpus_per_replica),
+            min(1, training.gpus_per_replica),
+            spec_json,
+            model,
+            spec.grpo.seed,
+            timeout_s=3600,
+        )
         ray.get([engine.base_url.remote() for engine in engines], timeout=3600)
         wait_for_environments(env_urls)
         out = Path(env.get("GRPOJOB_LOG_DIR", "/tmp/grpojob"))

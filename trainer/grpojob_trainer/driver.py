@@ -24,6 +24,7 @@ from grpojob_trainer.data import PromptDataset
 from grpojob_trainer.errors import AllRolloutsFailed
 from grpojob_trainer.metrics import GENERATION, WEIGHT_SYNC, MetricsLogger, ProgressPublisher, StepTimer
 from grpojob_trainer.penguin.rollouts import PolicySampling, collect_rollouts
+from grpojob_trainer.policy_group import PolicyGroup
 from grpojob_trainer.weight_sync import weight_sync_for
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def expand_groups(rows: list[dict[str, Any]], generations: int) -> tuple[list[di
 def run_loop(
     job: api.GRPOJob,
     *,
-    policy: Any,
+    policy: PolicyGroup,
     engines: list[Any],
     env_urls: dict[str, str],
     dataset: PromptDataset,
@@ -57,11 +58,9 @@ def run_loop(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> LoopResult:
     """Train until ``spec.grpo.maxSteps``, resuming from the newest checkpoint in ``checkpoint_dir``."""
-    import ray
-
     spec = job.spec
     grpo, generation = spec.grpo, spec.generation
-    resumed = ray.get(policy.resume.remote(str(checkpoint_dir)))
+    resumed = policy.resume(str(checkpoint_dir))
     start = 0
     if resumed is not None:
         start, position = resumed
@@ -104,7 +103,7 @@ def run_loop(
                 )
             continue
         failed_in_a_row = 0
-        metrics |= ray.get(policy.train_step.remote(samples))
+        metrics |= policy.train_step(samples)
         with timer.phase(WEIGHT_SYNC):
             metrics |= weight_sync.push()
         metrics |= timer.metrics()
@@ -122,11 +121,7 @@ def run_loop(
         result.last_step = step
         interval = spec.checkpointing.interval
         if step % interval == 0 or step == grpo.max_steps:
-            ray.get(
-                policy.save.remote(
-                    str(checkpoint_dir), step, dataset.position.as_dict(), config, spec.checkpointing.keep
-                )
-            )
+            policy.save(str(checkpoint_dir), step, dataset.position.as_dict(), config, spec.checkpointing.keep)
         if on_step is not None:
             on_step(step, metrics)
     return result

@@ -19,21 +19,34 @@ Devices and precision. Batches go to the device of the model's parameters. On a 
 ``bf16`` (the default there), forward and backward run under bfloat16 autocast while the weights, their
 gradients and AdamW's state stay float32 (the "master weights"); log-probabilities are always computed
 from float32 logits. On the CPU everything is float32.
+
+Ranks. The policy may be several processes (`grpojob_trainer.ranks`: one per GPU, gloo ranks on the
+CPU), each holding a `PolicyTrainer` built with the group's device mesh; the model (and the reference) is
+then sharded with FSDP2 before the optimizer is built over the shards. Every rank receives all the
+step's samples, computes the step's advantages and loss normaliser (generated tokens or sequences of
+the WHOLE step) itself, and trains on its contiguous slice. FSDP2 gathers each layer's weights in every
+forward and backward, so all ranks run the same number of micro-batches: a rank with a smaller slice
+runs padding micro-batches whose loss mask is empty (no contribution). The ranks' gradients are summed
+(each loss is already divided by the step-wide count), clipped by their global norm, and the metrics
+combined over ranks. One rank is the same code path with nothing sharded and no process group.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from grpojob_api.v1alpha1 import AdvantageSpec, GRPOJobSpec, LossAggregation, OptimizerSpec
 from grpojob_trainer.grpo import LossConfig, LossInputs, group_advantages, policy_loss
 from grpojob_trainer.metrics import LOGPROBS, TRAINING, StepTimer, tokens_per_second
+from grpojob_trainer.ranks import all_reduce, full_tensor, micro_batches_per_rank, rank_bounds, shard_model
 from grpojob_trainer.samples import TrainingSample
 
 
@@ -97,6 +110,22 @@ def build_batch(samples: Sequence[TrainingSample], pad_token_id: int) -> TokenBa
     )
 
 
+def padding_batch(sample: TrainingSample, pad_token_id: int) -> TokenBatch:
+    """A one-sequence batch of ``sample`` with an empty loss mask: a micro-batch that contributes nothing
+    (run by a rank whose share of the step has fewer micro-batches than another's)."""
+    batch = build_batch([sample], pad_token_id)
+    batch.loss_mask = torch.zeros_like(batch.loss_mask)
+    return batch
+
+
+def step_normalizer(samples: Sequence[TrainingSample], aggregation: LossAggregation) -> float:
+    """The denominator of the whole step's loss: its trained (generated, after the first) tokens for
+    ``token`` aggregation, its sequences for ``sequence``."""
+    if aggregation is LossAggregation.TOKEN:
+        return float(sum(sum(s.generated_mask[1:]) for s in samples))
+    return float(len(samples))
+
+
 def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
     """``[B, L - 1]`` float32 log-probabilities of each target under ``softmax(logits / temperature)``.
 
@@ -145,6 +174,7 @@ class PolicyTrainer:
         pad_token_id: int,
         reference_model: torch.nn.Module | None = None,
         precision: str = "fp32",
+        mesh: Any = None,
     ) -> None:
         if precision not in ("bf16", "fp32"):
             raise ValueError(f"precision must be bf16 or fp32, got {precision!r}")
@@ -155,6 +185,9 @@ class PolicyTrainer:
             )
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be at least 1, got {micro_batch_size}")
+        self.mesh = mesh
+        self.rank = 0 if mesh is None else mesh.get_local_rank()
+        self.world = 1 if mesh is None else mesh.size()
         self.model = model.eval()
         self.loss_config = loss
         self.advantage = advantage
@@ -164,6 +197,14 @@ class PolicyTrainer:
         self.max_grad_norm = optimizer.max_grad_norm
         on_gpu = self.device.type == "cuda"
         self.autocast_dtype = torch.bfloat16 if on_gpu and precision == "bf16" else None
+        self.reference_model: torch.nn.Module | None = None
+        if loss.kl_coef > 0:
+            self.reference_model = reference_model if reference_model is not None else copy.deepcopy(model)
+            self.reference_model.eval().requires_grad_(False)
+        if self.world > 1:  # shard first: the optimizer holds the shards
+            shard_model(self.model, mesh)
+            if self.reference_model is not None:
+                shard_model(self.reference_model, mesh)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=optimizer.learning_rate,
@@ -171,10 +212,6 @@ class PolicyTrainer:
             weight_decay=optimizer.weight_decay,
             fused=on_gpu or None,
         )
-        self.reference_model: torch.nn.Module | None = None
-        if loss.kl_coef > 0:
-            self.reference_model = reference_model if reference_model is not None else copy.deepcopy(model)
-            self.reference_model.eval().requires_grad_(False)
 
     @classmethod
     def from_spec(
@@ -184,8 +221,10 @@ class PolicyTrainer:
         *,
         pad_token_id: int,
         reference_model: torch.nn.Module | None = None,
+        mesh: Any = None,
     ) -> PolicyTrainer:
-        """A trainer configured by a GRPOJob's spec (optimizer, micro-batch size, loss, advantages, temperature)."""
+        """A trainer configured by a GRPOJob's spec (optimizer, micro-batch size, loss, advantages, temperature);
+        with ``mesh`` (of several ranks), one rank of the sharded policy."""
         return cls(
             model,
             optimizer=spec.training.optimizer,
@@ -196,6 +235,7 @@ class PolicyTrainer:
             pad_token_id=pad_token_id,
             reference_model=reference_model,
             precision=spec.training.precision,
+            mesh=mesh,
         )
 
     @property
@@ -221,20 +261,36 @@ class PolicyTrainer:
             for start in range(0, len(samples), size)
         ]
 
-    @torch.no_grad()
-    def prepare(self, samples: Sequence[TrainingSample]) -> list[PreparedBatch]:
-        """Advantages of the whole step, and old-policy and reference log-probabilities per micro-batch."""
+    def step_advantages(self, samples: Sequence[TrainingSample]) -> torch.Tensor:
+        """``[len(samples)]`` group-relative advantages of the whole step (on the CPU)."""
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         group_ids = torch.tensor([s.group_index for s in samples], dtype=torch.long)
-        advantages = group_advantages(
+        return group_advantages(
             rewards,
             group_ids,
             normalize_std=self.advantage.normalize_std,
             leave_one_out=self.advantage.leave_one_out,
-        ).to(self.device)
+        )
+
+    def rank_micro_batches(self, samples: Sequence[TrainingSample]) -> tuple[list[TokenBatch], torch.Tensor]:
+        """This rank's micro-batches of the step (its contiguous slice, then padding micro-batches up to
+        the count of the largest slice) and the advantages of each of their rows (0 on padding)."""
+        start, stop = rank_bounds(len(samples), self.rank, self.world)
+        batches = self.micro_batches(samples[start:stop])
+        advantages = [self.step_advantages(samples)[start:stop]]
+        for _ in range(micro_batches_per_rank(len(samples), self.world, self.micro_batch_size) - len(batches)):
+            batches.append(padding_batch(samples[0], self.pad_token_id).to(self.device))
+            advantages.append(torch.zeros(1))
+        return batches, torch.cat(advantages).to(self.device)
+
+    @torch.no_grad()
+    def prepare(self, samples: Sequence[TrainingSample]) -> list[PreparedBatch]:
+        """Advantages of the whole step, and old-policy and reference log-probabilities per micro-batch
+        of this rank's share (see `rank_micro_batches`)."""
+        batches, advantages = self.rank_micro_batches(samples)
         prepared = []
         start = 0
-        for batch in self.micro_batches(samples):
+        for batch in batches:
             size = batch.input_ids.shape[0]
             ref = None
             with self._autocast():
@@ -249,23 +305,28 @@ class PolicyTrainer:
             start += size
         return prepared
 
-    def accumulate_gradients(self, prepared: Sequence[PreparedBatch]) -> dict[str, float]:
+    def accumulate_gradients(
+        self, prepared: Sequence[PreparedBatch], normalizer: float | None = None
+    ) -> dict[str, float]:
         """Zero the gradients, then back-propagate every micro-batch's share of the step's loss.
 
-        Each micro-batch's loss is normalised by the whole step's count (generated tokens, or sequences
-        with sequence aggregation), so the accumulated gradient is that of the loss of the whole batch.
-        Returns the loss and the loss diagnostics combined over micro-batches (token-weighted means;
-        maxima for ``*_max``).
+        Each micro-batch's loss is divided by ``normalizer``, the whole step's count (generated tokens,
+        or sequences with sequence aggregation; by default that of ``prepared``, right on one rank), so
+        the accumulated gradient (summed over ranks) is that of the loss of the whole batch. Returns the
+        loss and the loss diagnostics combined over micro-batches and ranks (token-weighted means; maxima
+        for ``*_max``).
         """
-        if self.loss_config.aggregation is LossAggregation.TOKEN:
-            normalizer = float(sum(p.batch.generated_tokens for p in prepared))
-        else:
-            normalizer = float(sum(p.batch.input_ids.shape[0] for p in prepared))
-        if sum(p.batch.generated_tokens for p in prepared) == 0:
-            raise ValueError("the step's samples have no generated token to train on")
+        if normalizer is None:
+            if self.loss_config.aggregation is LossAggregation.TOKEN:
+                normalizer = float(sum(p.batch.generated_tokens for p in prepared))
+            else:
+                normalizer = float(sum(p.batch.input_ids.shape[0] for p in prepared))
+            if sum(p.batch.generated_tokens for p in prepared) == 0:
+                raise ValueError("the step's samples have no generated token to train on")
         self.optimizer.zero_grad(set_to_none=True)
-        combined: dict[str, float] = {}
+        sums: dict[str, float] = {}
         weights: dict[str, float] = {}
+        maxima: dict[str, float] = {}
         total_loss = 0.0
         for part in prepared:
             with self._autocast():
@@ -282,22 +343,21 @@ class PolicyTrainer:
             loss.backward()
             total_loss += float(loss.detach())
             tokens = float(part.batch.generated_tokens)
-            for key, value in metrics.items():
+            for key, value in metrics.items():  # padding (no tokens) adds the keys, not the values
                 if key == "loss":
                     continue
                 if key.endswith("_max"):
-                    combined[key] = max(combined.get(key, value), value)
+                    maxima[key] = max(maxima.get(key, -math.inf), value if tokens else -math.inf)
                 else:
-                    combined[key] = combined.get(key, 0.0) + value * tokens
+                    sums[key] = sums.get(key, 0.0) + value * tokens
                     weights[key] = weights.get(key, 0.0) + tokens
-        out = {key: value / weights[key] if weights.get(key) else value for key, value in combined.items()}
-        out["loss"] = total_loss
-        return out
+        return combine_rank_metrics(total_loss, sums, weights, maxima)
 
     def optimizer_step(self) -> dict[str, float]:
-        """Clip the accumulated gradients to ``max_grad_norm`` and take one AdamW step."""
+        """Clip the accumulated gradients to ``max_grad_norm`` (their norm over all ranks' shards) and
+        take one AdamW step."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": float(grad_norm), "lr": float(self.optimizer.param_groups[0]["lr"])}
@@ -314,6 +374,9 @@ class PolicyTrainer:
         """
         if not samples:
             raise ValueError("train_step needs at least one sample")
+        generated = step_normalizer(samples, LossAggregation.TOKEN)
+        if generated == 0:
+            raise ValueError("the step's samples have no generated token to train on")
         timer = timer if timer is not None else StepTimer()
         before_logprobs = timer.seconds.get(LOGPROBS, 0.0)
         before_training = timer.seconds.get(TRAINING, 0.0)
@@ -321,18 +384,35 @@ class PolicyTrainer:
             prepared = self.prepare(samples)
         started = time.perf_counter()
         with timer.phase(TRAINING):
-            metrics = self.accumulate_gradients(prepared)
+            metrics = self.accumulate_gradients(prepared, step_normalizer(samples, self.loss_config.aggregation))
             metrics |= self.optimizer_step()
-        training_seconds = time.perf_counter() - started
-        tokens = sum(p.batch.tokens for p in prepared)
-        advantages = torch.cat([p.advantages for p in prepared])
+        (training_seconds,) = all_reduce([time.perf_counter() - started], "max")  # the slowest rank's
+        tokens = sum(len(s.token_ids) for s in samples)
         metrics |= {
             "reward_mean": sum(s.reward for s in samples) / len(samples),
-            "advantage_abs_mean": float(advantages.abs().mean()),
+            "advantage_abs_mean": float(self.step_advantages(samples).abs().mean()),
             "tokens": float(tokens),
-            "generated_tokens": float(sum(p.batch.generated_tokens for p in prepared)),
+            "generated_tokens": generated,
             "time/logprobs": timer.seconds[LOGPROBS] - before_logprobs,
             "time/training": timer.seconds[TRAINING] - before_training,
             "train_tokens_per_s": tokens_per_second(tokens, training_seconds),
         }
         return metrics
+
+
+def combine_rank_metrics(
+    loss: float, sums: dict[str, float], weights: dict[str, float], maxima: dict[str, float]
+) -> dict[str, float]:
+    """The step's loss diagnostics from each rank's ``loss`` (its share of the step's loss), token-weighted
+    ``sums`` and their ``weights``, and ``maxima``: summed or maximised over all ranks (every rank must
+    call this with the same keys). Means of no token are 0, maxima of no token 0."""
+    mean_keys, max_keys = sorted(sums), sorted(maxima)
+    totals = all_reduce([loss] + [sums[k] for k in mean_keys] + [weights[k] for k in mean_keys], "sum")
+    peaks = all_reduce([maxima[k] for k in max_keys], "max")
+    count = len(mean_keys)
+    out = {
+        key: totals[1 + i] / totals[1 + count + i] if totals[1 + count + i] else 0.0 for i, key in enumerate(mean_keys)
+    }
+    out |= {key: value if math.isfinite(value) else 0.0 for key, value in zip(max_keys, peaks, strict=True)}
+    out["loss"] = totals[0]
+    return out

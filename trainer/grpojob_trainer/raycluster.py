@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+from grpojob_trainer.policy_group import PolicyGroup
 from grpojob_trainer.workers import GenerationWorker, PolicyWorker
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,14 @@ def place_generation(
     return [actor.remote(spec, model_path, host, port, seed + i) for i in range(replicas)]
 
 
-def place_policy(gpus: int, spec: dict, model_path: str, seed: int):
-    """The policy on a `policy` worker, with that worker's GPUs."""
+def place_policy(
+    world: int, gpus: float, spec: dict, model_path: str, seed: int, timeout_s: float | None = None
+) -> PolicyGroup:
+    """The policy's ``world`` ranks, each on a `policy` worker (one unit of its resource) with ``gpus`` GPUs
+    (1, a share of one, or 0 on the CPU), started; returns when all have loaded the model (or raises
+    ``GetTimeoutError`` after ``timeout_s``)."""
     import ray
 
     actor = ray.remote(PolicyWorker).options(num_cpus=0, num_gpus=gpus, resources={POLICY_RESOURCE: 1})
-    return actor.remote(spec, model_path, seed)
+    ranks = [actor.remote(spec, model_path, seed, rank, world) for rank in range(world)]
+    return PolicyGroup.start(ranks, timeout_s=timeout_s)

@@ -11,7 +11,8 @@ Three paths, picked once per run by `weight_sync_for` from where the actors are:
   each sync broadcasts the buckets, which the engines load as they arrive.
 
 Each `push` returns when every engine serves the new weights, with ``weight_sync/seconds`` (wall time
-seen by the driver) and ``weight_sync/bytes``.
+seen by the driver) and ``weight_sync/bytes``. The policy is a `grpojob_trainer.policy_group.PolicyGroup`:
+with several ranks all of them gather the sharded weights and rank 0 sends them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from grpojob_trainer.policy_group import PolicyGroup
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +44,14 @@ class ObjectStoreSync:
 
     name = "object-store"
 
-    def __init__(self, policy: Any, engines: list[Any]) -> None:
+    def __init__(self, policy: PolicyGroup, engines: list[Any]) -> None:
         self.policy, self.engines = policy, engines
 
     def push(self) -> dict[str, float]:
         import ray
 
         started = time.perf_counter()
-        weights = self.policy.weights.remote()
+        weights = self.policy.weights()
         versions = ray.get([engine.update_weights.remote(weights) for engine in self.engines])
         return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/version": float(min(versions))}
 
@@ -57,18 +61,18 @@ class CudaIpcSync:
 
     name = "cuda-ipc"
 
-    def __init__(self, policy: Any, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    def __init__(self, policy: PolicyGroup, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         self.policy, self.engines, self.bucket_bytes = policy, engines, bucket_bytes
 
     def push(self) -> dict[str, float]:
         import ray
 
         started = time.perf_counter()
-        payload = self.policy.share_weights_ipc.remote(self.bucket_bytes)
         try:
+            payload = ray.put(self.policy.share_weights_ipc(self.bucket_bytes))
             versions = ray.get([engine.update_weights_ipc.remote(payload) for engine in self.engines])
         finally:
-            ray.get(self.policy.release_shared_weights.remote())
+            self.policy.release_shared_weights()
         return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/version": float(min(versions))}
 
 
@@ -77,26 +81,18 @@ class NcclBroadcastSync:
 
     name = "nccl-broadcast"
 
-    def __init__(self, policy: Any, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        import ray
-
+    def __init__(self, policy: PolicyGroup, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         self.policy, self.engines, self.bucket_bytes = policy, engines, bucket_bytes
-        host, port = ray.get(policy.weight_group_address.remote())
+        host, port = policy.weight_group_address()
         world = 1 + len(engines)
-        ray.get(
-            [policy.join_weight_group.remote(host, port, world)]
-            + [engine.join_weight_group.remote(host, port, world, rank) for rank, engine in enumerate(engines, 1)]
-        )
-        self.layouts_payload = pickle.dumps(ray.get(policy.bucket_layouts.remote(bucket_bytes)))
+        joins = [engine.join_weight_group.remote(host, port, world, rank) for rank, engine in enumerate(engines, 1)]
+        policy.join_weight_group(host, port, world, receivers=joins)
+        self.layouts_payload = pickle.dumps(policy.bucket_layouts(bucket_bytes))
 
     def push(self) -> dict[str, float]:
-        import ray
-
         started = time.perf_counter()
-        sent, *versions = ray.get(
-            [self.policy.broadcast_weights.remote(self.bucket_bytes)]
-            + [engine.update_weights_from_group.remote(self.layouts_payload) for engine in self.engines]
-        )
+        receivers = [engine.update_weights_from_group.remote(self.layouts_payload) for engine in self.engines]
+        sent, versions = self.policy.broadcast_weights(self.bucket_bytes, receivers=receivers)
         return {
             "weight_sync/seconds": time.perf_counter() - started,
             "weight_sync/bytes": float(sent),
@@ -116,11 +112,12 @@ def choose_path(policy_gpu: str | None, engines: list[dict[str, Any]]) -> str:
     return ObjectStoreSync.name  # tensor-parallel engines, or some sharing the policy's GPU and some not
 
 
-def weight_sync_for(policy: Any, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightSync:
-    """The weight path for these actors (see `choose_path`), set up and ready to `push`."""
+def weight_sync_for(policy: PolicyGroup, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightSync:
+    """The weight path for these actors (see `choose_path`; the policy's GPU is its rank 0's), set up and
+    ready to `push`."""
     import ray
 
-    policy_gpu = ray.get(policy.device_uuid.remote())
+    policy_gpu = policy.device_uuid()
     infos = ray.get([engine.weight_sync_info.remote() for engine in engines])
     path = choose_path(policy_gpu, infos)
     log.info("weight sync: %s (policy GPU %s, engines %s)", path, policy_gpu, infos)

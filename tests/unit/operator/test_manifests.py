@@ -64,6 +64,8 @@ def test_raycluster_has_a_cpu_head_and_gpu_groups_sized_from_the_spec():
     assert policy["resources"]["limits"]["nvidia.com/gpu"] == "4"
     # KubeRay pastes rayStartParams into a shell command line: the JSON must be single-quoted.
     assert groups["generation"]["rayStartParams"]["resources"] == """'{"generation": 1}'"""
+    # One policy rank per GPU: a policy pod offers one unit of the `policy` resource per GPU.
+    assert groups["policy"]["rayStartParams"]["resources"] == """'{"policy": 4}'"""
     assert head["image"] == "example/ray:1"
 
 
@@ -71,6 +73,7 @@ def test_cpu_only_groups_request_no_gpu():
     cluster = manifests.build_raycluster(job(training={"gpusPerReplica": 0}), SETTINGS)["spec"]
     policy = next(g for g in cluster["workerGroupSpecs"] if g["groupName"] == "policy")
     assert "nvidia.com/gpu" not in policy["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert policy["rayStartParams"]["resources"] == """'{"policy": 1}'"""  # one CPU rank per pod
 
 
 def test_endpoints_follow_the_contract_of_design_md():
