@@ -136,7 +136,7 @@ def test_a_refused_connection_is_retried_then_reported():
     )
 
     assert batch.failures[0].attempts == 3
-    assert "ConnectError" in batch.failures[0].error
+    assert f"Cannot connect to host 127.0.0.1:{closed_port}" in batch.failures[0].error
 
 
 def test_a_row_for_an_environment_without_a_url_is_an_error_before_any_request():

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 import openai
 
 from grpojob_trainer.environments.base import Environment
@@ -49,10 +49,29 @@ class Cookies:
         """Request headers carrying the current cookies."""
         return {"cookie": "; ".join(f"{k}={v}" for k, v in self.values.items())} if self.values else {}
 
-    def update_from(self, response: httpx.Response) -> None:
+    def update_from(self, response: aiohttp.ClientResponse) -> None:
         """Take the cookies the response set, if it set any."""
         if response.cookies:
-            self.values = dict(response.cookies.items())
+            self.values = {name: morsel.value for name, morsel in response.cookies.items()}
+
+
+class ResourcesClient:
+    """The resources server's routes over HTTP. The session must have no cookie jar
+    (``aiohttp.DummyCookieJar``): the agent carries each episode's cookies itself."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+
+    async def post(self, path: str, body: Any, cookies: Cookies, *, check: bool = True) -> str:
+        """POST ``body`` as JSON with the episode's cookies, take the cookies the answer sets, and return
+        its body; with ``check``, an error status raises `aiohttp.ClientResponseError`."""
+        async with self.session.post(self.base_url + path, json=body, headers=cookies.header()) as response:
+            text = await response.text()
+            if check:
+                response.raise_for_status()
+            cookies.update_from(response)
+        return text
 
 
 class Agent:
@@ -62,7 +81,7 @@ class Agent:
         self,
         environment: Environment,
         policy: openai.AsyncOpenAI,
-        resources: httpx.AsyncClient,
+        resources: ResourcesClient,
         *,
         policy_model_name: str | None = None,
     ) -> None:
@@ -74,14 +93,9 @@ class Agent:
     async def run(self, row: Row, cookies: Cookies) -> dict[str, Any]:
         """``/run``: seed_session, the episode, verify; returns verify's body (row + response + reward)."""
         body = row.model_dump(mode="json", exclude_none=True)
-        seeded = await self.resources.post("/seed_session", json=body, headers=cookies.header())
-        seeded.raise_for_status()
-        cookies.update_from(seeded)
+        await self.resources.post("/seed_session", body, cookies)
         response = await self.episode(row.responses_create_params, cookies)
-        verified = await self.resources.post("/verify", json={**body, "response": response}, headers=cookies.header())
-        verified.raise_for_status()
-        cookies.update_from(verified)
-        return verified.json()
+        return json.loads(await self.resources.post("/verify", {**body, "response": response}, cookies))
 
     async def episode(self, params: ResponsesCreateParams, cookies: Cookies) -> dict[str, Any]:
         """Call the model and the tools until the model answers without a tool call (or a limit).
@@ -156,9 +170,7 @@ class Agent:
             arguments = json.loads(call["arguments"])
         except json.JSONDecodeError as error:
             return json.dumps({"error": f"Invalid tool call arguments: {error}"})
-        response = await self.resources.post(f"/{call['name']}", json=arguments, headers=cookies.header())
-        cookies.update_from(response)
-        return response.text
+        return await self.resources.post(f"/{call['name']}", arguments, cookies, check=False)
 
     def _response(self, params: ResponsesCreateParams, episode: Episode) -> dict[str, Any]:
         return {

@@ -13,12 +13,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 import openai
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from grpojob_trainer.environments.agent import Agent, Cookies, PolicyRefused
+from grpojob_trainer.environments.agent import Agent, Cookies, PolicyRefused, ResourcesClient
 from grpojob_trainer.environments.base import Environment, Tool
 from grpojob_trainer.environments.sessions import CookieSigner, SessionStore, new_session_id
 from grpojob_trainer.penguin.http import StripRolloutPrefix
@@ -49,13 +49,22 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # aiohttp under the OpenAI client too: httpx's pool slows down quadratically with requests in flight.
         policy = openai.AsyncOpenAI(
-            base_url=config.policy_base_url, api_key=config.policy_api_key, timeout=config.policy_timeout_s
+            base_url=config.policy_base_url,
+            api_key=config.policy_api_key,
+            timeout=config.policy_timeout_s,
+            http_client=openai.DefaultAioHttpClient(),
         )
-        resources = httpx.AsyncClient(base_url=config.resources_url, timeout=config.tool_timeout_s)
-        clients["agent"] = Agent(environment, policy, resources, policy_model_name=config.policy_model_name)
+        resources = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),  # as many connections as rollouts in flight
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=config.tool_timeout_s),
+        )
+        resources_client = ResourcesClient(resources, config.resources_url)
+        clients["agent"] = Agent(environment, policy, resources_client, policy_model_name=config.policy_model_name)
         yield
-        await resources.aclose()
+        await resources.close()
         await policy.close()
 
     app = FastAPI(title=f"grpojob environment {environment.name}", lifespan=lifespan)
