@@ -178,18 +178,19 @@ def leg_generation_http(out: Path, workload: Workload) -> dict[str, Any]:
 def send_chat_requests(
     base_url: str, conversations: list[list[dict[str, str]]], max_tokens: int
 ) -> tuple[float, list[dict[str, Any]]]:
-    """Send every conversation to ``/chat/completions`` at once; (seconds until the last answer, answers)."""
-    import httpx
+    """Send every conversation to ``/chat/completions`` at once (aiohttp, as the environment servers);
+    (seconds until the last answer, answers)."""
+    import aiohttp
 
     async def send_all() -> list[dict[str, Any]]:
-        limits = httpx.Limits(max_connections=len(conversations), max_keepalive_connections=len(conversations))
-        async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as client:
 
             async def one(messages: list[dict[str, str]]) -> dict[str, Any]:
                 body = {"model": "bench", "messages": messages, "temperature": 1.0, "top_p": 1.0}
-                response = await client.post("/chat/completions", json=body | {"max_tokens": max_tokens})
-                response.raise_for_status()
-                return response.json()
+                async with client.post(f"{base_url}/chat/completions", json=body | {"max_tokens": max_tokens}) as r:
+                    r.raise_for_status()
+                    return await r.json()
 
             return await asyncio.gather(*(one(m) for m in conversations))
 
