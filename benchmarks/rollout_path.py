@@ -1,0 +1,128 @@
+"""CPU benchmark of the rollout path's own cost: rollouts through an environment server against an engine
+that answers at once, so that only our HTTP hops and bookkeeping are timed.
+
+    python benchmarks/rollout_path.py [--rollouts 256] [--repeats 3]
+
+Two legs, one process, the same generation server (our OpenAI-compatible app in front of an instant
+engine that returns a fixed 256-token answer):
+
+- anchor: every prompt sent straight to ``/v1/chat/completions`` (aiohttp, all in flight at once);
+- ours: every row through the arithmetic environment's ``/run`` with `collect_rollouts`, as a GRPO step
+  sends them: driver → ``/run`` → ``/seed_session`` → the policy → ``/verify``, in a separate process.
+
+Prints the medians and their ratio (ours / anchor). The model is the tiny one (`grpojob tiny-model`),
+written to a temporary directory: only its tokenizer is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from grpojob_api import v1alpha1 as api
+from grpojob_trainer.generation.app import ServerConfig
+from grpojob_trainer.generation.backend import (
+    ContinuousBatchingBackend,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
+from grpojob_trainer.generation.server import GenerationServer
+
+ANSWER_TOKENS = 256
+
+
+class InstantEngine(ContinuousBatchingBackend):
+    """Answers every prompt at once with the same ``ANSWER_TOKENS`` tokens ("The answer is 42." repeated)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._max_model_len = 4096
+        sentence = tuple(tokenizer("The answer is 42. ", add_special_tokens=False)["input_ids"])
+        self.answer = (sentence * (ANSWER_TOKENS // len(sentence) + 1))[:ANSWER_TOKENS]
+
+    async def generate_one(self, request: GenerationRequest, params: SamplingParams) -> GenerationResult:
+        return GenerationResult(self.answer, (-1.0,) * len(self.answer), "length", self._weights_version)
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        raise NotImplementedError("the server hands this engine one request at a time")
+
+    def update_weights(self, named_tensors: Any) -> int:
+        raise NotImplementedError("the benchmark never updates weights")
+
+
+async def direct_calls(base_url: str, rows: list[dict[str, Any]]) -> float:
+    """Seconds to send every row's prompt straight to the policy, all at once."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as client:
+
+        async def one(row: dict[str, Any]) -> None:
+            params = row["responses_create_params"]
+            body = {"model": "policy", "messages": params["input"], "max_tokens": 512, "temperature": 1.0, "top_p": 1.0}
+            async with client.post(f"{base_url}/chat/completions", json=body) as response:
+                response.raise_for_status()
+                await response.json()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(row) for row in rows))
+        return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    from grpojob_trainer.environments.dataset import write_rows
+    from grpojob_trainer.local_environments import EnvironmentProcesses
+    from grpojob_trainer.penguin.rollouts import PolicySampling, collect_rollouts
+    from grpojob_trainer.tiny_model import write_tiny_model
+
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer = AutoTokenizer.from_pretrained(write_tiny_model(Path(scratch) / "model"))
+        data = write_rows("arithmetic", args.rollouts, Path(scratch) / "rows.jsonl")
+        rows = [json.loads(line) for line in data.read_text().splitlines()]
+        environment = api.EnvironmentSpec(
+            name="arithmetic", command=["python", "-m", "grpojob_trainer.environments", "arithmetic"]
+        )
+        config = ServerConfig("policy", SamplingParams(1.0, 1.0, 512))
+        anchor, ours = [], []
+        with GenerationServer(InstantEngine(tokenizer), config) as server:
+            processes = EnvironmentProcesses(
+                [environment],
+                policy_base_url=server.base_url,
+                policy_model_name="policy",
+                gcs_address="",
+                log_dir=Path(scratch) / "logs",
+            )
+            with processes as urls:
+                sampling = PolicySampling(1.0, 1.0, 512)
+                for _ in range(args.repeats + 1):  # the first round warms both paths up
+                    anchor.append(asyncio.run(direct_calls(server.base_url, rows)))
+                    started = time.perf_counter()
+                    batch = asyncio.run(
+                        collect_rollouts(rows, urls, concurrency=len(rows), retries=0, sampling=sampling)
+                    )
+                    ours.append(time.perf_counter() - started)
+                    if batch.failures:
+                        raise SystemExit(f"{len(batch.failures)} rollouts failed: {batch.failures[0].error}")
+    ours_s, anchor_s = statistics.median(ours[1:]), statistics.median(anchor[1:])
+    print(f"{args.rollouts} rollouts through the environment: {ours_s:.2f} s (median of {args.repeats})")
+    print(f"{args.rollouts} direct policy calls (anchor):      {anchor_s:.2f} s")
+    print(f"ours / anchor: {ours_s / anchor_s:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
