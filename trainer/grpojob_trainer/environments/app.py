@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from grpojob_trainer.environments.agent import Agent, Cookies, PolicyRefused, ResourcesClient
 from grpojob_trainer.environments.base import Environment, Tool
-from grpojob_trainer.environments.sessions import CookieSigner, SessionStore, new_session_id
+from grpojob_trainer.environments.sessions import CookieSigner, SessionCookies, SessionStore
 from grpojob_trainer.penguin.http import StripRolloutPrefix
 from grpojob_trainer.penguin.protocol import Row, VerifyRequest
 
@@ -43,8 +43,6 @@ class AgentConfig:
 def create_environment_app(environment: Environment, config: AgentConfig) -> FastAPI:
     """The FastAPI app hosting ``environment``'s agent and resources routes."""
     cookie_name = f"{type(environment).__name__}___{environment.name}"
-    signer = CookieSigner()
-    sessions = SessionStore()
     clients: dict[str, Any] = {}
 
     @asynccontextmanager
@@ -69,14 +67,7 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
 
     app = FastAPI(title=f"grpojob environment {environment.name}", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def session_cookie(request: Request, call_next: Any) -> Any:
-        session_id = signer.load(request.cookies.get(cookie_name)) or new_session_id()
-        request.state.session = sessions.get(session_id)
-        response = await call_next(request)
-        response.set_cookie(cookie_name, signer.dump(session_id), httponly=True, samesite="lax")
-        return response
-
+    app.add_middleware(SessionCookies, cookie_name=cookie_name, signer=CookieSigner(), sessions=SessionStore())
     app.add_middleware(StripRolloutPrefix)
 
     @app.exception_handler(PolicyRefused)
