@@ -76,3 +76,19 @@ def test_images_pin_their_bases_and_packages():
     assert re.search(r'^ENTRYPOINT \["grpojob-operator"\]$', operator, re.MULTILINE)
     assert "GRPOJOB_PROBE_PORT=8081" in operator
     assert re.search(r'^ENTRYPOINT \["python", "-m", "grpojob_trainer.environments"\]$', PENGUIN_ENV.read_text(), re.M)
+
+
+def test_packages_pinned_in_the_dockerfiles_have_pyprojects_versions():
+    """The GPU trainer variant and the environment image list their packages by hand; each pin must be
+    pyproject's, so that every image runs the versions the tests ran."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = [*project["dependencies"], *(p for extra in project["optional-dependencies"].values() for p in extra)]
+    pyproject = {name.split("[")[0].lower(): version for name, version in (p.split("==") for p in pins if "==" in p)}
+    for dockerfile in (TRAINER, PENGUIN_ENV):
+        for name, version in re.findall(
+            r"^\s+\"?([A-Za-z][\w.\-]*)(?:\[[\w,]+\])?==([\w.]+)\"? \\$", dockerfile.read_text(), re.M
+        ):
+            if name.lower() in pyproject:
+                assert version == pyproject[name.lower()], f"{dockerfile.relative_to(REPO)}: {name}=={version}"
