@@ -189,3 +189,33 @@ def test_grpo_steps_raise_the_mean_reward_of_a_one_token_bandit():
                 samples.append(sample(prompt, [token], float(token < 16), group, float(log_probs[0, token])))
         rewards.append(policy.train_step(samples)["reward_mean"])
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.25
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_the_step_needs_no_separate_old_policy_pass(aggregation):
+    """One optimizer step per GRPO step: the weights of every forward are the old policy's, so the
+    gradient equals that of the clipped loss against log-probabilities recomputed in a pass of their own."""
+    from grpojob_trainer.grpo import LossInputs, policy_loss
+
+    config = LossConfig(importance_sampling_cap=2.0, aggregation=aggregation)
+    policy = trainer(tiny_causal_lm(seed=2), micro_batch_size=2, loss=config)
+    prepared = policy.prepare(varied_samples())
+    policy.accumulate_gradients(prepared)
+    ours = {name: p.grad.clone() for name, p in policy.model.named_parameters()}
+
+    policy.optimizer.zero_grad(set_to_none=True)
+    normalizer = sum(p.batch.generated_tokens if aggregation == "token" else len(p.batch.rewards) for p in prepared)
+    for part in prepared:
+        with torch.no_grad():
+            old = token_logprobs(policy.model, part.batch, 1.0)
+        inputs = LossInputs(
+            logprobs=token_logprobs(policy.model, part.batch, 1.0),
+            old_logprobs=old,
+            generation_logprobs=part.batch.generation_logprobs,
+            advantages=part.advantages,
+            mask=part.batch.loss_mask,
+        )
+        policy_loss(inputs, config, normalizer=float(normalizer))[0].backward()
+    for name, param in policy.model.named_parameters():
+        torch.testing.assert_close(ours[name], param.grad, atol=1e-7, rtol=1e-5, msg=name)
+    assert any(float(g.abs().max()) > 0 for g in ours.values())
