@@ -49,13 +49,18 @@ class InstantEngine(ContinuousBatchingBackend):
         self.answer = (sentence * (ANSWER_TOKENS // len(sentence) + 1))[:ANSWER_TOKENS]
 
     async def generate_one(self, request: GenerationRequest, params: SamplingParams) -> GenerationResult:
-        return GenerationResult(self.answer, (-1.0,) * len(self.answer), "length", self._weights_version)
+        return self._answer()
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
-        raise NotImplementedError("the server hands this engine one request at a time")
+        return [self._answer() for _ in requests]
 
     def update_weights(self, named_tensors: Any) -> int:
-        raise NotImplementedError("the benchmark never updates weights")
+        """Weights change nothing here; only the version moves, as in a real engine."""
+        self._weights_version += 1
+        return self._weights_version
+
+    def _answer(self) -> GenerationResult:
+        return GenerationResult(self.answer, (-1.0,) * len(self.answer), "length", self._weights_version)
 
 
 async def direct_calls(base_url: str, rows: list[dict[str, Any]]) -> float:

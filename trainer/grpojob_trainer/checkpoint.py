@@ -126,21 +126,19 @@ def optimizer_state_by_name(state: dict[str, Any], names: list[str]) -> dict[str
     }
 
 
-def _full_state_options():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
 def gather_state(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The full (unsharded, on the CPU) model state, tied weights once, and optimizer state, numbered as
     ``Optimizer.state_dict`` numbers it. A collective on a sharded model: every rank calls it, rank 0
     gets the state and the others empty dicts."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
-    options = _full_state_options()
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state = get_model_state_dict(model, options=options)
     optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
     if not model_state:

@@ -33,10 +33,6 @@ class PolicyGroup:
         ray.get([rank.start.remote(host, port) for rank in ranks], timeout=timeout_s)
         return cls(ranks)
 
-    @property
-    def world(self) -> int:
-        return len(self.ranks)
-
     def _on_every_rank(self, method: str, *args: Any) -> Any:
         """``method(*args)`` on every rank; rank 0's result once all have returned."""
         import ray

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from grpojob_trainer.ranks import full_tensor
+
 NamedTensor = tuple[str, torch.Tensor]
 
 
@@ -32,9 +34,7 @@ def trainable_weights(model: torch.nn.Module) -> Iterator[NamedTensor]:
     A parameter sharded by FSDP2 (a DTensor) is gathered into its full tensor.
     """
     for name, param in model.named_parameters():
-        tensor = param.detach()
-        full_tensor = getattr(tensor, "full_tensor", None)
-        yield name, full_tensor() if callable(full_tensor) else tensor
+        yield name, full_tensor(param.detach())
 
 
 @dataclass(frozen=True)
