@@ -149,6 +149,16 @@ class TrainingSpec(ApiModel):
     """Recompute activations in the backward pass: less memory for longer sequences, about a third more
     compute."""
 
+    @property
+    def ranks_per_replica(self) -> int:
+        """Policy ranks (processes of the FSDP2 group) on each training worker: one per GPU, one on a CPU."""
+        return max(1, self.gpus_per_replica)
+
+    @property
+    def ranks(self) -> int:
+        """Policy ranks over all training workers."""
+        return self.replicas * self.ranks_per_replica
+
 
 class KlEstimator(StrEnum):
     K1 = "k1"

@@ -159,17 +159,13 @@ def checkpoint_volume(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest],
     return [_pvc_volume("checkpoints", pvc, read_only=False)], [mount], f"{CHECKPOINT_MOUNT}/{inside}"
 
 
-def group_resource(group: str, gpus: int) -> int:
-    """How much of its group's custom Ray resource a worker pod declares: a `policy` pod one unit per GPU
-    (the trainer places one policy rank per GPU, each asking for one unit), anything else one."""
-    return max(1, gpus) if group == names.POLICY_GROUP else 1
-
-
 def _worker_group(
     job: api.GRPOJob, group: str, replicas: int, gpus: int, image: str, ports: list[Manifest]
 ) -> Manifest:
     volumes, mounts = _model_volumes(job)
+    resource_units = 1  # of the group's custom Ray resource: one actor per pod, or per policy rank
     if group == names.POLICY_GROUP:
+        resource_units = job.spec.training.ranks_per_replica
         checkpoint_volumes, checkpoint_mounts, _ = checkpoint_volume(job)
         volumes, mounts = share_claims([*volumes, *checkpoint_volumes], [*mounts, *checkpoint_mounts])
     labels = _labels(job, group)
@@ -180,7 +176,7 @@ def _worker_group(
         "maxReplicas": replicas,
         # A custom Ray resource per group lets the trainer place its actors on the right pods. KubeRay
         # pastes the value into a shell command line, so it is single-quoted, as KubeRay quotes its own.
-        "rayStartParams": {"resources": f"'{json.dumps({group: group_resource(group, gpus)})}'"},
+        "rayStartParams": {"resources": f"'{json.dumps({group: resource_units})}'"},
         "template": {
             "metadata": {"labels": labels},
             "spec": {

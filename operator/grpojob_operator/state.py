@@ -404,17 +404,16 @@ def _advance_trainer(
     current = [p for p in pods if p.attempt == status.attempt and not p.deleting]
     running = [p for p in current if p.phase == "Running"]
     exited = [p for p in current if p.phase in ("Succeeded", "Failed")]
-    if running:
+    if running or exited:
+        # A pod that has ended before the Job controller's verdict (complete or failed) keeps the job
+        # running, not back to Initializing, until that verdict comes.
+        pod = (running or exited)[0]
+        if running:
+            status.reason, status.message = "TrainerRunning", f"pod {pod.name}"
+        else:
+            status.reason, status.message = "TrainerExiting", f"pod {pod.name} ended ({pod.phase}); waiting for the Job"
         status.phase = Phase.RUNNING
-        status.reason, status.message = "TrainerRunning", f"pod {running[0].name}"
-        set_condition(status, ConditionType.TRAINER_RUNNING, True, "TrainerRunning", status.message, now)
-    elif exited:
-        # The pod has ended but the Job controller has not yet marked the Job complete or failed: the
-        # job is still running (not back to Initializing) until the Job's verdict comes.
-        status.phase = Phase.RUNNING
-        pod = exited[0]
-        status.reason, status.message = "TrainerExiting", f"pod {pod.name} ended ({pod.phase}); waiting for the Job"
-        set_condition(status, ConditionType.TRAINER_RUNNING, True, "TrainerExiting", status.message, now)
+        set_condition(status, ConditionType.TRAINER_RUNNING, True, status.reason, status.message, now)
     else:
         waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
 

@@ -56,13 +56,11 @@ def _local_gpus(spec: api.GRPOJobSpec) -> int:
 def _local_policy(spec: api.GRPOJobSpec, gpus: int) -> tuple[int, float]:
     """`grpojob run`'s policy: its ranks and each one's GPUs. Without GPUs, one gloo rank per
     training replica; with one GPU, one rank sharing it with the engine; with more, one rank per GPU
-    asked for (`ranks.world_size`), the engine on a GPU of its own."""
-    from grpojob_trainer.ranks import world_size
-
+    asked for (`spec.training.ranks`), the engine on a GPU of its own."""
     training = spec.training
     if gpus == 0:
         return training.replicas, 0
-    world = world_size(training.replicas, training.gpus_per_replica)
+    world = training.ranks
     if gpus == 1:
         if world > 1:
             raise UsageError(f"spec.training: {world} policy ranks need {world + 1} GPUs here, this machine has 1")
@@ -162,7 +160,6 @@ def train_in_cluster(config_path: Path) -> int:
     from grpojob_trainer.local_environments import wait_for_environments
     from grpojob_trainer.metrics import MetricsLogger
     from grpojob_trainer.progress import ConfigMapProgressPublisher
-    from grpojob_trainer.ranks import world_size
 
     job = load_job(config_path)
     spec = job.spec
@@ -181,7 +178,7 @@ def train_in_cluster(config_path: Path) -> int:
         # worker pods (and their images and GPUs); a job that never gets them is ended by the operator's
         # deadline or stuck-pod checks, and this gives up after an hour.
         policy = raycluster.place_policy(
-            world_size(training.replicas, training.gpus_per_replica),
+            training.ranks,
             min(1, training.gpus_per_replica),
             spec_json,
             model,

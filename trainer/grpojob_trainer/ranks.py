@@ -17,12 +17,6 @@ import torch
 DEFAULT_TIMEOUT_S = 1800.0
 
 
-def world_size(replicas: int, gpus_per_replica: int) -> int:
-    """Policy ranks for ``training.replicas`` workers of ``training.gpusPerReplica`` GPUs: one per GPU, or
-    one per replica on the CPU."""
-    return replicas * max(1, gpus_per_replica)
-
-
 def rank_bounds(count: int, rank: int, world: int) -> tuple[int, int]:
     """``[start, stop)`` of rank ``rank``'s contiguous share of ``count`` items; shares differ by at most one,
     the first ``count % world`` ranks taking the larger."""
