@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from grpojob_testing import build, images, node_images
+from grpojob_testing import build, images, node, node_images
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "grpojob"
@@ -31,24 +31,25 @@ def image_names() -> dict[str, str]:
     return {image.key: image.name for image in images.images()}
 
 
-def node_containerd_socket(kubeconfig: Path) -> Path | None:
-    """The containerd socket of `grpojob_testing.cluster`'s real node, or None (kind, say)."""
-    socket = kubeconfig.parent / "node" / "containerd" / "containerd.sock"
-    return socket if socket.exists() else None
+def real_node_paths(kubeconfig: Path) -> node.NodePaths | None:
+    """The files of `grpojob_testing.cluster`'s real node, or None when there is none (kind, say)."""
+    paths = node.NodePaths(kubeconfig.parent / "node")
+    return paths if paths.containerd_socket.exists() else None
 
 
-def load_images(socket: Path) -> None:
+def load_images(paths: node.NodePaths) -> None:
     """Import our built image archives into the real node's containerd, holding the image-build
     lock so that no build replaces an archive meanwhile. A real node without our images is a broken
     setup (`make e2e` builds them first), so a missing archive fails the suite rather than skipping it."""
     with images.build_lock():
         try:
-            images.load_all_into_containerd(socket)
+            images.load_all_into_containerd(paths.containerd_socket)
         except RuntimeError as error:
             pytest.fail(f"{error} (or run `make e2e`, which builds the images first)")
-    # The node's own images too, in case the kubelet's image GC removed them under disk pressure.
-    for archive in node_images.write_archives(socket.parent.parent / "images").values():
-        images.load_into_containerd(archive, socket)
+    # The node's own images again: `cluster up` imported them, but the node may have been up for long
+    # enough for the kubelet's image GC to remove them under disk pressure.
+    for archive in node_images.write_archives(paths.images_dir).values():
+        images.load_into_containerd(archive, paths.containerd_socket)
 
 
 def small_requests_policy() -> list[dict[str, Any]]:

@@ -42,9 +42,9 @@ def wait_for_pod(core: client.CoreV1Api, namespace: str, name: str, phases: set[
 def operator_release(kubeconfig: Path, api_client, real_node: str) -> Iterator[str]:
     """Our images on the node, small requests where the API allows, and the chart installed: the
     operator runs as a pod. Yields the operator's namespace."""
-    socket = cluster_setup.node_containerd_socket(kubeconfig)
-    if socket is not None:
-        cluster_setup.load_images(socket)
+    paths = cluster_setup.real_node_paths(kubeconfig)
+    if paths is not None:
+        cluster_setup.load_images(paths)
     cluster_setup.apply_small_requests_policy(api_client)
     namespace = f"grpojob-e2e-{uuid.uuid4().hex[:6]}"
     client.CoreV1Api(api_client).create_namespace(

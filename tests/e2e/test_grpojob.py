@@ -83,11 +83,14 @@ def watch_job(api_client, namespace: str, name: str, timeout: float, until=None,
 
 
 def children(api_client, namespace: str, uid: str) -> list[str]:
-    """Every object in the namespace labelled with the job's uid (the operator's children and pods),
-    and every pod of its RayCluster (KubeRay labels those with the cluster's name)."""
+    """Every object in the namespace labelled with the job's uid: the operator's children, their pods
+    and the RayCluster's pods (the operator's pod templates carry the label)."""
     selector = f"{names.JOB_UID_LABEL}={uid}"
     core, apps, batch = client.CoreV1Api(api_client), client.AppsV1Api(api_client), client.BatchV1Api(api_client)
+    rbac = client.RbacAuthorizationV1Api(api_client)
     listings = {
+        "role": rbac.list_namespaced_role,
+        "rolebinding": rbac.list_namespaced_role_binding,
         "pod": core.list_namespaced_pod,
         "service": core.list_namespaced_service,
         "configmap": core.list_namespaced_config_map,
