@@ -73,12 +73,13 @@ def model_dir(out: Path, workload: Workload) -> Path:
     return path
 
 
-def dataset_path(out: Path, rows: int) -> Path:
+def dataset_path(out: Path, workload: Workload) -> Path:
+    """The arithmetic rows of the GRPO legs (two steps' worth to spare), written on first use."""
     path = out / "arithmetic.jsonl"
     if not path.exists():
         from grpojob_trainer.environments.dataset import write_rows
 
-        write_rows("arithmetic", rows, path, 0)
+        write_rows("arithmetic", workload.prompts_per_step * (workload.steps + 2), path, 0)
     return path
 
 
@@ -205,7 +206,7 @@ def send_chat_requests(
 
 def job_yaml(out: Path, workload: Workload, name: str, colocated: bool) -> Path:
     model = model_dir(out, workload)
-    data = dataset_path(out, workload.prompts_per_step * (workload.steps + 2))
+    data = dataset_path(out, workload)
     job = {
         "apiVersion": "grpo.dev/v1alpha1",
         "kind": "GRPOJob",
@@ -327,7 +328,7 @@ def leg_grpo_trl(out: Path, workload: Workload) -> dict[str, Any]:
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
     os.environ.setdefault("MASTER_PORT", "29517")
     model = model_dir(out, workload)
-    rows = [json.loads(line) for line in dataset_path(out, workload.prompts_per_step * (workload.steps + 2)).open()]
+    rows = [json.loads(line) for line in dataset_path(out, workload).open()]
     dataset = Dataset.from_list(
         [
             {
@@ -507,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(args.out))
         return 0
     if args.leg == "prepare":  # the model and rows, before legs run side by side on several GPUs
-        print(model_dir(args.out, workload), dataset_path(args.out, workload.prompts_per_step * (workload.steps + 2)))
+        print(model_dir(args.out, workload), dataset_path(args.out, workload))
         return 0
     if args.leg == "all":
         failed = []
