@@ -211,6 +211,9 @@ class GrpoSpec(ApiModel):
     """A `/run` call that takes longer is abandoned (and retried, then counted as failed)."""
     rollout_retries: int = Field(default=2, ge=0, le=10)
     """Retries of a rollout after a transient failure (connection error, timeout, 429 or 5xx)."""
+    rollout_deadline_seconds: float = Field(default=1800.0, gt=0)
+    """All of a step's rollouts must end within this; those still running are abandoned and counted as
+    failed (a hung environment would otherwise hold a step for every row's timeouts and retries)."""
     max_failed_steps: int = Field(default=3, ge=1)
     """The trainer exits with an error after this many consecutive steps in which every rollout failed."""
 

@@ -142,3 +142,17 @@ def test_a_refused_connection_is_retried_then_reported():
 def test_a_row_for_an_environment_without_a_url_is_an_error_before_any_request():
     with pytest.raises(KeyError, match="'lookup'"):
         asyncio.run(collect_rollouts(rows("lookup", 1), {"arithmetic": "http://127.0.0.1:1"}))
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_environment_holds_a_step_only_until_its_deadline(silent_server):
+    """Per-attempt timeouts alone would hold these rows for 3 waves x 3 attempts x 60 s; the deadline ends them."""
+    batch = asyncio.run(
+        collect_rollouts(
+            rows("arithmetic", 6), {"arithmetic": silent_server}, concurrency=2, timeout_s=60, retries=2, deadline_s=1
+        )
+    )
+
+    assert [o.row_index for o in batch.failures] == list(range(6))
+    assert all("rollout deadline (rolloutDeadlineSeconds: 1s)" in o.error for o in batch.failures)
+    assert batch.metrics["rollout/failed"] == 6

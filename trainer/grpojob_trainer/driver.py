@@ -84,6 +84,7 @@ def run_loop(
                     concurrency=grpo.rollout_concurrency,
                     timeout_s=grpo.rollout_timeout_seconds,
                     retries=grpo.rollout_retries,
+                    deadline_s=grpo.rollout_deadline_seconds,
                     group_indices=groups,
                     sampling=sampling,
                 )

@@ -3,8 +3,10 @@
 `collect_rollouts` POSTs each row to ``<env url>/run`` with bounded concurrency, a per-request
 timeout and retries with exponential backoff on transient failures (connection errors, timeouts,
 408/429/5xx). A rollout that still fails is reported with its row index and error, never dropped;
-results come back in input order; nothing waits longer than ``(retries + 1) * timeout_s`` plus the
-backoff sleeps.
+results come back in input order. ``deadline_s`` bounds the whole batch: rollouts still running (or
+still queued behind the concurrency limit) when it passes are abandoned and reported as failed, so an
+environment that accepts and never answers holds a step for ``deadline_s``, not for every row's
+timeouts and retries one after another.
 
 The client is aiohttp: with hundreds of rollouts in flight, httpx's connection pool spends time
 quadratic in the number of open requests (it rescans every connection for every queued request),
@@ -116,15 +118,20 @@ async def collect_rollouts(
     group_indices: Sequence[int] | None = None,
     sampling: PolicySampling | None = None,
     on_done: Callable[[RolloutOutcome], None] | None = None,
+    deadline_s: float | None = None,
 ) -> RolloutBatch:
     """Run every row through its environment's ``/run`` and convert the results to training samples.
 
     ``group_indices[i]`` becomes sample i's ``group_index`` (default: i). ``sampling`` overwrites each
     row's temperature/top-p (and caps max_output_tokens). ``on_done`` is called as each rollout ends
-    (for progress bars). Raises `KeyError` before any request when a row names an unknown environment.
+    (for progress bars). Rollouts not done ``deadline_s`` after the call are abandoned and reported as
+    failed (with no attempts counted). Raises `KeyError` before any request when a row names
+    an unknown environment.
     """
     if concurrency < 1 or retries < 0 or timeout_s <= 0 or backoff_s < 0:
         raise ValueError("need concurrency >= 1, retries >= 0, timeout_s > 0 and backoff_s >= 0")
+    if deadline_s is not None and deadline_s <= 0:
+        raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
     if group_indices is not None and len(group_indices) != len(rows):
         raise ValueError(f"group_indices has {len(group_indices)} entries for {len(rows)} rows")
     names = [env_name_of(row, env_urls) for row in rows]
@@ -148,7 +155,20 @@ async def collect_rollouts(
                 on_done(outcome)
             return outcome
 
-        outcomes = list(await asyncio.gather(*(one(i) for i in range(len(rows)))))
+        tasks = [asyncio.create_task(one(i)) for i in range(len(rows))]
+        if tasks:
+            await asyncio.wait(tasks, timeout=deadline_s)
+        outcomes = []
+        for index, task in enumerate(tasks):
+            if task.done():
+                outcomes.append(task.result())
+            else:
+                task.cancel()
+                error = (
+                    f"abandoned: not done within the step's rollout deadline (rolloutDeadlineSeconds: {deadline_s:g}s)"
+                )
+                outcomes.append(RolloutOutcome(index, names[index], attempts=0, error=error))
+        await asyncio.gather(*tasks, return_exceptions=True)
     samples = [o.sample for o in outcomes if o.sample is not None]
     return RolloutBatch(outcomes, rollout_metrics(samples, failed=len(outcomes) - len(samples)))
 
