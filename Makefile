@@ -9,9 +9,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.3
 
-# Installs (or refreshes) the package with what the tests need.
-$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+# Installs (or refreshes) the package with what the tests need, and the test tooling (testing/).
+$(VENV)/.dev-installed: pyproject.toml testing/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./testing
 	touch $@
 
 $(VENV)/.trainer-installed: pyproject.toml | $(BIN)/python
@@ -25,9 +25,11 @@ demo: $(VENV)/.trainer-installed
 	$(BIN)/grpojob dataset arithmetic --rows 256 --out runs/tiny-data/train.jsonl
 	$(BIN)/grpojob run examples/tiny.yaml
 
+# Style, and the layering contracts of pyproject's [tool.importlinter] (which packages may import which).
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo
 
 # Builds the pinned control-plane programs into ~/.cache/grpojob unless they are cached.
 cluster-binaries: $(VENV)/.dev-installed

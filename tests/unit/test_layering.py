@@ -1,0 +1,78 @@
+"""`make lint`'s import contracts (pyproject's [tool.importlinter]) hold, and break on a violating import."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = {
+    "api": "grpojob_api",
+    "operator": "grpojob_operator",
+    "trainer": "grpojob_trainer",
+    "testing": "grpojob_testing",
+}
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A copy of the packages and pyproject.toml, to inject imports into."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    for folder, package in PACKAGES.items():
+        shutil.copytree(REPO / folder / package, tmp_path / folder / package)
+    return tmp_path
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(str(tree / folder) for folder in PACKAGES)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-logo", "--no-cache"],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": path, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_tree_keeps_every_contract(tree: Path):
+    result = lint_imports(tree)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        (
+            "trainer/grpojob_trainer/driver.py",
+            "import grpojob_operator.names",
+            "The trainer never imports the operator",
+        ),
+        ("operator/grpojob_operator/handlers.py", "import torch", "The operator imports no trainer, ML or HTTP-server"),
+        ("operator/grpojob_operator/state.py", "from grpojob_operator import kube", "Manifest builders and the state"),
+        ("operator/grpojob_operator/names.py", "import kubernetes", "Manifest builders and the state"),
+        ("trainer/grpojob_trainer/samples.py", "import ray", "The GRPO math imports no Ray, HTTP or Kubernetes"),
+        (
+            "trainer/grpojob_trainer/cli.py",
+            "from grpojob_testing import cluster",
+            "Product code never imports the test",
+        ),
+        ("api/grpojob_api/progress.py", "import grpojob_trainer", "The API package imports none of ours"),
+    ],
+)
+def test_an_import_across_a_layer_breaks_its_contract(tree: Path, module: str, line: str, contract: str):
+    source = tree / module
+    source.write_text(source.read_text() + f"\n\ndef _violation() -> None:\n    {line}  # noqa\n")
+
+    result = lint_imports(tree)
+
+    assert result.returncode != 0
+    broken = [text for text in result.stdout.splitlines() if text.endswith("BROKEN")]
+    assert any(text.startswith(contract) for text in broken), result.stdout
