@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -108,6 +109,70 @@ def test_a_killed_trainer_resumes_from_its_last_checkpoint(tiny_model_dir: Path,
     )
     final = latest_checkpoint(tmp_path / "checkpoints")
     assert final is not None and json.loads((final / "meta.json").read_text())["step"] == 8
+
+
+def process_tree(root: int) -> dict[int, str]:
+    """Every living process descended from ``root`` (by parent chain) or in its session: pid -> command line."""
+    parents, sessions = {}, {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            parents[int(entry.name)], sessions[int(entry.name)] = int(fields[1]), int(fields[3])
+    tree = {pid for pid, session in sessions.items() if session == root and pid != root}
+    while grown := {pid for pid, parent in parents.items() if (parent == root or parent in tree) and pid not in tree}:
+        tree |= grown
+    return {pid: command_line(pid) for pid in tree}
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def listening_ports(pids: set[int]) -> set[int]:
+    """The ports the environment servers among ``pids`` serve on (their ``PORT`` variable)."""
+    ports = set()
+    for pid in pids:
+        try:
+            variables = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if "grpojob_trainer.environments" in command_line(pid):
+            ports |= {int(v.split(b"=", 1)[1]) for v in variables if v.startswith(b"PORT=")}
+    return ports
+
+
+def test_a_sigkilled_grpojob_run_leaves_none_of_its_processes_behind(tiny_model_dir: Path, tmp_path: Path):
+    """Only `grpojob run` itself is killed (not its process group, as a terminal would): its environment
+    server, in a session of its own, and Ray's processes must go with it."""
+    job = write_job(tmp_path, tiny_model_dir, steps=1000, interval=1000)
+    run = grpojob("run", str(job), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
+    metrics = tmp_path / "out" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+        assert run.poll() is None, run.communicate()[0][-3000:]
+        time.sleep(0.5)
+    children = process_tree(run.pid)
+    ports = listening_ports(set(children))
+    assert ports, f"no environment server among the children of grpojob run: {children}"
+    assert any("raylet" in command for command in children.values()), children
+
+    os.kill(run.pid, signal.SIGKILL)
+    run.communicate()
+
+    deadline, left = time.monotonic() + 60, children
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = {pid: command for pid, command in children.items() if command_line(pid) == command and command}
+    assert left == {}, "processes of the killed grpojob run still running"
+    for port in ports:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
 DEAD_ENVIRONMENT = """

@@ -83,7 +83,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     import ray
     from tqdm import tqdm
 
-    from grpojob_trainer import raycluster, report
+    from grpojob_trainer import raycluster, reaper, report
     from grpojob_trainer.data import PromptDataset
     from grpojob_trainer.driver import run_loop
     from grpojob_trainer.local_environments import EnvironmentProcesses
@@ -104,6 +104,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
 
     gpus = _local_gpus(spec)
     world, policy_gpus = _local_policy(spec, gpus)
+    reaper.reap_children_at_exit()  # Ray's processes and the environment servers end with this one
     gcs = raycluster.start_local(generation_replicas=1, policy_replicas=world, num_gpus=gpus)
     print(f"Ray is up (GCS {gcs}, {gpus} GPUs); loading the model from {model}", flush=True)
     try:
