@@ -390,7 +390,7 @@ class Bench:
             wait_until(established, f"CRD {crd['metadata']['name']}", 60)
 
     def start_operator(self, namespace: str) -> None:
-        from grpojob_testing.cluster import free_port, wait_until
+        from grpojob_trainer.net import free_port, wait_until_healthy
 
         self.operator_metrics_port, probe = free_port(), free_port()
         env = {
@@ -409,16 +409,11 @@ class Bench:
                 start_new_session=True,
             )
 
-        def ready() -> bool:
+        def running() -> None:
             if self.operator.poll() is not None:
                 raise RuntimeError(f"the operator exited ({self.operator.returncode}); see {self.work}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{probe}/healthz", timeout=2) as response:
-                    return response.status == 200
-            except OSError:
-                return False
 
-        wait_until(ready, "the operator's /healthz", 60)
+        wait_until_healthy(f"http://127.0.0.1:{probe}/healthz", 60, check=running)
         time.sleep(2)  # its watches and indexes list what is there
 
     def stop_operator(self) -> None:

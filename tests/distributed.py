@@ -6,20 +6,15 @@ picklable; ranks join their group themselves (e.g. with `grpojob_trainer.ranks.i
 from __future__ import annotations
 
 import io
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from grpojob_trainer.net import free_port
+
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, queue: Any, args: tuple) -> None:
@@ -44,7 +39,7 @@ def run_on_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: floa
 
     context = mp.get_context("spawn")
     results: Any = context.Queue()
-    port = free_port()
+    port = free_port(HOST)
     processes = [
         context.Process(target=_rank_main, args=(fn, rank, world, port, results, args), daemon=True)
         for rank in range(world)

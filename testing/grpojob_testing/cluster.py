@@ -25,13 +25,10 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from grpojob_testing import build, node, node_images, nodes, pki
+from grpojob_trainer.net import free_port, wait_until_healthy
 
 SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
@@ -65,12 +63,6 @@ KWOK_POD_STAGES = Path(__file__).resolve().parent.parent / "kwok" / "pod-stages.
 
 def clusters_root() -> Path:
     return build.cache_root() / "clusters"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(check: Callable[[], bool], what: str, timeout: float, interval: float = 0.25) -> None:
@@ -246,17 +238,12 @@ class Cluster:
         if client_cert:
             context.load_cert_chain(self.pki.admin_cert, self.pki.admin_key)
 
-        def healthy() -> bool:
+        def running() -> None:
             if not process_alive(self.pids[name]):
                 tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{name} exited during start-up; end of its log:\n{tail}")
-            try:
-                with urllib.request.urlopen(url, timeout=2, context=context) as response:
-                    return response.status == 200
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                return False
 
-        wait_until(healthy, f"{name} at {url}", timeout)
+        wait_until_healthy(url, timeout, check=running, context=context)
 
     def _start_control_plane(self, bins: dict[str, Path]) -> None:
         k8s = bins["kubernetes"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,7 @@ import yaml
 
 from grpojob_operator.manifests import NON_ROOT_UID
 from grpojob_testing import images
+from grpojob_trainer.net import free_port, wait_until_healthy
 
 TOOLS = ("buildah", "podman", "debootstrap", "runc")
 OPERATOR_USER = "65532:65532"
@@ -98,12 +98,6 @@ def test_the_trainer_image_trains_the_tiny_model_with_grpojob_run(archives: dict
     assert all(0.0 <= record["rollout/reward/mean"] <= 1.0 for record in metrics)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_the_penguin_env_image_serves_its_health_route(archives: dict[str, Path]):
     port, name = free_port(), f"grpojob-test-{uuid.uuid4().hex[:8]}"
     pod_like = [f"--user={NON_ROOT_UID}", "--read-only", "--tmpfs=/tmp:rw,mode=1777", f"--env=PORT={port}"]
@@ -114,15 +108,14 @@ def test_the_penguin_env_image_serves_its_health_route(archives: dict[str, Path]
         check=True,
     )
     try:
-        deadline, body = time.monotonic() + 60, None
-        while body is None and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
-                    body = json.loads(response.read())
-            except OSError:
-                time.sleep(0.5)
-        logs = subprocess.run(["podman", "logs", name], capture_output=True, text=True, check=False)
-        assert body == {"status": "ok"}, logs.stdout + logs.stderr
+        url = f"http://127.0.0.1:{port}/"
+        try:
+            wait_until_healthy(url, 60, interval_s=0.5)
+        except TimeoutError as error:
+            logs = subprocess.run(["podman", "logs", name], capture_output=True, text=True, check=False)
+            pytest.fail(f"{error}; the container's log:\n{logs.stdout}{logs.stderr}")
+        with urllib.request.urlopen(url, timeout=2) as response:
+            assert json.loads(response.read()) == {"status": "ok"}
     finally:
         subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
 

@@ -43,7 +43,8 @@ def start_environment(name: str, policy_base_url: str):
     """An environment server (agent + resources) on a free port, calling the policy at ``policy_base_url``."""
     from grpojob_trainer.environments import get_environment
     from grpojob_trainer.environments.app import AgentConfig, create_environment_app
-    from grpojob_trainer.penguin.http import ThreadedServer, free_port
+    from grpojob_trainer.net import free_port
+    from grpojob_trainer.penguin.http import ThreadedServer
 
     port = free_port()
     config = AgentConfig(policy_base_url=policy_base_url, resources_url=f"http://127.0.0.1:{port}")

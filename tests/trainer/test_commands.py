@@ -6,14 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
-from grpojob_trainer.penguin.http import free_port
+from grpojob_trainer.net import free_port, wait_until_healthy
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -21,18 +20,13 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 @contextmanager
 def process(args: list[str], ready_url: str, env: dict[str, str] | None = None) -> Iterator[None]:
     proc = subprocess.Popen([sys.executable, *args], env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def running() -> None:
+        if proc.poll() is not None:
+            raise AssertionError(f"{args} exited: {proc.stdout.read().decode()[-2000:]}")
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"{args} exited: {proc.stdout.read().decode()[-2000:]}")
-            try:
-                if httpx.get(ready_url, timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"{args} did not answer {ready_url} within 60s"
-            time.sleep(0.2)
+        wait_until_healthy(ready_url, 60, check=running)
         yield
     finally:
         proc.terminate()

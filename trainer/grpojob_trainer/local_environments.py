@@ -8,10 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from grpojob_api import v1alpha1 as api
-from grpojob_trainer.penguin.http import free_port
+from grpojob_trainer.net import free_port, wait_until_healthy
 
 START_TIMEOUT_S = 120.0
 
@@ -84,18 +82,12 @@ class EnvironmentProcesses:
         self.urls[env.name] = f"http://127.0.0.1:{port}"
 
     def _wait_healthy(self, name: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
+        def running() -> None:
             if self.processes[name].poll() is not None:
                 tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"environment {name} exited during start-up; end of its log:\n{tail}")
-            try:
-                if httpx.get(self.urls[name] + "/", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"environment {name} did not answer GET / within {START_TIMEOUT_S:.0f}s")
+
+        wait_until_healthy(self.urls[name] + "/", START_TIMEOUT_S, check=running)
 
     def __exit__(self, *_: object) -> None:
         for process in self.processes.values():
@@ -112,15 +104,5 @@ class EnvironmentProcesses:
 def wait_for_environments(urls: dict[str, str], timeout_s: float = 600.0) -> None:
     """Wait until every environment Service answers GET / (on Kubernetes, where the pods start on their own)."""
     deadline = time.monotonic() + timeout_s
-    pending = dict(urls)
-    while pending and time.monotonic() < deadline:
-        for name, url in list(pending.items()):
-            try:
-                if httpx.get(url.rstrip("/") + "/", timeout=5).status_code == 200:
-                    del pending[name]
-            except httpx.HTTPError:
-                pass
-        if pending:
-            time.sleep(2)
-    if pending:
-        raise TimeoutError(f"environments not answering after {timeout_s:.0f}s: {sorted(pending)}")
+    for url in urls.values():
+        wait_until_healthy(url.rstrip("/") + "/", max(0.0, deadline - time.monotonic()), interval_s=2.0)

@@ -18,7 +18,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from grpojob_testing.cluster import free_port, wait_until
+from grpojob_testing.cluster import wait_until
+from grpojob_trainer.net import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 CRD_DIR = REPO / "charts" / "grpojob" / "crds"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 from typing import Any
 
 import uvicorn
+
+from grpojob_trainer.net import free_port
 
 ROLLOUT_PREFIX = re.compile(r"^/ng-rollout/[^/]+(/training-token-capture)?(?=/|$)")
 """NeMo Gym may prefix calls with ``/ng-rollout/<rollout_id>`` (and ``/training-token-capture``)."""
@@ -31,13 +32,6 @@ class StripRolloutPrefix:
             scope = dict(scope, path=strip_rollout_prefix(scope["path"]))
             scope["raw_path"] = scope["path"].encode()
         await self.app(scope, receive, send)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class ThreadedServer:

@@ -1,0 +1,53 @@
+"""Loopback plumbing for servers we start: a free port, and waiting until a server's health URL answers.
+
+Standard library only, so the test tooling (`grpojob_testing`) and the tests use it as well as the trainer.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+import time
+import urllib.request
+from collections.abc import Callable
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def answers(url: str, *, timeout_s: float = 2.0, context: ssl.SSLContext | None = None) -> bool:
+    """True when ``GET url`` answers 200; False when it cannot connect, times out or answers otherwise."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as response:
+            return response.status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+def wait_until_healthy(
+    url: str,
+    timeout_s: float,
+    *,
+    check: Callable[[], None] | None = None,
+    context: ssl.SSLContext | None = None,
+    interval_s: float = 0.2,
+) -> None:
+    """Poll ``GET url`` until it answers 200, or raise `TimeoutError` naming it after ``timeout_s``.
+
+    ``check`` runs before each attempt and raises to stop waiting (for a server process that exited during
+    start-up); ``context`` is the TLS context for ``https`` URLs.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if check is not None:
+            check()
+        if answers(url, context=context):
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"GET {url} did not answer 200 within {timeout_s:.0f}s")
+        time.sleep(interval_s)
