@@ -4,8 +4,9 @@
 
 pydantic writes JSON Schema (draft 2020-12: `$ref`s, `anyOf` with null, numeric exclusive bounds);
 Kubernetes wants a structural OpenAPI v3.0 schema (everything inline, `nullable`, boolean exclusive
-bounds, no titles). `structural` does that translation; `crd()` adds the CEL rules that span fields
-or compare with the old object, the status subresource and the printer columns.
+bounds, no titles). `structural` does that translation, keeping the models' CEL rules
+(`x-kubernetes-validations`, see `v1alpha1.cel`); `crd()` adds the rules on metadata or comparing
+with the old object, the status subresource and the printer columns.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"unions other than Optional[...] cannot be structural: {schema}")
         inner = structural(non_null[0], defs)
         out.update(inner)
-        out["nullable"] = True
+        # Null is a value only where the field defaults to something else (see `api.is_nullable`);
+        # elsewhere the API server drops a null as an absent field.
+        if schema.get("default", ...) is not None:
+            out["nullable"] = True
         for key in ("description", "default"):
             if key in schema and schema[key] is not None:
                 out[key] = schema[key]
@@ -119,6 +123,14 @@ def crd() -> dict[str, Any]:
             "status": status_schema,
         },
         "x-kubernetes-validations": [
+            {
+                "rule": f"self.metadata.name.matches('{api.DNS_LABEL}')",
+                "message": (
+                    "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a "
+                    "letter): it names the job's Services"
+                ),
+                "fieldPath": ".metadata.name",
+            },
             {
                 "rule": f"size(self.metadata.name) <= {api.MAX_JOB_NAME_LENGTH}",
                 "message": (

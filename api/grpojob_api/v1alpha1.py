@@ -2,8 +2,12 @@
 
 Field names are camelCase on the wire (as in every Kubernetes API) and snake_case in Python. Every
 field has a docstring; it becomes the CRD's OpenAPI description, so `kubectl explain grpojob.spec`
-shows it. Constraints live in ``Field(...)``; rules that span fields are validators here and CEL
-rules in the generated CRD (`grpojob_api.crd`).
+shows it. Constraints live in ``Field(...)``; every rule that JSON Schema cannot say is a validator
+here and, beside it, the same rule in CEL (`cel(...)`) that the generated CRD (`grpojob_api.crd`)
+carries, so `kubectl apply` refuses at once what the operator and the trainer would refuse later.
+
+`parse_job` judges a manifest as the API server does (strict types, int64 integers, nulls of
+non-nullable fields as absent); a test holds the two verdicts equal on fuzzed manifests.
 """
 
 from __future__ import annotations
@@ -12,8 +16,18 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+
+from grpojob_api.quantity import parse_quantity
 
 GROUP = "grpo.dev"
 VERSION = "v1alpha1"
@@ -29,8 +43,24 @@ MAX_JOB_NAME_LENGTH = 40
 MAX_ENVIRONMENT_NAME_LENGTH = 18
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
+# Longest path inside a volume (Linux's PATH_MAX); strings and lists that CEL rules read are bounded so
+# the API server's cost estimate of the rules stays within its budget.
+MAX_PATH_LENGTH = 4096
+MAX_ENV_VARS = 128
+
 DnsLabel = Annotated[str, StringConstraints(pattern=DNS_LABEL, min_length=1, max_length=MAX_ENVIRONMENT_NAME_LENGTH)]
-Quantity = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")]
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One CEL rule of the CRD (an `x-kubernetes-validations` entry): the API server's copy of a validator
+    beside it. ``message`` says what is wrong as the validator does; ``field_path`` (relative, `.name`)
+    is the field the API server names, the object the rule sits on by default."""
+    return {"rule": rule, "message": message} | ({"fieldPath": field_path} if field_path else {})
+
+
+def cel_rules(*rules: dict[str, str]) -> dict[str, Any]:
+    """Schema extras carrying CEL rules, for `Field(json_schema_extra=...)` or a model's config."""
+    return {"x-kubernetes-validations": list(rules)}
 
 
 class ApiModel(BaseModel):
@@ -45,14 +75,49 @@ class ApiModel(BaseModel):
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# spec
-
-
-def _no_parent_segments(path: str | None) -> str | None:
-    if path is not None and ".." in path.split("/"):
+def _no_parent_segments(path: str) -> str:
+    if ".." in path.split("/"):
         raise ValueError(f"{path!r} must not contain `..` (a path inside the volume)")
     return path
+
+
+VolumePath = Annotated[
+    str,
+    Field(
+        max_length=MAX_PATH_LENGTH,
+        json_schema_extra=cel_rules(
+            cel("!self.matches('(^|/)[.][.](/|$)')", "must not contain `..` (a path inside the volume)")
+        ),
+    ),
+    AfterValidator(_no_parent_segments),
+]
+"""A path inside a volume: no `..` segment, so it cannot leave the volume."""
+
+
+def _non_negative_quantity(text: str) -> str:
+    if parse_quantity(text) < 0:
+        raise ValueError(f"{text!r} must not be negative")
+    return text
+
+
+Quantity = Annotated[
+    str,
+    Field(
+        max_length=64,
+        json_schema_extra=cel_rules(
+            cel(
+                "isQuantity(self) && !self.startsWith('-')",
+                "must be a non-negative Kubernetes quantity such as 500m, 2Gi, 1e3 or .5",
+            )
+        ),
+    ),
+    AfterValidator(_non_negative_quantity),
+]
+"""A Kubernetes quantity (`500m`, `2Gi`, `1e3`, `.5`), by Kubernetes' grammar."""
+
+
+# --------------------------------------------------------------------------------------------------
+# spec
 
 
 class PvcSource(ApiModel):
@@ -60,10 +125,8 @@ class PvcSource(ApiModel):
 
     claim_name: str = Field(min_length=1)
     """Name of the PersistentVolumeClaim in the GRPOJob's namespace."""
-    path: str = Field(default="", pattern=r"^[^/]|^$")
+    path: VolumePath = Field(default="", pattern=r"^[^/]|^$")
     """Path inside the volume (relative, without `..`; empty for its root)."""
-
-    _inside_the_volume = field_validator("path")(_no_parent_segments)
 
 
 class ModelSpec(ApiModel):
@@ -83,11 +146,24 @@ class GenerationBackend(StrEnum):
     TRANSFORMERS = "transformers"
 
 
+_VLLM_NEEDS_GPUS = "spec.generation.backend: vllm needs spec.generation.gpusPerReplica of 1 or more"
+_NEW_TOKENS_FIT = (
+    "spec.generation.maxNewTokens must be smaller than spec.generation.maxModelLen to leave room for the prompt"
+)
+
+
 class GenerationSpec(ApiModel):
     """The generation engines (one per `generation` Ray worker) and the sampling parameters.
 
     Sampling parameters are enforced on-policy: a request whose temperature or top-p differ is refused.
     """
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("self.maxNewTokens < self.maxModelLen", _NEW_TOKENS_FIT, ".maxNewTokens"),
+            cel("self.backend != 'vllm' || self.gpusPerReplica >= 1", _VLLM_NEEDS_GPUS, ".backend"),
+        )
+    )
 
     backend: GenerationBackend = GenerationBackend.TRANSFORMERS
     """Engine behind the OpenAI-compatible server: `transformers` (CPU or GPU) or `vllm` (GPUs only)."""
@@ -99,8 +175,9 @@ class GenerationSpec(ApiModel):
     """Fraction of GPU memory vLLM may use."""
     max_model_len: int = Field(default=4096, ge=16, le=1_048_576)
     """Longest prompt plus generation, in tokens."""
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    """Sampling temperature used for every rollout."""
+    temperature: float = Field(default=1.0, gt=0.0, le=2.0)
+    """Sampling temperature used for every rollout; above 0: GRPO trains on sampled rollouts, and greedy
+    decoding has no sampling distribution to compute log-probabilities of."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus-sampling top-p used for every rollout."""
     max_new_tokens: int = Field(default=1024, ge=1, le=1_048_576)
@@ -109,10 +186,13 @@ class GenerationSpec(ApiModel):
     @model_validator(mode="after")
     def _new_tokens_fit(self) -> GenerationSpec:
         if self.max_new_tokens >= self.max_model_len:
-            raise ValueError(
-                f"spec.generation.maxNewTokens ({self.max_new_tokens}) must be smaller than "
-                f"spec.generation.maxModelLen ({self.max_model_len}) to leave room for the prompt"
-            )
+            raise ValueError(f"{_NEW_TOKENS_FIT} ({self.max_new_tokens} >= {self.max_model_len})")
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_needs_gpus(self) -> GenerationSpec:
+        if self.backend == GenerationBackend.VLLM and self.gpus_per_replica == 0:
+            raise ValueError(_VLLM_NEEDS_GPUS)
         return self
 
 
@@ -191,9 +271,11 @@ class GrpoSpec(ApiModel):
     advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)
     """Advantage normalisation."""
     clip_low: float = Field(default=0.2, ge=0.0, le=1.0)
-    """PPO ratio clip below 1 (ratio >= 1 - clipLow)."""
+    """PPO ratio clip below 1 (ratio >= 1 - clipLow). No effect for now: every step takes one optimizer
+    step on rollouts of the current policy, so the ratio is exactly 1."""
     clip_high: float = Field(default=0.28, ge=0.0, le=10.0)
-    """PPO ratio clip above 1 (ratio <= 1 + clipHigh)."""
+    """PPO ratio clip above 1 (ratio <= 1 + clipHigh). No effect for now: every step takes one optimizer
+    step on rollouts of the current policy, so the ratio is exactly 1."""
     kl_coef: float = Field(default=0.0, ge=0.0)
     """Weight of the KL penalty to the reference (initial) policy; 0 disables it."""
     kl_estimator: KlEstimator = KlEstimator.K3
@@ -226,6 +308,12 @@ class SecretKeyRef(ApiModel):
 class EnvVar(ApiModel):
     """An environment variable: a literal value or a key of a Secret (never a secret in plain text)."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("has(self.value) != has(self.secretKeyRef)", "set exactly one of value or secretKeyRef")
+        )
+    )
+
     name: str = Field(min_length=1, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
     value: str | None = None
     secret_key_ref: SecretKeyRef | None = None
@@ -238,11 +326,75 @@ class EnvVar(ApiModel):
         return self
 
 
-class Resources(ApiModel):
-    """Container resource requests and limits (Kubernetes quantities)."""
+RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage", "nvidia.com/gpu")
+GPU_RESOURCE = "nvidia.com/gpu"
+_KNOWN_RESOURCES = "resource names are " + ", ".join(RESOURCE_NAMES)
+_WHOLE_RESOURCES = "memory and ephemeral-storage are whole bytes, nvidia.com/gpu whole GPUs"
+_REQUESTS_WITHIN_LIMITS = "requests must not exceed limits"
+_GPU_REQUEST_IS_LIMIT = "a request of nvidia.com/gpu needs the same limit (GPUs are not overcommitted)"
 
-    requests: dict[str, Quantity] = Field(default_factory=dict)
-    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+ResourceList = Annotated[
+    dict[str, Quantity],
+    Field(
+        max_length=len(RESOURCE_NAMES),
+        json_schema_extra=cel_rules(
+            cel("self.all(k, k in [" + ", ".join(f"'{n}'" for n in RESOURCE_NAMES) + "])", _KNOWN_RESOURCES),
+            cel("self.all(k, k == 'cpu' || !isQuantity(self[k]) || quantity(self[k]).isInteger())", _WHOLE_RESOURCES),
+        ),
+    ),
+]
+"""Quantities by resource name, as in a container's `resources`."""
+
+
+class Resources(ApiModel):
+    """Container resource requests and limits (Kubernetes quantities) of cpu, memory, ephemeral-storage
+    and nvidia.com/gpu."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "self.requests.all(k, !(k in self.limits) || !isQuantity(self.requests[k]) || "
+                "!isQuantity(self.limits[k]) || quantity(self.requests[k]).compareTo(quantity(self.limits[k])) <= 0)",
+                _REQUESTS_WITHIN_LIMITS,
+                ".requests",
+            ),
+            cel(
+                f"!('{GPU_RESOURCE}' in self.requests) || ('{GPU_RESOURCE}' in self.limits && "
+                f"(!isQuantity(self.requests['{GPU_RESOURCE}']) || !isQuantity(self.limits['{GPU_RESOURCE}']) || "
+                f"quantity(self.requests['{GPU_RESOURCE}']).compareTo(quantity(self.limits['{GPU_RESOURCE}'])) == 0))",
+                _GPU_REQUEST_IS_LIMIT,
+                ".requests",
+            ),
+        )
+    )
+
+    requests: ResourceList = Field(default_factory=dict)
+    limits: ResourceList = Field(default_factory=dict)
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _known_whole_quantities(cls, quantities: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(quantities) - set(RESOURCE_NAMES))
+        if unknown:
+            raise ValueError(f"{_KNOWN_RESOURCES}, not {', '.join(unknown)}")
+        fractional = sorted(k for k, v in quantities.items() if k != "cpu" and parse_quantity(v) % 1 != 0)
+        if fractional:
+            raise ValueError(f"{_WHOLE_RESOURCES}: {', '.join(fractional)}")
+        return quantities
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        for name, request in self.requests.items():
+            limit = self.limits.get(name)
+            if limit is not None and parse_quantity(request) > parse_quantity(limit):
+                raise ValueError(f"requests: {_REQUESTS_WITHIN_LIMITS} ({name}: {request} > {limit})")
+        gpus = self.requests.get(GPU_RESOURCE)
+        if gpus is not None and (
+            GPU_RESOURCE not in self.limits or parse_quantity(gpus) != parse_quantity(self.limits[GPU_RESOURCE])
+        ):
+            raise ValueError(f"requests: {_GPU_REQUEST_IS_LIMIT}")
+        return self
 
 
 class EnvironmentSpec(ApiModel):
@@ -262,7 +414,7 @@ class EnvironmentSpec(ApiModel):
     """Port the server listens on."""
     resources: Resources = Field(default_factory=Resources)
     """Requests and limits of each pod."""
-    env: list[EnvVar] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV_VARS)
     """Extra environment variables."""
 
 
@@ -273,11 +425,22 @@ class ConfigMapSource(ApiModel):
     """Key holding the JSONL rows."""
 
 
+_ONE_DATASET_SOURCE = "spec.dataset: set exactly one of path or configMap"
+_PVC_NEEDS_PATH = "spec.dataset.pvc needs spec.dataset.path (the file inside the claim)"
+
+
 class DatasetSpec(ApiModel):
     """Training rows, JSONL in NeMo Gym's row format (`responses_create_params`, `agent_ref`, task fields).
 
     Exactly one of `path` (local or inside `pvc`) or `configMap`.
     """
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("has(self.path) != has(self.configMap)", _ONE_DATASET_SOURCE),
+            cel("!has(self.pvc) || has(self.path)", _PVC_NEEDS_PATH, ".pvc"),
+        )
+    )
 
     path: str | None = None
     """Path of the JSONL file (local under `grpojob run`; inside `pvc` on Kubernetes)."""
@@ -289,9 +452,9 @@ class DatasetSpec(ApiModel):
     @model_validator(mode="after")
     def _one_source(self) -> DatasetSpec:
         if (self.path is None) == (self.config_map is None):
-            raise ValueError("spec.dataset: set exactly one of path or configMap")
+            raise ValueError(_ONE_DATASET_SOURCE)
         if self.pvc is not None and self.path is None:
-            raise ValueError("spec.dataset.pvc needs spec.dataset.path (the file inside the claim)")
+            raise ValueError(_PVC_NEEDS_PATH)
         return self
 
 
@@ -300,12 +463,10 @@ class CheckpointSpec(ApiModel):
 
     pvc: PvcSource | None = None
     """Claim to write checkpoints to (on Kubernetes); without it checkpoints stay in the pod."""
-    path: str | None = Field(default=None, min_length=1)
+    path: VolumePath | None = Field(default=None, min_length=1)
     """Directory: inside the claim on Kubernetes (without `..`), relative to the working directory (or
     absolute) with `grpojob run`. Default `checkpoints/<job name>`, so jobs sharing a claim never resume
     each other's runs."""
-
-    _inside_the_volume = field_validator("path")(_no_parent_segments)
     interval: int = Field(default=10, ge=1)
     """Save every this many steps (and after the last)."""
     keep: int = Field(default=2, ge=1)
@@ -342,8 +503,13 @@ class GRPOJobSpec(ApiModel):
     """The policy model."""
     dataset: DatasetSpec
     """Training rows."""
-    environments: list[EnvironmentSpec] = Field(min_length=1, max_length=16)
-    """Environment servers; each dataset row's `agent_ref.name` picks one."""
+    environments: list[EnvironmentSpec] = Field(
+        min_length=1,
+        max_length=16,
+        # A list keyed by name: the API server refuses two environments of one name.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Environment servers, each of its own name; each dataset row's `agent_ref.name` picks one."""
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     """Generation engines and sampling."""
     training: TrainingSpec = Field(default_factory=TrainingSpec)
@@ -462,9 +628,13 @@ def checkpoint_dir(job: GRPOJob) -> str:
     return job.spec.checkpointing.path or f"checkpoints/{job.metadata.name}"
 
 
-def parse_job(manifest: dict[str, Any]) -> GRPOJob:
-    """Validate a GRPOJob manifest (as applied with kubectl or read by `grpojob run`)."""
-    return GRPOJob.model_validate(manifest)
+def parse_job(manifest: Any) -> GRPOJob:
+    """Validate a GRPOJob manifest as the API server admits it (for `grpojob run`, the trainer and the
+    operator alike): strict types, integers within int64, nulls of fields that are not nullable taken as
+    absent (`grpojob_api.admission`). Raises pydantic's ValidationError, naming the fields."""
+    from grpojob_api.admission import admit  # it reads the CRD generated from the models above
+
+    return admit(manifest)
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:

@@ -258,12 +258,14 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
 
 
 def render_job_config(job: api.GRPOJob) -> str:
-    """The trainer's config: the GRPOJob itself (name, namespace and spec), as YAML."""
+    """The trainer's config: the GRPOJob itself (name, namespace and spec), as YAML. Nulls stay: a
+    nullable field's null is a value (`importanceSamplingCap: null` disables the cap), any other null
+    reads as absent."""
     document = {
         "apiVersion": api.API_VERSION,
         "kind": api.KIND,
         "metadata": {"name": job.metadata.name, "namespace": job.metadata.namespace},
-        "spec": job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "spec": job.spec.model_dump(mode="json", by_alias=True),
     }
     return yaml.safe_dump(document, sort_keys=False)
 

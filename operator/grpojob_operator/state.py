@@ -155,10 +155,7 @@ def plan(body: dict[str, Any], observed: Observed, settings: OperatorSettings, n
         if status.phase != Phase.FAILED:
             _fail(result, "InvalidSpec", _describe(error), now)
     else:
-        unsupported = _unsupported(job)
-        if unsupported is not None and not status.phase.is_terminal():
-            _fail(result, "InvalidSpec", unsupported, now)
-        elif status.phase.is_terminal():
+        if status.phase.is_terminal():
             _finished(job, result, observed, now)
         elif job.spec.suspend:
             _suspend(job, result, observed, now)
@@ -178,13 +175,6 @@ def current_status(body: dict[str, Any]) -> api.GRPOJobStatus:
 
 
 _STATUS_KEYS = {f.alias or n for n, f in api.GRPOJobStatus.model_fields.items()} | set(api.GRPOJobStatus.model_fields)
-
-
-def _unsupported(job: api.GRPOJob) -> str | None:
-    """What cannot run although the schema allows it, naming the field."""
-    if job.spec.generation.backend == api.GenerationBackend.VLLM and job.spec.generation.gpus_per_replica == 0:
-        return "spec.generation.backend: vllm needs spec.generation.gpusPerReplica of 1 or more"
-    return None
 
 
 def _describe(error: ValidationError) -> str:
