@@ -20,7 +20,8 @@ WHOLE_FLOATS = 2**53  # a whole-number float up to this size is an integer to JS
 
 
 @functools.cache
-def _schema() -> dict[str, Any]:
+def job_schema() -> dict[str, Any]:
+    """The CRD's structural schema of a whole GRPOJob."""
     return crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
@@ -58,5 +59,5 @@ def _child(schema: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
 
 def admit(manifest: Any) -> api.GRPOJob:
     """The GRPOJob ``manifest`` as the API server would admit it; pydantic's ValidationError otherwise."""
-    text = json.dumps(as_decoded(manifest, _schema()), default=str)
+    text = json.dumps(as_decoded(manifest, job_schema()), default=str)
     return api.GRPOJob.model_validate_json(text, strict=True)

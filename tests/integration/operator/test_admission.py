@@ -1,0 +1,326 @@
+"""`kubectl apply` and `grpojob run` judge every GRPOJob manifest alike.
+
+A few hundred manifests, mutated from a valid one with a fixed seed (wrong types, bounds, nulls,
+cross-field rules, quantities, names), go through the API server's dry run (with the CRD the chart
+installs) and through the model as `grpojob run` loads a file. Both verdicts agree, every refusal
+names a field that was mutated, and what the API server admits it defaults as the model does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from grpojob_api import admission
+from grpojob_api import v1alpha1 as api
+from grpojob_trainer.cli import load_job
+from grpojob_trainer.errors import UsageError
+
+from .conftest import GROUP, PLURAL, VERSION
+
+SEED = 20261130
+MANIFESTS = 320
+
+BASE: dict[str, Any] = {
+    "apiVersion": api.API_VERSION,
+    "kind": api.KIND,
+    "metadata": {"name": "fuzz"},
+    "spec": {
+        "model": {"path": "/models/tiny", "pvc": {"claimName": "models", "path": "tiny"}},
+        "dataset": {"path": "data/train.jsonl", "pvc": {"claimName": "data"}},
+        "environments": [
+            {
+                "name": "arith",
+                "command": ["python", "-m", "env"],
+                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+                "env": [{"name": "LEVEL", "value": "1"}, {"name": "TOKEN", "secretKeyRef": {"name": "s", "key": "k"}}],
+            }
+        ],
+        "generation": {"gpusPerReplica": 1, "maxModelLen": 2048, "maxNewTokens": 256, "temperature": 1.0},
+        "training": {"gpusPerReplica": 1, "optimizer": {"learningRate": 1e-5}},
+        "grpo": {"maxSteps": 10, "seed": 3, "clipHigh": 0.28},
+        "checkpointing": {"path": "ckpt/fuzz", "interval": 5},
+        "suspend": False,
+    },
+}
+
+DELETE = object()
+Path_ = tuple[str | int, ...]
+
+INTEGERS = [0, 1, 7, -1, 100, "3", 3.0, 2.5, 2**31, 2**53, 2**63 - 1, 2**63, -(2**63) - 1, True, None, DELETE]
+NUMBERS = [0, 0.0, 0.5, 1, 2, 2.5, -0.1, 1e9, "0.5", True, None, DELETE, 2**63, 2**53 + 1]
+BOOLEANS = [True, False, "yes", "true", 1, 0, None, DELETE]
+VOLUME_PATHS = ["tiny", "a/b", "../x", "a/../b", "a/..", "..", "a/..b", "..a", "/abs", "", "a//b", 3, None, DELETE]
+QUANTITIES = [
+    *("1", "500m", "2Gi", "1Pi", "1e3", ".5", "1.5m", "1.", "+1", "-1", "0", "1e-3", "1E3", "1.5Gi", "1Ei", "7Ki"),
+    *("1GB", "1 Gi", "", "1K", "Ki", "1E", "1e", "1.2.3", "1e3.5", "0x10", 2, 0.5, None),
+]
+RESOURCE_NAMES = ["cpu", "memory", "ephemeral-storage", "nvidia.com/gpu", "storage", "example.com/foo", "hugepages-2Mi"]
+NAMES = ["fuzz", "a.b", "1job", "a-b", "A", "a" * 40, "a" * 41, "a-", "-a", "job-2", "x", ""]
+ENVIRONMENT_NAMES = ["arith", "other", "a.b", "1env", "e" * 18, "e" * 19, "Env", "", 3, None]
+ENUMS: dict[Path_, list[Any]] = {
+    ("spec", "generation", "backend"): ["vllm", "transformers", "VLLM", "tensorrt", 1, None, DELETE],
+    ("spec", "training", "precision"): ["bf16", "fp32", "fp16", None],
+    ("spec", "cleanupPolicy"): ["DeleteAll", "KeepAll", "DeleteCluster", "deleteall", None],
+    ("spec", "grpo", "klEstimator"): ["k1", "k3", "k2", None],
+    ("spec", "grpo", "lossAggregation"): ["token", "sequence", "tokens"],
+    ("spec", "training", "optimizer", "name"): ["adamw", "sgd", None],
+}
+
+ENV = ("spec", "environments", 0)
+FIELDS: dict[Path_, list[Any]] = {
+    ("metadata", "name"): NAMES,
+    ("spec", "generation", "replicas"): INTEGERS,
+    ("spec", "generation", "gpusPerReplica"): INTEGERS,
+    ("spec", "generation", "maxModelLen"): [*INTEGERS, 16, 256, 512, 1024, 1025],
+    ("spec", "generation", "maxNewTokens"): [*INTEGERS, 2047, 2048, 4096],
+    ("spec", "generation", "temperature"): [*NUMBERS, 2.0, 2.01, 1e-9],
+    ("spec", "generation", "topP"): NUMBERS,
+    ("spec", "generation", "gpuMemoryUtilization"): NUMBERS,
+    ("spec", "training", "replicas"): INTEGERS,
+    ("spec", "training", "microBatchSize"): INTEGERS,
+    ("spec", "training", "gradientCheckpointing"): BOOLEANS,
+    ("spec", "training", "optimizer", "learningRate"): NUMBERS,
+    ("spec", "training", "optimizer", "beta2"): [*NUMBERS, 0.999, 1.0],
+    ("spec", "grpo", "maxSteps"): INTEGERS,
+    ("spec", "grpo", "seed"): INTEGERS,
+    ("spec", "grpo", "generationsPerPrompt"): INTEGERS,
+    ("spec", "grpo", "clipLow"): NUMBERS,
+    ("spec", "grpo", "klCoef"): NUMBERS,
+    ("spec", "grpo", "importanceSamplingCap"): NUMBERS,
+    ("spec", "grpo", "rolloutTimeoutSeconds"): NUMBERS,
+    ("spec", "grpo", "advantage", "normalizeStd"): BOOLEANS,
+    ("spec", "grpo", "maxFailedSteps"): INTEGERS,
+    ("spec", "checkpointing", "interval"): INTEGERS,
+    ("spec", "checkpointing", "path"): VOLUME_PATHS,
+    ("spec", "model", "path"): ["/models/x", "", 3, None, DELETE],
+    ("spec", "model", "pvc", "path"): VOLUME_PATHS,
+    ("spec", "model", "pvc"): [None, {}, {"claimName": ""}, "models", DELETE],
+    ("spec", "dataset", "path"): ["rows.jsonl", "", None, DELETE, 7],
+    ("spec", "dataset", "pvc", "path"): VOLUME_PATHS,
+    ("spec", "dataset", "pvc"): [None, DELETE, {"claimName": "data", "path": "../etc"}],
+    ("spec", "dataset", "configMap"): [{"name": "rows"}, {"name": "rows", "key": ""}, {}, None],
+    ("spec", "suspend"): BOOLEANS,
+    ("spec", "backoffLimit"): INTEGERS,
+    ("spec", "activeDeadlineSeconds"): INTEGERS,
+    ("spec", "ttlSecondsAfterFinished"): INTEGERS,
+    ("spec", "generation"): [None, {}, DELETE, {"maxModelLen": 512}, {"backend": "vllm", "gpusPerReplica": 0}],
+    ("spec", "grpo"): [None, {}, {"unknownKnob": 1}],
+    ("spec", "environments"): [None, [], DELETE, "arith"],
+    ("spec", "unknownField"): [1, None, {}],
+    (*ENV, "name"): ENVIRONMENT_NAMES,
+    (*ENV, "port"): [*INTEGERS, 1023, 65535, 65536],
+    (*ENV, "image"): ["img:1", None, 3, ""],
+    (*ENV, "command"): [["a"], [], None, "python", [1]],
+    (*ENV, "resources"): [None, {}, {"requests": None}],
+    (*ENV, "env", 0, "value"): ["x", "", None, DELETE, 3],
+    (*ENV, "env", 0, "secretKeyRef"): [{"name": "s", "key": "k"}, {"name": "s"}, None],
+    (*ENV, "env", 1, "secretKeyRef"): [None, DELETE, {"name": "", "key": "k"}],
+    (*ENV, "env", 1, "name"): ["LEVEL", "OK_2", "bad name", "", "9X", None],
+}
+for path, values in ENUMS.items():
+    FIELDS[path] = values
+for side in ("requests", "limits"):
+    for name in RESOURCE_NAMES:
+        FIELDS[(*ENV, "resources", side, name)] = [*QUANTITIES, DELETE]
+
+
+def _second_environment(name: str) -> Callable[[dict[str, Any]], Path_]:
+    def mutate(manifest: dict[str, Any]) -> Path_:
+        environments = manifest["spec"].get("environments")
+        if isinstance(environments, list) and environments and isinstance(environments[0], dict):
+            environments.append({**copy.deepcopy(environments[0]), "name": name})
+        return ("spec", "environments")
+
+    return mutate
+
+
+def _env_var(var: dict[str, Any]) -> Callable[[dict[str, Any]], Path_]:
+    def mutate(manifest: dict[str, Any]) -> Path_:
+        env = _get(manifest, (*ENV, "env"))
+        if isinstance(env, list):
+            env.append(var)
+        return (*ENV, "env")
+
+    return mutate
+
+
+def _nothing_but(path: Path_, value: Any) -> Callable[[dict[str, Any]], Path_]:
+    """Replace a whole section (so that one rule meets its defaults)."""
+
+    def mutate(manifest: dict[str, Any]) -> Path_:
+        _set(manifest, path, value)
+        return path
+
+    return mutate
+
+
+SHAPES: list[Callable[[dict[str, Any]], Path_]] = [
+    _second_environment("arith"),
+    _second_environment("other"),
+    _env_var({"name": "LEVEL", "value": "2"}),
+    _env_var({"name": "BOTH", "value": "x", "secretKeyRef": {"name": "s", "key": "k"}}),
+    _env_var({"name": "NEITHER"}),
+    _env_var({"name": "NULLS", "value": None, "secretKeyRef": None}),
+    _nothing_but(("spec", "dataset"), {"configMap": {"name": "rows"}}),
+    _nothing_but(("spec", "dataset"), {"configMap": {"name": "rows"}, "path": "x"}),
+    _nothing_but(("spec", "dataset"), {"pvc": {"claimName": "data"}, "configMap": {"name": "rows"}}),
+    _nothing_but(("spec", "dataset"), {}),
+    _nothing_but(("spec", "generation"), {"maxModelLen": 1024}),
+    _nothing_but(("spec", "generation"), {"maxModelLen": 1025, "temperature": 0}),
+    _nothing_but((*ENV, "resources"), {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}),
+    _nothing_but((*ENV, "resources"), {"requests": {"cpu": "1"}, "limits": {"cpu": "1000m"}}),
+    _nothing_but((*ENV, "resources"), {"requests": {"memory": "1Gi"}, "limits": {"memory": "1e9"}}),
+    _nothing_but((*ENV, "resources"), {"requests": {"nvidia.com/gpu": "1"}}),
+    _nothing_but((*ENV, "resources"), {"limits": {"nvidia.com/gpu": "2"}}),
+    _nothing_but((*ENV, "resources"), {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}}),
+    _nothing_but((*ENV, "resources"), {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}),
+    _nothing_but((*ENV, "resources"), {"limits": {"nvidia.com/gpu": "500m"}}),
+]
+
+
+def _get(document: Any, path: Path_) -> Any:
+    for part in path:
+        try:
+            document = document[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return document
+
+
+def _set(document: Any, path: Path_, value: Any) -> None:
+    """Set (or with DELETE remove) ``path``, creating missing objects; nothing where the way is not one."""
+    *parents, last = path
+    for part in parents:
+        if isinstance(document, dict) and isinstance(part, str):
+            document = document.setdefault(part, {})
+        elif isinstance(document, list) and isinstance(part, int) and part < len(document):
+            document = document[part]
+        else:
+            return
+    if isinstance(document, dict) and isinstance(last, str):
+        if value is DELETE:
+            document.pop(last, None)
+        else:
+            document[last] = copy.deepcopy(value)
+    elif isinstance(document, list) and isinstance(last, int) and last < len(document) and value is not DELETE:
+        document[last] = copy.deepcopy(value)
+
+
+def fuzzed_manifests(seed: int, count: int) -> list[tuple[dict[str, Any], list[Path_]]]:
+    """``count`` manifests, each the base with one to three mutations, and the paths they touched."""
+    rng = random.Random(seed)
+    fields = sorted(FIELDS, key=repr)
+    manifests = []
+    for index in range(count):
+        manifest = copy.deepcopy(BASE)
+        manifest["metadata"]["name"] = f"fuzz-{index}"
+        touched: list[Path_] = []
+        for _ in range(rng.choice((1, 1, 1, 2, 3))):
+            if rng.random() < 0.2:
+                touched.append(rng.choice(SHAPES)(manifest))
+            else:
+                path = rng.choice(fields)
+                _set(manifest, path, rng.choice(FIELDS[path]))
+                touched.append(path)
+        manifests.append((manifest, touched))
+    return manifests
+
+
+def field_names(path: Path_) -> list[str]:
+    """How a refusal may name ``path`` or the object holding it: `spec.environments[0].env` (both
+    sides), map keys as `.cpu` (the model) or `[cpu]` (the API server)."""
+    names = []
+    for end in range(len(path), 1, -1):
+        prefix = api.field_path(path[:end])
+        names.append(prefix)
+        if isinstance(path[end - 1], str) and end > 1:
+            names.append(api.field_path(path[: end - 1]) + f"[{path[end - 1]}]")
+    return names
+
+
+def names_a_field(refusal: str, touched: list[Path_]) -> bool:
+    return any(name in refusal for path in touched for name in field_names(path))
+
+
+def api_server_verdict(custom: client.CustomObjectsApi, namespace: str, manifest: dict[str, Any]):
+    """(admitted object, None) or (None, the API server's refusal), from a dry-run create as `kubectl
+    apply` sends it (server-side field validation Strict)."""
+    try:
+        created = custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, manifest, dry_run="All", field_validation="Strict"
+        )
+    except client.ApiException as error:
+        if error.status is None or not 400 <= error.status < 500:
+            raise
+        try:
+            return None, json.loads(error.body)["message"]
+        except (TypeError, ValueError, KeyError):
+            return None, str(error.body)
+    return created, None
+
+
+def model_verdict(manifest: dict[str, Any], path: Path):
+    """(job, None) or (None, the refusal) from the model as `grpojob run` loads the file."""
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    try:
+        return load_job(path), None
+    except UsageError as error:
+        return None, str(error)
+
+
+@pytest.fixture
+def custom(api_client, grpojob_crd) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api_client)
+
+
+def test_the_fuzzed_manifests_cover_both_verdicts():
+    """The corpus is deterministic and exercises both sides (checked without a cluster)."""
+    first = fuzzed_manifests(SEED, MANIFESTS)
+    assert first == fuzzed_manifests(SEED, MANIFESTS)
+    refused = 0
+    for manifest, _ in first:
+        try:
+            api.parse_job(manifest)
+        except ValueError:
+            refused += 1
+    assert MANIFESTS / 4 < refused < MANIFESTS * 3 / 4, refused
+
+
+def test_kubectl_apply_and_grpojob_run_judge_every_manifest_alike(custom, namespace, tmp_path):
+    corpus = fuzzed_manifests(SEED, MANIFESTS)
+    for manifest, _ in corpus:
+        manifest["metadata"]["namespace"] = namespace
+    with ThreadPoolExecutor(8) as pool:
+        server = list(pool.map(lambda item: api_server_verdict(custom, namespace, item[0]), corpus))
+    disagreements, unnamed, defaults = [], [], []
+    for index, ((manifest, touched), (admitted, refusal)) in enumerate(zip(corpus, server, strict=True)):
+        job, model_refusal = model_verdict(manifest, tmp_path / f"{index}.yaml")
+        mutated = ", ".join(api.field_path(p) for p in touched)
+        if (admitted is None) != (job is None):
+            disagreements.append(
+                f"#{index} ({mutated}): API server: {refusal or 'admitted'}; model: {model_refusal or 'admitted'}"
+            )
+            continue
+        for verdict in (refusal, model_refusal):
+            if verdict is not None and not names_a_field(verdict, touched):
+                unnamed.append(f"#{index} ({mutated}): {verdict}")
+        if admitted is not None and job is not None:
+            ours = admission.as_decoded(
+                job.spec.model_dump(mode="json", by_alias=True), admission.job_schema()["properties"]["spec"]
+            )
+            if ours != admitted["spec"]:
+                defaults.append(f"#{index} ({mutated}): API server {admitted['spec']} != model {ours}")
+    report = "\n".join(disagreements + unnamed + defaults)
+    assert not disagreements, f"{len(disagreements)} verdicts differ:\n{report}"
+    assert not unnamed, f"{len(unnamed)} refusals name no mutated field:\n{report}"
+    assert not defaults, f"{len(defaults)} admitted specs default differently:\n{report}"

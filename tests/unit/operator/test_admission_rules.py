@@ -1,0 +1,171 @@
+"""The model judges a manifest as the API server does: strict types, int64 integers, nulls of fields
+that are not nullable as absent; every cross-field rule also a CEL rule of the CRD; quantities by
+Kubernetes' grammar. (tests/integration/operator/test_admission.py holds both verdicts equal on the
+real API server.)"""
+
+from __future__ import annotations
+
+import copy
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from grpojob_api import crd
+from grpojob_api import v1alpha1 as api
+from grpojob_api.quantity import parse_quantity
+from grpojob_operator import manifests
+from grpojob_trainer.cli import load_job
+
+ROOT = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+JOB: dict[str, Any] = {
+    "apiVersion": api.API_VERSION,
+    "kind": api.KIND,
+    "metadata": {"name": "demo"},
+    "spec": {
+        "model": {"path": "/models/tiny"},
+        "dataset": {"path": "rows.jsonl"},
+        "environments": [{"name": "arith"}],
+        "generation": {"maxModelLen": 2048, "maxNewTokens": 64},
+    },
+}
+
+
+def with_spec(path: str, value: Any) -> dict[str, Any]:
+    manifest = copy.deepcopy(JOB)
+    *parents, last = path.split(".")
+    node = manifest["spec"]
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+    node[last] = value
+    return manifest
+
+
+def refusal(manifest: dict[str, Any]) -> str:
+    with pytest.raises(ValidationError) as error:
+        api.parse_job(manifest)
+    return "; ".join(f"{api.field_path(tuple(e['loc']))}: {e['msg']}" for e in error.value.errors())
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("grpo.maxSteps", "3"),
+        ("grpo.maxSteps", 2.5),
+        ("grpo.seed", 2**63),
+        ("suspend", "yes"),
+        ("suspend", 1),
+        ("generation.temperature", "1.0"),
+        ("model.path", 3),
+    ],
+)
+def test_types_are_as_strict_as_the_api_servers(path, value):
+    assert f"spec.{path}" in refusal(with_spec(path, value))
+
+
+def test_numbers_are_read_as_the_api_server_decodes_them():
+    assert api.parse_job(with_spec("grpo.maxSteps", 3.0)).spec.grpo.max_steps == 3
+    assert api.parse_job(with_spec("grpo.seed", 2**63 - 1)).spec.grpo.seed == 2**63 - 1
+    assert api.parse_job(with_spec("generation.temperature", 1)).spec.generation.temperature == 1.0
+
+
+def test_a_null_is_an_absent_field_unless_the_field_is_nullable():
+    job = api.parse_job(with_spec("generation", None))
+    assert job.spec.generation == api.GenerationSpec()
+    assert api.parse_job(with_spec("suspend", None)).spec.suspend is False
+    assert api.parse_job(with_spec("grpo.importanceSamplingCap", None)).spec.grpo.importance_sampling_cap is None
+    assert "spec.model" in refusal(with_spec("model", None))
+    nullable = [path for path, node in _walk(ROOT) if node.get("nullable")]
+    assert nullable == [".spec.grpo.importanceSamplingCap"]
+
+
+def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
+    job = api.parse_job(with_spec("grpo.importanceSamplingCap", None))
+    config = tmp_path / "job.yaml"
+    config.write_text(manifests.render_job_config(job))
+    assert load_job(config).spec == job.spec
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        ("generation.temperature", 0, "spec.generation.temperature"),
+        ("generation", {"maxModelLen": 512}, "spec.generation.maxNewTokens must be smaller"),
+        ("generation", {"backend": "vllm", "gpusPerReplica": 0}, "spec.generation.backend: vllm needs"),
+        ("dataset", {"path": "x", "configMap": {"name": "rows"}}, "spec.dataset: set exactly one"),
+        ("dataset", {"pvc": {"claimName": "c"}, "configMap": {"name": "rows"}}, "spec.dataset.pvc needs"),
+        ("environments.0.env", [{"name": "A"}], "spec.environments[0].env[0]"),
+        ("environments", [{"name": "arith"}, {"name": "arith"}], "spec.environments: duplicate names"),
+        ("checkpointing.path", "runs/../etc", "spec.checkpointing.path"),
+        ("model.pvc", {"claimName": "c", "path": "a/.."}, "spec.model.pvc.path"),
+        ("environments.0.resources", {"requests": {"gpu": "1"}}, "spec.environments[0].resources.requests"),
+        ("environments.0.resources", {"requests": {"memory": "1.5m"}}, "whole bytes"),
+        ("environments.0.resources", {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}, "must not exceed"),
+        ("environments.0.resources", {"requests": {"nvidia.com/gpu": "1"}}, "the same limit"),
+    ],
+)
+def test_what_the_trainer_or_operator_would_refuse_is_refused_naming_the_field(path, value, named):
+    assert named in refusal(with_spec(path, value))
+
+
+@pytest.mark.parametrize("name", ["a.b", "1job", "Job", "a" * 41])
+def test_job_names_are_dns_labels(name):
+    manifest = copy.deepcopy(JOB)
+    manifest["metadata"]["name"] = name
+    assert "metadata.name" in refusal(manifest)
+
+
+def test_every_cross_field_rule_is_also_a_cel_rule():
+    rules = {path: [r["rule"] for r in node.get("x-kubernetes-validations", [])] for path, node in _walk(ROOT)}
+    spec = ".spec"
+    assert "self.maxNewTokens < self.maxModelLen" in rules[f"{spec}.generation"]
+    assert "self.backend != 'vllm' || self.gpusPerReplica >= 1" in rules[f"{spec}.generation"]
+    assert "has(self.path) != has(self.configMap)" in rules[f"{spec}.dataset"]
+    assert "has(self.value) != has(self.secretKeyRef)" in rules[f"{spec}.environments[].env[]"]
+    assert any("quantity(self.requests[k]).compareTo" in r for r in rules[f"{spec}.environments[].resources"])
+    for volume_path in (".model.pvc.path", ".dataset.pvc.path", ".checkpointing.path", ".checkpointing.pvc.path"):
+        assert any("[.][.]" in r for r in rules[spec + volume_path]), volume_path
+    assert any("metadata.name.matches" in r for r in rules[""])
+    environments = ROOT["properties"]["spec"]["properties"]["environments"]
+    assert environments["x-kubernetes-list-type"] == "map" and environments["x-kubernetes-list-map-keys"] == ["name"]
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1Pi", Decimal(2**50)),
+        ("1e3", Decimal(1000)),
+        (".5", Decimal("0.5")),
+        ("1.", Decimal(1)),
+        ("+2Ki", Decimal(2048)),
+        ("500m", Decimal("0.5")),
+        ("1E3", Decimal(1000)),
+        ("1E", Decimal(10**18)),
+        ("2e-3", Decimal("0.002")),
+    ],
+)
+def test_quantities_follow_kubernetes_grammar(text, value):
+    assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["1GB", "1 Gi", "", "1K", "Ki", "1e", "1.2.3", "0x10", "1e3.5"])
+def test_what_is_not_a_quantity_is_refused(text):
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        parse_quantity(text)
+
+
+def test_yaml_that_kubectl_applies_loads_alike_with_grpojob_run(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(with_spec("environments.0.resources", {"requests": {"cpu": ".5", "memory": "1e9"}})))
+    assert load_job(path).spec.environments[0].resources.requests == {"cpu": ".5", "memory": "1e9"}
+
+
+def _walk(node: dict[str, Any], path: str = ""):
+    """Every schema node of the CRD by path: `.spec.environments[].env[]`."""
+    yield path, node
+    for name, child in node.get("properties", {}).items():
+        yield from _walk(child, f"{path}.{name}")
+    if "items" in node:
+        yield from _walk(node["items"], f"{path}[]")
