@@ -3,7 +3,8 @@
 A few hundred manifests, mutated from a valid one with a fixed seed (wrong types, bounds, nulls,
 cross-field rules, quantities, names), go through the API server's dry run (with the CRD the chart
 installs) and through the model as `grpojob run` loads a file. Both verdicts agree, every refusal
-names a field that was mutated, and what the API server admits it defaults as the model does.
+names a field that was mutated, what the API server admits it defaults as the model does, and the
+environment Deployments the operator builds from an admitted job are accepted too (no ChildRejected).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from kubernetes import client
 
 from grpojob_api import admission
 from grpojob_api import v1alpha1 as api
+from grpojob_operator import manifests
+from grpojob_operator.settings import OperatorSettings
 from grpojob_trainer.cli import load_job
 from grpojob_trainer.errors import UsageError
 
@@ -278,6 +281,19 @@ def model_verdict(manifest: dict[str, Any], path: Path):
         return None, str(error)
 
 
+def deployment_refusals(apps: client.AppsV1Api, namespace: str, admitted: dict[str, Any]) -> list[str]:
+    """The API server's refusals of the environment Deployments built from an admitted GRPOJob (dry run)."""
+    job = api.parse_job(admitted)
+    refusals = []
+    for env in job.spec.environments:
+        deployment = manifests.build_environment_deployment(job, env, OperatorSettings())
+        try:
+            apps.create_namespaced_deployment(namespace, deployment, dry_run="All")
+        except client.ApiException as error:
+            refusals.append(f"{env.name}: {error.status} {error.body}")
+    return refusals
+
+
 @pytest.fixture
 def custom(api_client, grpojob_crd) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api_client)
@@ -296,12 +312,17 @@ def test_the_fuzzed_manifests_cover_both_verdicts():
     assert MANIFESTS / 4 < refused < MANIFESTS * 3 / 4, refused
 
 
-def test_kubectl_apply_and_grpojob_run_judge_every_manifest_alike(custom, namespace, tmp_path):
+def test_kubectl_apply_and_grpojob_run_judge_every_manifest_alike(custom, api_client, namespace, tmp_path):
     corpus = fuzzed_manifests(SEED, MANIFESTS)
     for manifest, _ in corpus:
         manifest["metadata"]["namespace"] = namespace
+    apps = client.AppsV1Api(api_client)
     with ThreadPoolExecutor(8) as pool:
         server = list(pool.map(lambda item: api_server_verdict(custom, namespace, item[0]), corpus))
+        admitted_jobs = [admitted for admitted, _ in server if admitted is not None]
+        children = [
+            r for found in pool.map(lambda a: deployment_refusals(apps, namespace, a), admitted_jobs) for r in found
+        ]
     disagreements, unnamed, defaults = [], [], []
     for index, ((manifest, touched), (admitted, refusal)) in enumerate(zip(corpus, server, strict=True)):
         job, model_refusal = model_verdict(manifest, tmp_path / f"{index}.yaml")
@@ -320,7 +341,8 @@ def test_kubectl_apply_and_grpojob_run_judge_every_manifest_alike(custom, namesp
             )
             if ours != admitted["spec"]:
                 defaults.append(f"#{index} ({mutated}): API server {admitted['spec']} != model {ours}")
-    report = "\n".join(disagreements + unnamed + defaults)
+    report = "\n".join(disagreements + unnamed + defaults + children)
     assert not disagreements, f"{len(disagreements)} verdicts differ:\n{report}"
     assert not unnamed, f"{len(unnamed)} refusals name no mutated field:\n{report}"
     assert not defaults, f"{len(defaults)} admitted specs default differently:\n{report}"
+    assert not children, f"{len(children)} environment Deployments of admitted jobs refused:\n{report}"
