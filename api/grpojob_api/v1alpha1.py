@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -388,12 +389,12 @@ class Resources(ApiModel):
         for name, request in self.requests.items():
             limit = self.limits.get(name)
             if limit is not None and parse_quantity(request) > parse_quantity(limit):
-                raise ValueError(f"requests: {_REQUESTS_WITHIN_LIMITS} ({name}: {request} > {limit})")
+                raise ValueError(f"{_REQUESTS_WITHIN_LIMITS} ({name}: {request} > {limit})")
         gpus = self.requests.get(GPU_RESOURCE)
         if gpus is not None and (
             GPU_RESOURCE not in self.limits or parse_quantity(gpus) != parse_quantity(self.limits[GPU_RESOURCE])
         ):
-            raise ValueError(f"requests: {_GPU_REQUEST_IS_LIMIT}")
+            raise ValueError(_GPU_REQUEST_IS_LIMIT)
         return self
 
 
@@ -644,3 +645,12 @@ def field_path(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else ("." if path else "") + str(part)
     return path
+
+
+def describe(error: ValidationError) -> str:
+    """A validation error as `field: problem` parts, fields named as in the manifest."""
+    parts = []
+    for item in error.errors():
+        message = item["msg"].removeprefix("Value error, ")
+        parts.append(message if message.startswith("spec.") else f"{field_path(tuple(item['loc']))}: {message}")
+    return "; ".join(parts)

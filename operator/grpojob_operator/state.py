@@ -153,7 +153,7 @@ def plan(body: dict[str, Any], observed: Observed, settings: OperatorSettings, n
         job = api.parse_job({k: v for k, v in body.items() if k != "status"})
     except ValidationError as error:
         if status.phase != Phase.FAILED:
-            _fail(result, "InvalidSpec", _describe(error), now)
+            _fail(result, "InvalidSpec", api.describe(error), now)
     else:
         if status.phase.is_terminal():
             _finished(job, result, observed, now)
@@ -175,16 +175,6 @@ def current_status(body: dict[str, Any]) -> api.GRPOJobStatus:
 
 
 _STATUS_KEYS = {f.alias or n for n, f in api.GRPOJobStatus.model_fields.items()} | set(api.GRPOJobStatus.model_fields)
-
-
-def _describe(error: ValidationError) -> str:
-    """A validation error as `field: problem` lines, fields named as in the manifest."""
-    parts = []
-    for item in error.errors():
-        path = api.field_path(tuple(item["loc"]))
-        message = item["msg"].removeprefix("Value error, ")
-        parts.append(message if message.startswith("spec.") else f"{path}: {message}")
-    return "; ".join(parts)
 
 
 def _child_deletions(job: api.GRPOJob, observed: Observed, *, trainer: bool) -> list[Action]:

@@ -35,8 +35,7 @@ def load_job(path: Path) -> api.GRPOJob:
     try:
         return api.parse_job(manifest)
     except ValidationError as error:
-        problems = "; ".join(f"{api.field_path(tuple(e['loc']))}: {e['msg']}" for e in error.errors())
-        raise UsageError(f"{path}: invalid GRPOJob: {problems}") from None
+        raise UsageError(f"{path}: invalid GRPOJob: {api.describe(error)}") from None
 
 
 def _local_gpus(spec: api.GRPOJobSpec) -> int:
