@@ -53,11 +53,13 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
                 out[key] = schema[key]
         return out
 
+    optional: set[str] = set()  # fields that may be absent with no default (`X | None = None`)
     for key, value in schema.items():
         if key in _DROP_KEYS or key == "anyOf":
             continue
         if key == "properties":
             out["properties"] = {name: structural(prop, defs) for name, prop in value.items()}
+            optional = {name for name, prop in value.items() if "anyOf" in _resolve(prop, defs)}
         elif key == "items":
             out["items"] = structural(value, defs)
         elif key == "additionalProperties":
@@ -81,8 +83,8 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         required = set(out.get("required", []))
         for name, prop in out["properties"].items():
             # Nested defaults only apply inside an object that exists: default absent objects to {}.
-            absent_object = prop.get("type") == "object" and name not in required and "default" not in prop
-            if absent_object and not prop.get("nullable"):
+            absent_object = prop.get("type") == "object" and name not in required | optional and "default" not in prop
+            if absent_object:
                 prop["default"] = {}
     return out
 
@@ -129,7 +131,6 @@ def crd() -> dict[str, Any]:
                     "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a "
                     "letter): it names the job's Services"
                 ),
-                "fieldPath": ".metadata.name",
             },
             {
                 "rule": f"size(self.metadata.name) <= {api.MAX_JOB_NAME_LENGTH}",

@@ -59,6 +59,12 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str
     return {"rule": rule, "message": message} | ({"fieldPath": field_path} if field_path else {})
 
 
+def _given(*fields: str) -> str:
+    """A CEL guard: the rule holds where one of ``fields`` is absent. Defaults fill them in every object
+    the API server validates, but it also checks the rule on the section's own default, `{}`."""
+    return "".join(f"!has(self.{f}) || " for f in fields)
+
+
 def cel_rules(*rules: dict[str, str]) -> dict[str, Any]:
     """Schema extras carrying CEL rules, for `Field(json_schema_extra=...)` or a model's config."""
     return {"x-kubernetes-validations": list(rules)}
@@ -107,7 +113,8 @@ Quantity = Annotated[
         max_length=64,
         json_schema_extra=cel_rules(
             cel(
-                "isQuantity(self) && !self.startsWith('-')",
+                # Kubernetes parses a missing number (`Ki`, `.`, `e3`) as 0; the grammar, and we, want one.
+                "isQuantity(self) && self.matches('^[+]?([0-9]|[.][0-9])')",
                 "must be a non-negative Kubernetes quantity such as 500m, 2Gi, 1e3 or .5",
             )
         ),
@@ -161,8 +168,16 @@ class GenerationSpec(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
-            cel("self.maxNewTokens < self.maxModelLen", _NEW_TOKENS_FIT, ".maxNewTokens"),
-            cel("self.backend != 'vllm' || self.gpusPerReplica >= 1", _VLLM_NEEDS_GPUS, ".backend"),
+            cel(
+                _given("maxNewTokens", "maxModelLen") + "self.maxNewTokens < self.maxModelLen",
+                _NEW_TOKENS_FIT,
+                ".maxNewTokens",
+            ),
+            cel(
+                _given("backend", "gpusPerReplica") + "(self.backend != 'vllm' || self.gpusPerReplica >= 1)",
+                _VLLM_NEEDS_GPUS,
+                ".backend",
+            ),
         )
     )
 
@@ -355,15 +370,17 @@ class Resources(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
             cel(
-                "self.requests.all(k, !(k in self.limits) || !isQuantity(self.requests[k]) || "
+                _given("requests", "limits")
+                + "self.requests.all(k, !(k in self.limits) || !isQuantity(self.requests[k]) || "
                 "!isQuantity(self.limits[k]) || quantity(self.requests[k]).compareTo(quantity(self.limits[k])) <= 0)",
                 _REQUESTS_WITHIN_LIMITS,
                 ".requests",
             ),
             cel(
-                f"!('{GPU_RESOURCE}' in self.requests) || ('{GPU_RESOURCE}' in self.limits && "
+                _given("requests", "limits")
+                + f"(!('{GPU_RESOURCE}' in self.requests) || ('{GPU_RESOURCE}' in self.limits && "
                 f"(!isQuantity(self.requests['{GPU_RESOURCE}']) || !isQuantity(self.limits['{GPU_RESOURCE}']) || "
-                f"quantity(self.requests['{GPU_RESOURCE}']).compareTo(quantity(self.limits['{GPU_RESOURCE}'])) == 0))",
+                f"quantity(self.requests['{GPU_RESOURCE}']).compareTo(quantity(self.limits['{GPU_RESOURCE}'])) == 0)))",
                 _GPU_REQUEST_IS_LIMIT,
                 ".requests",
             ),
