@@ -120,14 +120,18 @@ def test_job_names_are_dns_labels(name):
 def test_every_cross_field_rule_is_also_a_cel_rule():
     rules = {path: [r["rule"] for r in node.get("x-kubernetes-validations", [])] for path, node in _walk(ROOT)}
     spec = ".spec"
-    assert "self.maxNewTokens < self.maxModelLen" in rules[f"{spec}.generation"]
-    assert "self.backend != 'vllm' || self.gpusPerReplica >= 1" in rules[f"{spec}.generation"]
-    assert "has(self.path) != has(self.configMap)" in rules[f"{spec}.dataset"]
-    assert "has(self.value) != has(self.secretKeyRef)" in rules[f"{spec}.environments[].env[]"]
-    assert any("quantity(self.requests[k]).compareTo" in r for r in rules[f"{spec}.environments[].resources"])
+
+    def has_rule(path: str, text: str) -> bool:
+        return any(text in rule for rule in rules[path])
+
+    assert has_rule(f"{spec}.generation", "self.maxNewTokens < self.maxModelLen")
+    assert has_rule(f"{spec}.generation", "self.backend != 'vllm' || self.gpusPerReplica >= 1")
+    assert has_rule(f"{spec}.dataset", "has(self.path) != has(self.configMap)")
+    assert has_rule(f"{spec}.environments[].env[]", "has(self.value) != has(self.secretKeyRef)")
+    assert has_rule(f"{spec}.environments[].resources", "quantity(self.requests[k]).compareTo")
     for volume_path in (".model.pvc.path", ".dataset.pvc.path", ".checkpointing.path", ".checkpointing.pvc.path"):
-        assert any("[.][.]" in r for r in rules[spec + volume_path]), volume_path
-    assert any("metadata.name.matches" in r for r in rules[""])
+        assert has_rule(spec + volume_path, "[.][.]"), volume_path
+    assert has_rule("", "metadata.name.matches")
     environments = ROOT["properties"]["spec"]["properties"]["environments"]
     assert environments["x-kubernetes-list-type"] == "map" and environments["x-kubernetes-list-map-keys"] == ["name"]
 
