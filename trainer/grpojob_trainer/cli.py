@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from grpojob_api import kubeyaml
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.errors import AllRolloutsFailed, UsageError
 
@@ -27,9 +28,9 @@ log = logging.getLogger("grpojob")
 
 
 def load_job(path: Path) -> api.GRPOJob:
-    """Read and validate a GRPOJob YAML file; errors name the field."""
+    """Read and validate a GRPOJob YAML file as `kubectl apply` would; errors name the field."""
     try:
-        manifest = yaml.safe_load(path.read_text())
+        manifest = kubeyaml.load(path.read_text())
     except (OSError, yaml.YAMLError) as error:
         raise UsageError(f"{path}: {error}") from None
     try:

@@ -12,19 +12,20 @@ from __future__ import annotations
 import copy
 import json
 import random
+import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
-from grpojob_api import admission
+from grpojob_api import admission, kubeyaml
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import manifests
 from grpojob_operator.settings import OperatorSettings
+from grpojob_testing import build
 from grpojob_trainer.cli import load_job
 from grpojob_trainer.errors import UsageError
 
@@ -273,8 +274,9 @@ def api_server_verdict(custom: client.CustomObjectsApi, namespace: str, manifest
 
 
 def model_verdict(manifest: dict[str, Any], path: Path):
-    """(job, None) or (None, the refusal) from the model as `grpojob run` loads the file."""
-    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    """(job, None) or (None, the refusal) from the model as `grpojob run` loads the file (written as
+    JSON, which is YAML, so that no value changes type on the way)."""
+    path.write_text(json.dumps(manifest))
     try:
         return load_job(path), None
     except UsageError as error:
@@ -365,3 +367,28 @@ def test_kubectl_apply_and_grpojob_run_judge_every_manifest_alike(custom, api_cl
     assert not unnamed, f"{len(unnamed)} refusals name no mutated field:\n{report}"
     assert not defaults, f"{len(defaults)} admitted specs default differently:\n{report}"
     assert not children, f"{len(children)} environment Deployments of admitted jobs refused:\n{report}"
+
+
+# Plain scalars on which YAML 1.1 (PyYAML) and kubectl's YAML (go-yaml v2) disagree, and a few on which
+# they agree.
+SCALARS = [
+    *("1e2", "1.5e2", "2E-3", "y", "Y", "n", "N", "yes", "off", "NO", "~", "null", "0o17", "017", "0x1F", "08"),
+    *("1_000", "+1", "-0", ".5", "1.", "0b101", "12:30", "2024-01-01", "2024-01-01T10:00:00Z", "abc", "'3'", '"y"'),
+]
+
+
+def test_grpojob_run_reads_yaml_as_kubectl_does(kubeconfig, tmp_path):
+    document = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: scalars}\n"
+    document += "".join(f"v{index}: {scalar}\n" for index, scalar in enumerate(SCALARS))
+    path = tmp_path / "scalars.yaml"
+    path.write_text(document)
+    kubectl = build.load_components()["kubernetes"].bin_dir / "kubectl"
+    command = [str(kubectl), "create", "--dry-run=client", "--validate=false", "-o", "json", "-f", str(path)]
+    sent = json.loads(
+        subprocess.run(command, env={"KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True, check=True).stdout
+    )
+    ours = admission.as_decoded(kubeyaml.load(document), None)
+    keys = [f"v{index}" for index in range(len(SCALARS))]
+    assert {SCALARS[i]: ours.get(k) for i, k in enumerate(keys)} == {
+        SCALARS[i]: sent.get(k) for i, k in enumerate(keys)
+    }

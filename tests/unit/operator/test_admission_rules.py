@@ -173,3 +173,12 @@ def _walk(node: dict[str, Any], path: str = ""):
         yield from _walk(child, f"{path}.{name}")
     if "items" in node:
         yield from _walk(node["items"], f"{path}[]")
+
+
+def test_grpojob_run_reads_plain_scalars_as_kubectl(tmp_path):
+    text = yaml.safe_dump(JOB).replace("maxNewTokens: 64", "maxNewTokens: 6.4e1")
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    job = yaml.safe_load(text)
+    assert job["spec"]["generation"]["maxNewTokens"] == "6.4e1"  # YAML 1.1 reads a string here; kubectl a number
+    assert load_job(path).spec.generation.max_new_tokens == 64
