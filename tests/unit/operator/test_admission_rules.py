@@ -18,6 +18,7 @@ from grpojob_api import v1alpha1 as api
 from grpojob_api.quantity import parse_quantity
 from grpojob_operator import manifests
 from grpojob_trainer.cli import load_job
+from grpojob_trainer.errors import UsageError
 
 ROOT = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 JOB: dict[str, Any] = {
@@ -160,9 +161,13 @@ def test_what_is_not_a_quantity_is_refused(text):
         parse_quantity(text)
 
 
-def test_yaml_that_kubectl_applies_loads_alike_with_grpojob_run(tmp_path):
+def test_a_quantity_that_yaml_reads_as_a_number_is_refused_as_kubectl_refuses_it(tmp_path):
+    text = yaml.safe_dump(with_spec("environments.0.resources", {"requests": {"cpu": ".5", "memory": "1e9"}}))
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(with_spec("environments.0.resources", {"requests": {"cpu": ".5", "memory": "1e9"}})))
+    path.write_text(text)  # PyYAML writes 1e9 unquoted: a string to YAML 1.1, a number to kubectl
+    with pytest.raises(UsageError, match=r"resources\.requests\.memory: Input should be a valid string"):
+        load_job(path)
+    path.write_text(text.replace("1e9", "'1e9'"))
     assert load_job(path).spec.environments[0].resources.requests == {"cpu": ".5", "memory": "1e9"}
 
 
