@@ -1,4 +1,4 @@
-"""YAML read as `kubectl` reads it, so `grpojob run` sees the same values `kubectl apply` sends.
+"""YAML read (and written) as `kubectl` reads it, so `grpojob run` sees the values `kubectl apply` sends.
 
 kubectl converts YAML to JSON with sigs.k8s.io/yaml (go-yaml v2 rules); PyYAML follows YAML 1.1. They
 differ on plain scalars: kubectl reads `1e2` as a number, `y`/`n` as booleans and `0o17` as an
@@ -39,6 +39,18 @@ KubectlLoader.add_implicit_resolver(
 KubectlLoader.add_implicit_resolver(
     _FLOAT, re.compile(r"^[-+]?(?:\.[0-9_]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?$"), list("-+.0123456789")
 )
+
+
+class KubectlDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper that quotes every string kubectl would read as something else (`'y'`, `'1e9'`)."""
+
+
+KubectlDumper.yaml_implicit_resolvers = KubectlLoader.yaml_implicit_resolvers
+
+
+def dump(document: Any) -> str:
+    """``document`` as YAML that kubectl and `load` read back unchanged."""
+    return yaml.dump(document, Dumper=KubectlDumper, sort_keys=False)
 
 
 def load(text: str) -> Any:

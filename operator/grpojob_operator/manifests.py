@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import yaml
-
+from grpojob_api import kubeyaml
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import names
 from grpojob_operator.settings import OperatorSettings
@@ -258,7 +257,8 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
 
 
 def render_job_config(job: api.GRPOJob) -> str:
-    """The trainer's config: the GRPOJob itself (name, namespace and spec), as YAML. Nulls stay: a
+    """The trainer's config: the GRPOJob itself (name, namespace and spec), as YAML that `grpojob train`
+    reads back unchanged (its loader reads YAML as kubectl does). Nulls stay: a
     nullable field's null is a value (`importanceSamplingCap: null` disables the cap), any other null
     reads as absent."""
     document = {
@@ -267,7 +267,7 @@ def render_job_config(job: api.GRPOJob) -> str:
         "metadata": {"name": job.metadata.name, "namespace": job.metadata.namespace},
         "spec": job.spec.model_dump(mode="json", by_alias=True),
     }
-    return yaml.safe_dump(document, sort_keys=False)
+    return kubeyaml.dump(document)
 
 
 def build_config_map(job: api.GRPOJob) -> Manifest:

@@ -187,3 +187,10 @@ def test_grpojob_run_reads_plain_scalars_as_kubectl(tmp_path):
     job = yaml.safe_load(text)
     assert job["spec"]["generation"]["maxNewTokens"] == "6.4e1"  # YAML 1.1 reads a string here; kubectl a number
     assert load_job(path).spec.generation.max_new_tokens == 64
+
+
+def test_the_trainer_config_keeps_strings_kubectl_would_read_as_numbers(tmp_path):
+    job = api.parse_job(with_spec("environments.0.env", [{"name": "A", "value": "y"}, {"name": "B", "value": "1e9"}]))
+    config = tmp_path / "job.yaml"
+    config.write_text(manifests.render_job_config(job))
+    assert load_job(config).spec == job.spec
