@@ -31,6 +31,8 @@ from grpojob_trainer.errors import UsageError
 
 from .conftest import GROUP, PLURAL, VERSION
 
+pytestmark = pytest.mark.integration
+
 SEED = 20261130
 MANIFESTS = 320
 
