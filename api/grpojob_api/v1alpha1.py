@@ -415,6 +415,61 @@ class Resources(ApiModel):
         return self
 
 
+NEMO_GYM_POLICY_MODEL_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
+# Top-level keys of NeMo Gym's config that the operator sets from the job (and that overrides may not).
+NEMO_GYM_OPERATOR_KEYS = (
+    "config_paths",
+    "policy_base_url",
+    "policy_api_key",
+    "policy_model_name",
+    "ray_head_node_address",
+    "head_server",
+    "default_host",
+)
+NemoGymConfigPath = Annotated[str, StringConstraints(pattern=r"^[^/].*\.ya?ml$", min_length=1, max_length=512)]
+
+
+class NemoGymSpec(ApiModel):
+    """A NeMo Gym environment: NeMo Gym's own servers (resources servers, an agent, the policy model
+    server), started by `ng_run` in the environment pods, joined to the job's Ray cluster."""
+
+    config_paths: list[NemoGymConfigPath] = Field(min_length=1, max_length=32)
+    """NeMo Gym config files, by their path in the nemo-gym package, as `ng_run` takes them in
+    `config_paths` (e.g. `resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml`):
+    the resources servers and the agent."""
+    agent: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+    """The agent server instance (a top-level key of those configs) that the trainer's `/run` calls go
+    to; dataset rows name it in `agent_ref.name` (the environment's `name` routes there too)."""
+    agent_server: str = Field(default="simple_agent", min_length=1, max_length=253, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The agent's server implementation (its key under `responses_api_agents`), where its host and port
+    are pinned to the environment's `port`."""
+    policy_model_config_path: NemoGymConfigPath = NEMO_GYM_POLICY_MODEL_CONFIG
+    """Config of the model server instance `policy_model` that the agents call; it is pointed at the
+    job's generation servers (`policy_base_url`, `policy_model_name`)."""
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    """NeMo Gym config merged over the config files, as `ng_run`'s command-line overrides would be (for
+    example `{example_single_tool_call_simple_agent: {responses_api_agents: {simple_agent: {max_steps: 4}}}}`).
+    The keys the operator sets from the job (`policy_base_url`, `ray_head_node_address`, ...) are refused."""
+
+    @field_validator("config_paths", "policy_model_config_path")
+    @classmethod
+    def _inside_the_package(cls, paths: list[str] | str) -> list[str] | str:
+        for path in [paths] if isinstance(paths, str) else paths:
+            if ".." in path.split("/"):
+                raise ValueError(f"{path!r} must not contain `..` (a path in the nemo-gym package)")
+        return paths
+
+    @field_validator("overrides")
+    @classmethod
+    def _no_operator_keys(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(overrides) & set(NEMO_GYM_OPERATOR_KEYS))
+        if taken:
+            raise ValueError(f"{taken} are set by the operator from the job and cannot be overridden")
+        return overrides
+
+
 class EnvironmentSpec(ApiModel):
     """One Penguin (NeMo Gym-compatible) environment server: agent `/run`, `/seed_session`, `/verify`."""
 
@@ -434,6 +489,17 @@ class EnvironmentSpec(ApiModel):
     """Requests and limits of each pod."""
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV_VARS)
     """Extra environment variables."""
+    nemo_gym: NemoGymSpec | None = None
+    """Run NeMo Gym's servers (`ng_run`) instead of a Penguin server command: the pods run the NeMo Gym
+    image, join the job's Ray cluster and serve the agent on `port`. `command` and `args` stay empty."""
+
+    @model_validator(mode="after")
+    def _nemo_gym_runs_ng_run(self) -> EnvironmentSpec:
+        if self.nemo_gym is not None and (self.command or self.args):
+            raise ValueError(
+                f"environment {self.name}: command and args must be empty with nemoGym (the pods run ng_run)"
+            )
+        return self
 
 
 class ConfigMapSource(ApiModel):
