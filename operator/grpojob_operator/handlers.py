@@ -99,6 +99,9 @@ def _carry_out(plan: state.Plan, kube: Kube, namespace: str, name: str, where: s
             log.info(
                 "%s/%s: updated %s %s", namespace, name, action.manifest["kind"], action.manifest["metadata"]["name"]
             )
+        elif isinstance(action, state.Patch):
+            kube.patch(action.kind, namespace, action.name, action.patch)
+            log.info("%s: patched %s %s", where, action.kind, action.name)
         elif isinstance(action, state.Delete):
             kube.delete(action.kind, namespace, action.name, action.propagation)
             log.info("%s: deleted %s %s", where, action.kind, action.name)

@@ -110,6 +110,11 @@ class Kube:
         data: dict[str, Any] = {**dict.fromkeys(stale_keys), **manifest["data"]}
         self._call("PATCH", path, {"data": data}, "application/merge-patch+json")
 
+    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge-patch a child: only the fields in ``patch`` change."""
+        path = f"{RESOURCES[kind].collection(namespace)}/{name}"
+        self._call("PATCH", path, patch, "application/merge-patch+json")
+
     def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> bool:
         """Delete a child; False when it was already gone."""
         path = f"{RESOURCES[kind].collection(namespace)}/{name}"

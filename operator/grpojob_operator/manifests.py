@@ -11,7 +11,7 @@ from typing import Any
 
 from grpojob_api import kubeyaml
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import names
+from grpojob_operator import names, nemo_gym
 from grpojob_operator.settings import OperatorSettings
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -297,13 +297,17 @@ def build_generation_service(job: api.GRPOJob) -> Manifest:
 
 
 def environment_urls(job: api.GRPOJob, settings: OperatorSettings) -> dict[str, str]:
-    """Base URL of each environment's Service, by environment name."""
+    """Base URL of each environment's Service, by environment name; a NeMo Gym environment's URL also
+    under its agent's name, which NeMo Gym's dataset rows carry in `agent_ref.name`."""
     job_name, namespace = _job_ref(job)
     child = names.ChildNames(job_name)
-    return {
-        env.name: f"http://{service_dns(child.environment(env.name), namespace, settings)}:{env.port}"
-        for env in job.spec.environments
-    }
+    urls = {}
+    for env in job.spec.environments:
+        url = f"http://{service_dns(child.environment(env.name), namespace, settings)}:{env.port}"
+        urls[env.name] = url
+        if env.nemo_gym is not None:
+            urls.setdefault(env.nemo_gym.agent, url)
+    return urls
 
 
 def gcs_address(job: api.GRPOJob, settings: OperatorSettings) -> str:
@@ -409,6 +413,81 @@ def build_environment_deployment(job: api.GRPOJob, env: api.EnvironmentSpec, set
                     "automountServiceAccountToken": False,
                     "containers": [container],
                     "volumes": [{"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def build_nemo_gym_config_map(job: api.GRPOJob, env: api.EnvironmentSpec, endpoints: dict[str, str]) -> Manifest:
+    """The NeMo Gym config of environment ``env`` (see `nemo_gym.render_config`), from the endpoints' data."""
+    job_name, _ = _job_ref(job)
+    selector = {names.JOB_LABEL: job_name, names.ENVIRONMENT_LABEL: env.name}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, names.ChildNames(job_name).nemo_gym_config(env.name), "environment", selector),
+        "data": {nemo_gym.CONFIG_FILE: nemo_gym.config_yaml(nemo_gym.render_config(job, env, endpoints))},
+    }
+
+
+def build_nemo_gym_deployment(
+    job: api.GRPOJob, env: api.EnvironmentSpec, settings: OperatorSettings, endpoints: dict[str, str]
+) -> Manifest:
+    """Deployment of a NeMo Gym environment: each pod joins the job's Ray cluster as a node without
+    resources, then runs `ng_run` with the config of `build_nemo_gym_config_map`; the agent serves `/run`
+    on the environment's port. The pod template carries a hash of the config and the Ray head, so a new
+    head (or config) rolls the pods. Read-only root: Ray and NeMo Gym write to emptyDirs only."""
+    job_name, _ = _job_ref(job)
+    child = names.ChildNames(job_name)
+    selector = {names.JOB_LABEL: job_name, names.ENVIRONMENT_LABEL: env.name}
+    config_text = nemo_gym.config_yaml(nemo_gym.render_config(job, env, endpoints))
+    container: Manifest = {
+        "name": "nemo-gym",
+        "image": env.image or settings.nemo_gym_image,
+        "command": ["/bin/bash", "-c", nemo_gym.LAUNCH_SCRIPT],
+        "workingDir": nemo_gym.WORK_DIR,
+        "env": [
+            *RAY_ENV,
+            {"name": "HOME", "value": nemo_gym.HOME_DIR},
+            {"name": "PORT", "value": str(env.port)},
+            {"name": "POLICY_MODEL_NAME", "value": job.spec.model.served_model_name},
+            *_env_vars(env.env),
+        ],
+        "envFrom": _endpoints_env_from(job),
+        "ports": [{"name": "http", "containerPort": env.port}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": env.port}, "periodSeconds": 5},
+        "resources": env.resources.model_dump(exclude_defaults=False),
+        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "volumeMounts": [
+            {"name": "config", "mountPath": nemo_gym.CONFIG_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "home", "mountPath": nemo_gym.HOME_DIR},
+            {"name": "work", "mountPath": nemo_gym.WORK_DIR},
+        ],
+    }
+    annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: nemo_gym.config_hash(config_text, endpoints)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(job, child.environment(env.name), "environment", selector),
+        "spec": {
+            "replicas": env.replicas,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": {**_labels(job, "environment"), **selector}, "annotations": annotations},
+                "spec": {
+                    "securityContext": pod_security_context(),
+                    "automountServiceAccountToken": False,
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": child.nemo_gym_config(env.name)}},
+                        {"name": "tmp", "emptyDir": {}},
+                        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+                        {"name": "home", "emptyDir": {}},
+                        {"name": "work", "emptyDir": {}},
+                    ],
                 },
             },
         },

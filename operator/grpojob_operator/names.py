@@ -17,6 +17,9 @@ ENVIRONMENT_LABEL = "grpo.dev/environment"
 ATTEMPT_LABEL = "grpo.dev/attempt"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "grpojob-operator"
+# On a NeMo Gym environment's pod template: a hash of what its pods were started with (the rendered
+# config and the Ray head), so that a new head rolls the Deployment.
+NEMO_GYM_CONFIG_HASH_ANNOTATION = "grpo.dev/nemo-gym-config-hash"
 
 # KubeRay's labels on the pods it creates.
 RAY_CLUSTER_LABEL = "ray.io/cluster"
@@ -70,6 +73,10 @@ class ChildNames:
     def environment(self, environment: str) -> str:
         """Deployment and Service of one environment."""
         return f"{self.job}-env-{environment}"
+
+    def nemo_gym_config(self, environment: str) -> str:
+        """ConfigMap holding the NeMo Gym config that a NeMo Gym environment's pods run `ng_run` with."""
+        return f"{self.job}-env-{environment}-nemo-gym"
 
 
 def job_labels(job: str, uid: str, component: str) -> dict[str, str]:

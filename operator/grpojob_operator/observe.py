@@ -62,6 +62,8 @@ class DeploymentInfo:
     name: str
     replicas: int
     ready_replicas: int
+    nemo_gym_config_hash: str = ""
+    """The pod template's `names.NEMO_GYM_CONFIG_HASH_ANNOTATION` (NeMo Gym environments only)."""
 
 
 @dataclass(frozen=True)
@@ -143,10 +145,13 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
             deleting=deleting,
         )
     if kind == "Deployment":
+        spec = body.get("spec") or {}
+        template_annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
         return DeploymentInfo(
             name=name,
-            replicas=int((body.get("spec") or {}).get("replicas", 1)),
+            replicas=int(spec.get("replicas", 1)),
             ready_replicas=int(status.get("readyReplicas") or 0),
+            nemo_gym_config_hash=template_annotations.get(names.NEMO_GYM_CONFIG_HASH_ANNOTATION, ""),
         )
     if kind == "RayCluster":
         head = _condition(status.get("conditions"), "HeadPodReady")

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_RAY_IMAGE = "ghcr.io/grpojob/trainer:0.1.0"
 DEFAULT_ENVIRONMENT_IMAGE = "ghcr.io/grpojob/penguin-env:0.1.0"
+DEFAULT_NEMO_GYM_IMAGE = "ghcr.io/grpojob/nemo-gym:0.1.0"
 RAY_VERSION = "2.60.0"
 
 
@@ -28,6 +29,9 @@ class OperatorSettings(BaseModel):
     """Default image of the trainer Job (defaults to `ray_image`)."""
     environment_image: str = DEFAULT_ENVIRONMENT_IMAGE
     """Default image of environment servers."""
+    nemo_gym_image: str = DEFAULT_NEMO_GYM_IMAGE
+    """Default image of NeMo Gym environments (`spec.environments[].nemoGym`): nemo-gym with every server's
+    virtual environment prepared, on the Python and Ray versions of `ray_image`."""
     ray_version: str = RAY_VERSION
     """Ray version declared in every RayCluster; must match the images."""
     log_level: str = "INFO"

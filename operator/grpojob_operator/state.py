@@ -46,6 +46,16 @@ class Replace:
 
 
 @dataclass(frozen=True)
+class Patch:
+    """Merge-patch a child (``patch`` holds only the fields to change)."""
+
+    api_version: str
+    kind: str
+    name: str
+    patch: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Delete:
     api_version: str
     kind: str
@@ -58,7 +68,7 @@ class DeleteJob:
     """Delete the GRPOJob itself (ttlSecondsAfterFinished)."""
 
 
-Action = Create | Replace | Delete | DeleteJob
+Action = Create | Replace | Patch | Delete | DeleteJob
 
 
 @dataclass(frozen=True)
@@ -186,6 +196,8 @@ def _child_deletions(job: api.GRPOJob, observed: Observed, *, trainer: bool) -> 
     for env in job.spec.environments:
         candidates.append(Delete("apps/v1", "Deployment", child.environment(env.name)))
         candidates.append(Delete("v1", "Service", child.environment(env.name)))
+        if env.nemo_gym is not None:
+            candidates.append(Delete("v1", "ConfigMap", child.nemo_gym_config(env.name)))
     if trainer:
         candidates.append(Delete("batch/v1", "Job", child.trainer, "Foreground"))
     return [d for d in candidates if observed.has(d.kind, d.name) and not _deleting(observed.get(d.kind, d.name))]
@@ -300,7 +312,9 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     not_ready = []
     for env in job.spec.environments:
         name = child.environment(env.name)
-        if not observed.has("Deployment", name):
+        if env.nemo_gym is not None:
+            plan_.actions += _nemo_gym_actions(job, env, settings, endpoints["data"], observed)
+        elif not observed.has("Deployment", name):
             plan_.actions.append(Create(manifests.build_environment_deployment(job, env, settings)))
         if not observed.has("Service", name):
             plan_.actions.append(Create(manifests.build_environment_service(job, env)))
@@ -323,6 +337,28 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
 
     # 5. The trainer.
     _advance_trainer(job, plan_, observed, settings, now)
+
+
+def _nemo_gym_actions(
+    job: api.GRPOJob,
+    env: api.EnvironmentSpec,
+    settings: OperatorSettings,
+    endpoints: dict[str, str],
+    observed: Observed,
+) -> list[Action]:
+    """A NeMo Gym environment's config and Deployment, following the endpoints: when the config or the Ray
+    head changed, the config is rewritten first, then the pod template's hash, which rolls the pods."""
+    actions = _config_map_actions(manifests.build_nemo_gym_config_map(job, env, endpoints), observed)
+    deployment = manifests.build_nemo_gym_deployment(job, env, settings, endpoints)
+    current: DeploymentInfo | None = observed.get("Deployment", deployment["metadata"]["name"])
+    wanted = deployment["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
+    if current is None:
+        actions.append(Create(deployment))
+    elif current.nemo_gym_config_hash != wanted:
+        annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: wanted}
+        patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
+        actions.append(Patch("apps/v1", "Deployment", current.name, patch))
+    return actions
 
 
 def _config_map_actions(manifest: dict[str, Any], observed: Observed) -> list[Action]:

@@ -79,7 +79,9 @@ Each verb is one the operator (grpojob_operator.kube, .handlers, and Kopf) reall
   itself never calls but must hold: the Role it creates for each trainer grants get/update/patch on
   that job's progress ConfigMap, and RBAC lets nobody grant a verb it does not hold (no `escalate`
   or `bind` needed that way).
-- services, deployments (apps), jobs (batch), rayclusters (ray.io): list/watch/create/delete.
+- services, jobs (batch), rayclusters (ray.io): list/watch/create/delete.
+- deployments (apps): list/watch/create/delete, and patch (a NeMo Gym environment's pod template gets
+  a new config hash when the Ray head is replaced, which rolls its pods).
 - serviceaccounts, roles, rolebindings (rbac.authorization.k8s.io): list/watch/create (the trainer's
   identity and rights; removed by the garbage collector with the GRPOJob, never by the operator).
 No secrets, no nodes, no pods/exec, no escalate/bind/impersonate. Besides these rules, rbac.yaml
@@ -115,7 +117,7 @@ rbac.listNamespaces).
   verbs: ["list", "watch", "create"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "create", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["list", "watch", "create", "delete"]
