@@ -39,6 +39,18 @@ def load_job(path: Path) -> api.GRPOJob:
         raise UsageError(f"{path}: invalid GRPOJob: {api.describe(error)}") from None
 
 
+def _no_nemo_gym_environments(spec: api.GRPOJobSpec) -> None:
+    """`grpojob run` starts environments as processes of this Python; NeMo Gym's servers need their own."""
+    for index, env in enumerate(spec.environments):
+        if env.nemo_gym is not None:
+            raise UsageError(
+                f"spec.environments[{index}].nemoGym: `grpojob run` cannot start NeMo Gym environments: nemo-gym "
+                "needs Python >= 3.12 and its servers' virtual environments, and its Ray must be the job's "
+                "(same Python and Ray versions); they run in the NeMo Gym image on Kubernetes (README: "
+                "NeMo Gym environments)"
+            )
+
+
 def _local_gpus(spec: api.GRPOJobSpec) -> int:
     """GPUs `grpojob run` uses: this machine's, when the spec asks for any (none for a CPU job)."""
     wants = spec.generation.gpus_per_replica > 0 or spec.training.gpus_per_replica > 0
@@ -91,6 +103,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     spec = job.spec
     if spec.dataset.path is None:
         raise UsageError("spec.dataset: `grpojob run` reads a local file: set spec.dataset.path")
+    _no_nemo_gym_environments(spec)
     model = _require(Path(spec.model.path), "spec.model.path", "write one with `grpojob tiny-model DIR`")
     data = _require(Path(spec.dataset.path), "spec.dataset.path", "write one with `grpojob dataset NAME --out FILE`")
     out = out or Path("runs") / job.metadata.name

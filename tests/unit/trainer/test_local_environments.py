@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from grpojob_api import v1alpha1 as api
+from grpojob_trainer.cli import main
 from grpojob_trainer.local_environments import environment_command
 
 
@@ -27,3 +29,12 @@ def test_neither_serves_the_environment_of_that_name():
 
 def test_other_programs_run_as_given():
     assert environment_command(env(command=["/opt/env/serve", "--fast"])) == ["/opt/env/serve", "--fast"]
+
+
+def test_grpojob_run_refuses_a_nemo_gym_environment_naming_it_before_starting_anything(tmp_path, capsys):
+    example = Path(__file__).resolve().parents[3] / "examples" / "nemo-gym-tool-call.yaml"
+    job = tmp_path / "job.yaml"
+    job.write_text(example.read_text().replace("configMap: {name: gym-tool-call-rows, key: train.jsonl}", "path: x"))
+    assert main(["run", str(job), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert "spec.environments[0].nemoGym: `grpojob run` cannot start NeMo Gym environments" in error

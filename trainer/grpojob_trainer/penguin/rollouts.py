@@ -98,9 +98,10 @@ class _Permanent(Exception):
 
 
 def env_name_of(row: Mapping[str, Any], env_urls: Mapping[str, str]) -> str:
-    """The environment a row goes to: ``agent_ref.name``, or the only environment when there is one."""
+    """The environment a row goes to: ``agent_ref.name``, or the only environment when there is one (a
+    NeMo Gym environment's URL is listed under its name and its agent's)."""
     name = (row.get("agent_ref") or {}).get("name")
-    if name is None and len(env_urls) == 1:
+    if name is None and len(set(env_urls.values())) == 1:
         return next(iter(env_urls))
     if name not in env_urls:
         raise KeyError(f"row routed to environment {name!r}, but only {sorted(env_urls)} have URLs")
