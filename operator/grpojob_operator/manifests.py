@@ -445,11 +445,11 @@ def build_nemo_gym_deployment(
     container: Manifest = {
         "name": "nemo-gym",
         "image": env.image or settings.nemo_gym_image,
-        "command": ["/bin/bash", "-c", nemo_gym.LAUNCH_SCRIPT],
+        "command": nemo_gym.COMMAND,
         "workingDir": nemo_gym.WORK_DIR,
         "env": [
             *RAY_ENV,
-            {"name": "HOME", "value": nemo_gym.HOME_DIR},
+            {"name": "HOME", "value": nemo_gym.WORK_DIR},
             {"name": "PORT", "value": str(env.port)},
             {"name": "POLICY_MODEL_NAME", "value": job.spec.model.served_model_name},
             *_env_vars(env.env),
@@ -461,10 +461,8 @@ def build_nemo_gym_deployment(
         "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
         "volumeMounts": [
             {"name": "config", "mountPath": nemo_gym.CONFIG_DIR, "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "tmp", "mountPath": nemo_gym.WORK_DIR},
             {"name": "shm", "mountPath": "/dev/shm"},
-            {"name": "home", "mountPath": nemo_gym.HOME_DIR},
-            {"name": "work", "mountPath": nemo_gym.WORK_DIR},
         ],
     }
     annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: nemo_gym.config_hash(config_text, endpoints)}
@@ -485,8 +483,6 @@ def build_nemo_gym_deployment(
                         {"name": "config", "configMap": {"name": child.nemo_gym_config(env.name)}},
                         {"name": "tmp", "emptyDir": {}},
                         {"name": "shm", "emptyDir": {"medium": "Memory"}},
-                        {"name": "home", "emptyDir": {}},
-                        {"name": "work", "emptyDir": {}},
                     ],
                 },
             },

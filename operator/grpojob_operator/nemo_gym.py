@@ -2,10 +2,14 @@
 
 A NeMo Gym environment (`spec.environments[].nemoGym`) runs NeMo Gym's own servers: the resources
 servers and agent of its `configPaths`, and the model server `policy_model`, which the operator points
-at the job's generation Service. `ng_run` reads the rendered config as its Hydra config (so it wins
-over the config files and over an `env.yaml` the image may carry); NeMo Gym's servers join the job's
-Ray cluster at `ray_head_node_address`, through the raylet the pod starts first as a zero-resource node
-(a Ray driver needs a raylet on its own node, as the trainer pod does).
+at the job's generation Service. NeMo Gym reads an `env.yaml` in its working directory over the config
+files (and its command-line overrides over that): the rendered config is that file. NeMo Gym's servers
+join the job's Ray cluster at `ray_head_node_address`, through the raylet the pod starts first as a
+node without resources (a Ray driver needs a raylet on its own node, as the trainer pod does).
+
+The pod runs the NeMo Gym image (`images/nemo-gym/`): `grpojob-supervise` turns the pod's SIGTERM into
+SIGINT for every server (NeMo Gym stops only on KeyboardInterrupt), and each server this image
+prepares has its virtual environment under `IMAGE_SERVERS_DIR`, so nothing installs at start.
 
 Pure functions: the builders in `manifests` put the results into the ConfigMap and the Deployment.
 """
@@ -21,26 +25,22 @@ import yaml
 from grpojob_api import v1alpha1 as api
 
 CONFIG_DIR = "/etc/nemo-gym"
-CONFIG_NAME = "nemo-gym"
-CONFIG_FILE = f"{CONFIG_NAME}.yaml"
+CONFIG_FILE = "env.yaml"  # the name NeMo Gym looks for in its working directory
+WORK_DIR = "/tmp"  # an emptyDir: HOME, the working directory (cache/, results/, Hydra's outputs/), /tmp/ray
+IMAGE_SERVERS_DIR = "/opt/nemo-gym/servers"  # the NeMo Gym image's prepared virtual environments
 HEAD_SERVER_PORT = 11000  # NeMo Gym's default; fixed so that it never takes the agent's port
-STATE_DIR = "/var/lib/nemo-gym"
-HOME_DIR = f"{STATE_DIR}/home"  # Ray and NeMo Gym write $HOME/.ray, ~/.cache
-WORK_DIR = f"{STATE_DIR}/work"  # ng_run's working directory: Hydra's outputs/, NeMo Gym's cache/ and results/
 # NeMo Gym's vllm_model sends `Authorization: Bearer <policy_api_key>`; the generation server asks for none.
 POLICY_API_KEY = "none"
 
-# The container's command. `ray start` joins the job's Ray cluster as a node without resources (nothing
-# is scheduled on it) and returns once the raylet runs; `ng_run` then connects to it. ng_run stops its
-# servers only on SIGINT (KeyboardInterrupt), so the pod's SIGTERM is passed on as SIGINT and the script
-# waits for ng_run to have stopped them.
+# The container's command, under the image's supervisor. `ray start` joins the job's Ray cluster as a
+# node without resources (nothing is scheduled on it) and returns once the raylet runs; NeMo Gym's
+# servers then connect through it.
 LAUNCH_SCRIPT = f"""set -eu
+cp {CONFIG_DIR}/{CONFIG_FILE} {CONFIG_FILE}
 ray start --address="$RAY_GCS_ADDRESS" --num-cpus=0 --num-gpus=0 --disable-usage-stats
-ng_run --config-path={CONFIG_DIR} --config-name={CONFIG_NAME} &
-ng_run_pid=$!
-trap 'kill -INT "$ng_run_pid"; wait "$ng_run_pid"; exit' TERM INT
-wait "$ng_run_pid"
+exec gym env start +uv_venv_dir={IMAGE_SERVERS_DIR} +skip_venv_if_present=true
 """
+COMMAND = ["grpojob-supervise", "/bin/bash", "-c", LAUNCH_SCRIPT]
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

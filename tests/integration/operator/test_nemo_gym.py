@@ -50,7 +50,7 @@ def test_a_nemo_gym_environment_gets_its_config_and_pods_and_follows_a_new_head(
     # NeMo Gym's config: the job's generation Service, served model name and Ray GCS address.
     rendered = jobs.config_map("gym-env-tools-nemo-gym")
     assert rendered is not None
-    config = yaml.safe_load(rendered["nemo-gym.yaml"])
+    config = yaml.safe_load(rendered["env.yaml"])
     assert config["policy_base_url"] == endpoints["POLICY_BASE_URL"]
     assert config["policy_model_name"] == "tiny"
     assert config["ray_head_node_address"] == endpoints["RAY_GCS_ADDRESS"]
@@ -62,7 +62,7 @@ def test_a_nemo_gym_environment_gets_its_config_and_pods_and_follows_a_new_head(
     pod_spec = deployment.spec.template.spec
     (container,) = pod_spec.containers
     assert container.image == "ghcr.io/grpojob/nemo-gym:0.1.0"
-    assert "ray start" in container.command[-1] and "ng_run" in container.command[-1]
+    assert "ray start" in container.command[-1] and "gym env start" in container.command[-1]
     assert container.env_from[0].config_map_ref.name == "gym-endpoints"
     assert container.security_context.read_only_root_filesystem is True
     volumes = {v.name: v for v in pod_spec.volumes}

@@ -114,9 +114,15 @@ def test_the_pod_joins_ray_then_runs_ng_run_on_a_read_only_root_as_non_root():
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "example/nemo-gym:1"
+    assert container["command"][0] == "grpojob-supervise"  # SIGTERM becomes SIGINT for every server
     script = container["command"][-1]
-    assert script.index('ray start --address="$RAY_GCS_ADDRESS" --num-cpus=0') < script.index("ng_run")
-    assert "--config-path=/etc/nemo-gym --config-name=nemo-gym" in script
+    steps = [
+        "cp /etc/nemo-gym/env.yaml env.yaml",
+        'ray start --address="$RAY_GCS_ADDRESS" --num-cpus=0',
+        "gym env start",
+    ]
+    assert [script.index(step) for step in steps] == sorted(script.index(step) for step in steps)
+    assert "+skip_venv_if_present=true" in script
     assert container["envFrom"] == [{"configMapRef": {"name": "demo-endpoints"}}]
     assert {"name": "RAY_AUTH_MODE", "value": "disabled"} in container["env"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -126,8 +132,7 @@ def test_the_pod_joins_ray_then_runs_ng_run_on_a_read_only_root_as_non_root():
     assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
     assert volumes[mounts["/etc/nemo-gym"]]["configMap"] == {"name": "demo-env-tools-nemo-gym"}
     home = next(e["value"] for e in container["env"] if e["name"] == "HOME")
-    for writable in ("/tmp", home, container["workingDir"]):
-        assert "emptyDir" in volumes[mounts[writable]], writable
+    assert home == container["workingDir"] == "/tmp" and "emptyDir" in volumes[mounts["/tmp"]]
     assert container["readinessProbe"]["httpGet"] == {"path": "/", "port": 9000}
 
 
