@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from grpojob_operator.settings import DEFAULT_ENVIRONMENT_IMAGE, DEFAULT_RAY_IMAGE, RAY_VERSION
+from grpojob_operator.settings import DEFAULT_ENVIRONMENT_IMAGE, DEFAULT_NEMO_GYM_IMAGE, DEFAULT_RAY_IMAGE, RAY_VERSION
 from grpojob_testing import base_image, images, wheelhouse
 
 REPO = images.REPO
@@ -19,6 +19,7 @@ def test_images_carry_the_names_the_chart_and_the_operator_default_to():
     assert names["operator"] == f"{values['image']['repository']}:{chart['appVersion']}"
     assert names["penguin-env"] == DEFAULT_ENVIRONMENT_IMAGE == values["defaults"]["environmentImage"]
     assert names["trainer-cpu"] == f"{DEFAULT_RAY_IMAGE}-cpu"
+    assert names["nemo-gym"] == DEFAULT_NEMO_GYM_IMAGE == values["defaults"]["nemoGymImage"]
 
 
 def test_the_base_is_tagged_with_the_python_image_every_dockerfile_starts_from():
