@@ -1,0 +1,103 @@
+"""A GRPOJob whose environment is NeMo Gym's own `example_single_tool_call` (its resources server, its
+`simple_agent` and the `vllm_model` model server, from the NeMo Gym image) trains to Succeeded on the
+real node. NeMo Gym's servers join the job's Ray cluster at the GCS address of `<job>-endpoints`: the
+head's dashboard lists the environment pod as a node of the cluster and NeMo Gym's servers as its
+drivers; the rewards NeMo Gym's `/verify` gives reach the job's progress."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from kubernetes import client
+
+from grpojob_operator import names
+from tests.e2e.test_grpojob import GROUP, PLURAL, VERSION, watch_job
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT = "example_single_tool_call_simple_agent"
+TOOL_CALL = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
+
+
+def gym_rows() -> str:
+    """NeMo Gym's example rows of examples/nemo-gym-tool-call-rows.yaml (each names the agent in agent_ref),
+    with the job's sampling parameters set, as NeMo-RL sets them on every row."""
+    rows_config_map = yaml.safe_load((REPO / "examples" / "nemo-gym-tool-call-rows.yaml").read_text())
+    rows = [json.loads(line) for line in rows_config_map["data"]["train.jsonl"].splitlines()]
+    for row in rows:
+        assert row["agent_ref"]["name"] == AGENT
+        row["responses_create_params"].update(temperature=1.0, top_p=1.0)
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def gym_job(name: str, claim: str, max_steps: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GRPOJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"path": "tiny-model", "pvc": {"claimName": claim}, "servedModelName": "tiny"},
+            "dataset": {"configMap": {"name": "gym-rows", "key": "train.jsonl"}},
+            "environments": [{"name": "weather", "nemoGym": {"configPaths": [TOOL_CALL], "agent": AGENT}}],
+            "generation": {"backend": "transformers", "gpusPerReplica": 0, "maxModelLen": 1024, "maxNewTokens": 8},
+            "training": {"gpusPerReplica": 0, "microBatchSize": 16, "optimizer": {"learningRate": 0.001}},
+            "grpo": {"promptsPerStep": 5, "generationsPerPrompt": 2, "maxSteps": max_steps},
+            "backoffLimit": 0,
+        },
+    }
+
+
+def ray_state(head_ip: str, resource: str) -> list[dict[str, Any]]:
+    """One of the Ray state API's listings (what `ray list nodes` / `ray list jobs` print) from the head's
+    dashboard."""
+    response = httpx.get(f"http://{head_ip}:{names.DASHBOARD_PORT}/api/v0/{resource}?limit=1000", timeout=30)
+    response.raise_for_status()
+    return response.json()["data"]["result"]["result"]
+
+
+def test_a_grpojob_with_a_nemo_gym_environment_trains_its_servers_joined_to_the_jobs_ray_cluster(
+    api_client, namespace, grpo_data
+):
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "gym-rows"}, "data": {"train.jsonl": gym_rows()}}
+    )
+    custom = client.CustomObjectsApi(api_client)
+    started = time.monotonic()
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, gym_job("gym", grpo_data, 4))
+    running = watch_job(api_client, namespace, "gym", 900, until=lambda s: (s.get("step") or 0) >= 1)
+
+    # While it trains: NeMo Gym was given the GCS address of the endpoints, its pod is a node of the job's
+    # Ray cluster, and its servers are drivers there.
+    child = names.ChildNames("gym")
+    endpoints = core.read_namespaced_config_map(child.endpoints, namespace).data
+    config = yaml.safe_load(
+        core.read_namespaced_config_map(child.nemo_gym_config("weather"), namespace).data["env.yaml"]
+    )
+    assert config["ray_head_node_address"] == endpoints["RAY_GCS_ADDRESS"]
+    assert endpoints["RAY_GCS_ADDRESS"] == f"gym-head-svc.{namespace}.svc.cluster.local:{names.GCS_PORT}"
+    (gym_pod,) = core.list_namespaced_pod(namespace, label_selector="grpo.dev/environment=weather").items
+    nodes = ray_state(endpoints["RAY_HEAD_POD_IP"], "nodes")
+    drivers = ray_state(endpoints["RAY_HEAD_POD_IP"], "jobs")
+    gym_node = [n for n in nodes if n["node_ip"] == gym_pod.status.pod_ip and n["state"] == "ALIVE"]
+    gym_drivers = [d for d in drivers if (d.get("driver_info") or {}).get("node_ip_address") == gym_pod.status.pod_ip]
+    print(f"Ray nodes: {[(n['node_ip'], n['state'], n.get('resources_total')) for n in nodes]}")
+    print(f"Ray drivers on the NeMo Gym pod {gym_pod.status.pod_ip}: {len(gym_drivers)} of {len(drivers)}")
+    assert len(gym_node) == 1, nodes
+    assert not {k: v for k, v in gym_node[0]["resources_total"].items() if k in ("CPU", "GPU") and v}, gym_node
+    # ng_run itself and its three servers (the resources server, the agent and vllm_model) each call ray.init.
+    assert len(gym_drivers) >= 3, drivers
+
+    watched = watch_job(api_client, namespace, "gym", 1200, watch=running)
+    print(f"GRPOJob gym: {watched.phases} in {time.monotonic() - started:.0f}s; rewards by step {watched.rewards}")
+    assert watched.status["phase"] == "Succeeded", watched.status
+    assert watched.status["step"] == 4
+    # example_single_tool_call's /verify gives every episode reward 1.0.
+    assert watched.rewards and all(reward == pytest.approx(1.0) for reward in watched.rewards.values())
