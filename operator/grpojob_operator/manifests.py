@@ -482,7 +482,7 @@ def build_nemo_gym_deployment(
                     "volumes": [
                         {"name": "config", "configMap": {"name": child.nemo_gym_config(env.name)}},
                         {"name": "tmp", "emptyDir": {}},
-                        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": nemo_gym.SHM_SIZE}},
                     ],
                 },
             },

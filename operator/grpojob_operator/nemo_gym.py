@@ -29,6 +29,10 @@ CONFIG_FILE = "env.yaml"  # the name NeMo Gym looks for in its working directory
 WORK_DIR = "/tmp"  # an emptyDir: HOME, the working directory (cache/, results/, Hydra's outputs/), /tmp/ray
 IMAGE_SERVERS_DIR = "/opt/nemo-gym/servers"  # the NeMo Gym image's prepared virtual environments
 HEAD_SERVER_PORT = 11000  # NeMo Gym's default; fixed so that it never takes the agent's port
+# Ray's object store on the pod's node lives in /dev/shm, an emptyDir of medium Memory sized to hold it
+# (Ray's default, 30% of the machine's memory, would not fit and would fall back to disk).
+OBJECT_STORE_BYTES = 1 << 30
+SHM_SIZE = "2Gi"
 # NeMo Gym's vllm_model sends `Authorization: Bearer <policy_api_key>`; the generation server asks for none.
 POLICY_API_KEY = "none"
 
@@ -37,7 +41,8 @@ POLICY_API_KEY = "none"
 # servers then connect through it.
 LAUNCH_SCRIPT = f"""set -eu
 cp {CONFIG_DIR}/{CONFIG_FILE} {CONFIG_FILE}
-ray start --address="$RAY_GCS_ADDRESS" --num-cpus=0 --num-gpus=0 --disable-usage-stats
+ray start --address="$RAY_GCS_ADDRESS" --num-cpus=0 --num-gpus=0 --object-store-memory={OBJECT_STORE_BYTES} \
+  --disable-usage-stats
 exec gym env start +uv_venv_dir={IMAGE_SERVERS_DIR} +skip_venv_if_present=true
 """
 COMMAND = ["grpojob-supervise", "/bin/bash", "-c", LAUNCH_SCRIPT]
@@ -76,7 +81,8 @@ def render_config(job: api.GRPOJob, env: api.EnvironmentSpec, endpoints: Mapping
         "head_server": {"host": "127.0.0.1", "port": HEAD_SERVER_PORT},
         gym.agent: {"responses_api_agents": {gym.agent_server: {"host": "0.0.0.0", "port": env.port}}},
     }
-    return deep_merge(gym.overrides, owned)
+    merged = deep_merge(gym.overrides, owned)
+    return {key: merged[key] for key in owned} | merged  # the operator's keys first, for whoever reads it
 
 
 def config_yaml(config: Mapping[str, Any]) -> str:

@@ -129,7 +129,8 @@ def test_the_pod_joins_ray_then_runs_ng_run_on_a_read_only_root_as_non_root():
     assert pod["securityContext"]["runAsNonRoot"] is True
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
+    assert f"--object-store-memory={1 << 30}" in script  # fits in /dev/shm
     assert volumes[mounts["/etc/nemo-gym"]]["configMap"] == {"name": "demo-env-tools-nemo-gym"}
     home = next(e["value"] for e in container["env"] if e["name"] == "HOME")
     assert home == container["workingDir"] == "/tmp" and "emptyDir" in volumes[mounts["/tmp"]]
