@@ -426,7 +426,20 @@ NEMO_GYM_OPERATOR_KEYS = (
     "head_server",
     "default_host",
 )
-NemoGymConfigPath = Annotated[str, StringConstraints(pattern=r"^[^/].*\.ya?ml$", min_length=1, max_length=512)]
+_NO_PARENT_IN_PACKAGE = "must not contain `..` (a path in the nemo-gym package)"
+NemoGymConfigPath = Annotated[
+    str,
+    StringConstraints(pattern=r"^[^/].*\.ya?ml$", min_length=1, max_length=512),
+    # The API server's copy of `NemoGymSpec._inside_the_package`.
+    Field(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "!self.matches('(^|/)[.][.](/|$)')", "message": _NO_PARENT_IN_PACKAGE}
+            ]
+        }
+    ),
+]
+_OPERATOR_KEYS_CEL = " && ".join(f"!has(self.{key})" for key in NEMO_GYM_OPERATOR_KEYS)
 
 
 class NemoGymSpec(ApiModel):
@@ -447,7 +460,13 @@ class NemoGymSpec(ApiModel):
     """Config of the model server instance `policy_model` that the agents call; it is pointed at the
     job's generation servers (`policy_base_url`, `policy_model_name`)."""
     overrides: dict[str, Any] = Field(
-        default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+        default_factory=dict,
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            "x-kubernetes-validations": [
+                {"rule": _OPERATOR_KEYS_CEL, "message": "sets a key the operator sets from the job"}
+            ],
+        },
     )
     """NeMo Gym config merged over the config files, as `ng_run`'s command-line overrides would be (for
     example `{example_single_tool_call_simple_agent: {responses_api_agents: {simple_agent: {max_steps: 4}}}}`).
@@ -458,7 +477,7 @@ class NemoGymSpec(ApiModel):
     def _inside_the_package(cls, paths: list[str] | str) -> list[str] | str:
         for path in [paths] if isinstance(paths, str) else paths:
             if ".." in path.split("/"):
-                raise ValueError(f"{path!r} must not contain `..` (a path in the nemo-gym package)")
+                raise ValueError(f"{path!r} {_NO_PARENT_IN_PACKAGE}")
         return paths
 
     @field_validator("overrides")
@@ -472,6 +491,18 @@ class NemoGymSpec(ApiModel):
 
 class EnvironmentSpec(ApiModel):
     """One Penguin (NeMo Gym-compatible) environment server: agent `/run`, `/seed_session`, `/verify`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.nemoGym) || ((!has(self.command) || size(self.command) == 0) && "
+                    "(!has(self.args) || size(self.args) == 0))",
+                    "message": "command and args must be empty with nemoGym (the pods run ng_run)",
+                }
+            ]
+        }
+    )
 
     name: DnsLabel
     """Environment name: the `agent_ref.name` of the dataset rows it serves, and part of child names."""

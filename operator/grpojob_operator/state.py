@@ -12,9 +12,10 @@ Order of the children (DESIGN.md): RayCluster, `<job>-config`, `<job>-generation
 progress ConfigMap and RBAC) → wait for the RayCluster's HeadPodReady condition and a head pod with
 an IP → write `<job>-endpoints` → environment Deployments/Services and the trainer Job, which read
 the endpoints with envFrom. A NeMo Gym environment's config (`<job>-env-<name>-nemo-gym`) is written
-from the endpoints before its Deployment, and a new head rolls its pods (`_nemo_gym_actions`). A retry first records the new attempt in the status, then deletes the
-old trainer Job with foreground propagation (its pods go first), then creates the next one, so an
-operator restarted between any two of those steps neither loses nor repeats an attempt.
+from the endpoints before its Deployment, and a new head rolls its pods (`_nemo_gym_actions`). A
+retry first records the new attempt in the status, then deletes the old trainer Job with foreground
+propagation (its pods go first), then creates the next one, so an operator restarted between any two
+of those steps neither loses nor repeats an attempt.
 """
 
 from __future__ import annotations

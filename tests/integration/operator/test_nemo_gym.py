@@ -7,6 +7,7 @@ import json
 
 import pytest
 import yaml
+from kubernetes.client import ApiException
 
 from .conftest import eventually, job_manifest
 
@@ -103,3 +104,18 @@ def test_a_nemo_gym_environment_gets_its_config_and_pods_and_follows_a_new_head(
     (still_ours,) = jobs.pods("grpo.dev/job=gym,grpo.dev/environment=arithmetic")
     assert still_ours.metadata.name == our_pod.metadata.name
     assert jobs.status("gym")["phase"] in ("Running", "Initializing")
+
+
+@pytest.mark.parametrize(
+    ("nemo_gym", "extra", "message"),
+    [
+        ({"configPaths": ["resources_servers/../x.yaml"], "agent": AGENT}, {}, "must not contain `..`"),
+        ({"configPaths": [TOOL_CALL], "agent": AGENT, "overrides": {"policy_base_url": "x"}}, {}, "operator sets"),
+        ({"configPaths": [TOOL_CALL], "agent": AGENT}, {"command": ["serve"]}, "command and args must be empty"),
+    ],
+)
+def test_the_api_server_refuses_what_the_operator_would(jobs, grpojob_crd, nemo_gym, extra, message):
+    manifest = job_manifest("bad", environments=[{"name": "tools", "nemoGym": nemo_gym, **extra}])
+    with pytest.raises(ApiException) as refused:
+        jobs.create(manifest)
+    assert refused.value.status == 422 and message in refused.value.body
