@@ -439,7 +439,7 @@ NemoGymConfigPath = Annotated[
         }
     ),
 ]
-_OPERATOR_KEYS_CEL = " && ".join(f"!has(self.{key})" for key in NEMO_GYM_OPERATOR_KEYS)
+_OPERATOR_KEYS_CEL = " && ".join(f"!('{key}' in self)" for key in NEMO_GYM_OPERATOR_KEYS)
 
 
 class NemoGymSpec(ApiModel):
@@ -461,8 +461,9 @@ class NemoGymSpec(ApiModel):
     job's generation servers (`policy_base_url`, `policy_model_name`)."""
     overrides: dict[str, Any] = Field(
         default_factory=dict,
+        # In the CRD a map of values kept as written (which CEL reads as a map).
         json_schema_extra={
-            "x-kubernetes-preserve-unknown-fields": True,
+            "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True},
             "x-kubernetes-validations": [
                 {"rule": _OPERATOR_KEYS_CEL, "message": "sets a key the operator sets from the job"}
             ],
