@@ -79,6 +79,8 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out["type"] = "string"
     if out.get("additionalProperties") is False:
         del out["additionalProperties"]  # structural schemas prune unknown fields already
+    if out.get("x-kubernetes-preserve-unknown-fields") and out.get("additionalProperties") is True:
+        del out["additionalProperties"]  # free-form: kept as written, not a map of one type
     if out.get("type") == "object" and "properties" in out:
         required = set(out.get("required", []))
         for name, prop in out["properties"].items():

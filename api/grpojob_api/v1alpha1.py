@@ -439,7 +439,6 @@ NemoGymConfigPath = Annotated[
         }
     ),
 ]
-_OPERATOR_KEYS_CEL = " && ".join(f"!('{key}' in self)" for key in NEMO_GYM_OPERATOR_KEYS)
 
 
 class NemoGymSpec(ApiModel):
@@ -461,13 +460,9 @@ class NemoGymSpec(ApiModel):
     job's generation servers (`policy_base_url`, `policy_model_name`)."""
     overrides: dict[str, Any] = Field(
         default_factory=dict,
-        # In the CRD a map of values kept as written (which CEL reads as a map).
-        json_schema_extra={
-            "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True},
-            "x-kubernetes-validations": [
-                {"rule": _OPERATOR_KEYS_CEL, "message": "sets a key the operator sets from the job"}
-            ],
-        },
+        # Kept as written. No CEL twin of `_no_operator_keys`: the API server compiles no rule over an object of
+        # unknown fields, so the operator refuses such a job (InvalidSpec, naming the field).
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     """NeMo Gym config merged over the config files, as `ng_run`'s command-line overrides would be (for
     example `{example_single_tool_call_simple_agent: {responses_api_agents: {simple_agent: {max_steps: 4}}}}`).

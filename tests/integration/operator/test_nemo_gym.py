@@ -110,7 +110,6 @@ def test_a_nemo_gym_environment_gets_its_config_and_pods_and_follows_a_new_head(
     ("nemo_gym", "extra", "message"),
     [
         ({"configPaths": ["resources_servers/../x.yaml"], "agent": AGENT}, {}, "must not contain `..`"),
-        ({"configPaths": [TOOL_CALL], "agent": AGENT, "overrides": {"policy_base_url": "x"}}, {}, "operator sets"),
         ({"configPaths": [TOOL_CALL], "agent": AGENT}, {"command": ["serve"]}, "command and args must be empty"),
     ],
 )
