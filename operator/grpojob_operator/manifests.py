@@ -432,7 +432,7 @@ def build_nemo_gym_config_map(job: api.GRPOJob, env: api.EnvironmentSpec, endpoi
 
 
 def build_nemo_gym_deployment(
-    job: api.GRPOJob, env: api.EnvironmentSpec, settings: OperatorSettings, endpoints: dict[str, str]
+    job: api.GRPOJob, env: api.EnvironmentSpec, settings: OperatorSettings, endpoints: dict[str, str], head_pod: str
 ) -> Manifest:
     """Deployment of a NeMo Gym environment: each pod joins the job's Ray cluster as a node without
     resources, then runs `ng_run` with the config of `build_nemo_gym_config_map`; the agent serves `/run`
@@ -465,7 +465,7 @@ def build_nemo_gym_deployment(
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
     }
-    annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: nemo_gym.config_hash(config_text, endpoints)}
+    annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: nemo_gym.config_hash(config_text, endpoints, head_pod)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

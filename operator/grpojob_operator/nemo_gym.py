@@ -89,9 +89,10 @@ def config_yaml(config: Mapping[str, Any]) -> str:
     return yaml.safe_dump(dict(config), sort_keys=False)
 
 
-def config_hash(config_text: str, endpoints: Mapping[str, str]) -> str:
-    """What the environment's pods must be restarted for: their config, or a new Ray head (its pod IP), whose
-    cluster the running raylet and servers are not part of."""
+def config_hash(config_text: str, endpoints: Mapping[str, str], head_pod: str) -> str:
+    """What the environment's pods must be restarted for: their config, or a new Ray head, whose cluster the
+    running raylet and servers are not part of. A new head is a new head pod (KubeRay names each one anew),
+    whether or not it got a new IP (``RAY_HEAD_POD_IP`` of the endpoints)."""
     digest = hashlib.sha256(config_text.encode())
-    digest.update(b"\0" + endpoints.get("RAY_HEAD_POD_IP", "").encode())
+    digest.update(b"\0" + endpoints.get("RAY_HEAD_POD_IP", "").encode() + b"\0" + head_pod.encode())
     return digest.hexdigest()[:16]

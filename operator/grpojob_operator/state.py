@@ -315,7 +315,7 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     for env in job.spec.environments:
         name = child.environment(env.name)
         if env.nemo_gym is not None:
-            plan_.actions += _nemo_gym_actions(job, env, settings, endpoints["data"], observed)
+            plan_.actions += _nemo_gym_actions(job, env, settings, endpoints["data"], head.name, observed)
         elif not observed.has("Deployment", name):
             plan_.actions.append(Create(manifests.build_environment_deployment(job, env, settings)))
         if not observed.has("Service", name):
@@ -346,12 +346,13 @@ def _nemo_gym_actions(
     env: api.EnvironmentSpec,
     settings: OperatorSettings,
     endpoints: dict[str, str],
+    head_pod: str,
     observed: Observed,
 ) -> list[Action]:
     """A NeMo Gym environment's config and Deployment, following the endpoints: when the config or the Ray
     head changed, the config is rewritten first, then the pod template's hash, which rolls the pods."""
     actions = _config_map_actions(manifests.build_nemo_gym_config_map(job, env, endpoints), observed)
-    deployment = manifests.build_nemo_gym_deployment(job, env, settings, endpoints)
+    deployment = manifests.build_nemo_gym_deployment(job, env, settings, endpoints, head_pod)
     current: DeploymentInfo | None = observed.get("Deployment", deployment["metadata"]["name"])
     wanted = deployment["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
     if current is None:

@@ -110,7 +110,7 @@ def test_rows_reach_the_agent_by_its_nemo_gym_name_and_by_the_environment_name()
 
 
 def test_the_pod_joins_ray_then_runs_ng_run_on_a_read_only_root_as_non_root():
-    deployment = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, endpoints())
+    deployment = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, endpoints(), "demo-head")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "example/nemo-gym:1"
@@ -137,23 +137,24 @@ def test_the_pod_joins_ray_then_runs_ng_run_on_a_read_only_root_as_non_root():
     assert container["readinessProbe"]["httpGet"] == {"path": "/", "port": 9000}
 
 
-def test_a_new_head_changes_the_pod_templates_hash_but_a_new_attempt_does_not():
-    def template_hash(data: dict[str, str]) -> str:
-        deployment = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, data)
+def test_a_new_head_changes_the_pod_templates_hash_even_on_the_same_ip_but_a_new_attempt_does_not():
+    def template_hash(data: dict[str, str], head: str = "demo-head-a") -> str:
+        deployment = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, data, head)
         return deployment["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
 
     first = template_hash(endpoints("10.0.0.2"))
     assert template_hash(manifests.endpoints_data(JOB, SETTINGS, "10.0.0.2", 2)) == first
     assert template_hash(endpoints("10.0.0.9")) != first
+    assert template_hash(endpoints("10.0.0.2"), head="demo-head-b") != first
 
 
 # ------------------------------------------------------------------------------------------------
 # the state machine
 
 
-def children(head_ip: str = "10.0.0.2") -> dict:
+def children(head_ip: str = "10.0.0.2", head_name: str = "demo-head") -> dict:
     head = PodInfo(
-        name="demo-head",
+        name=head_name,
         component="ray-head",
         attempt=None,
         phase="Running",
@@ -177,11 +178,11 @@ def children(head_ip: str = "10.0.0.2") -> dict:
     }
 
 
-def with_gym_running(kids: dict, ip: str) -> dict:
-    """The endpoints, environments and NeMo Gym config as they were written for a head at ``ip``."""
+def with_gym_running(kids: dict, ip: str, head: str = "demo-head") -> dict:
+    """The endpoints, environments and NeMo Gym config as they were written for head pod ``head`` at ``ip``."""
     data = endpoints(ip)
     config = manifests.build_nemo_gym_config_map(JOB, GYM_ENV, data)
-    deployment = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, data)
+    deployment = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, data, head)
     kids["ConfigMap"]["demo-endpoints"] = ConfigMapInfo("demo-endpoints", tuple(sorted(data.items())))
     kids["ConfigMap"]["demo-env-tools-nemo-gym"] = ConfigMapInfo(
         "demo-env-tools-nemo-gym", tuple(sorted(config["data"].items()))
@@ -225,7 +226,7 @@ def test_a_replaced_head_rolls_the_nemo_gym_pods_and_not_our_own_environments():
     (patch,) = [a for a in actions if isinstance(a, state.Patch)]
     assert patch.kind == "Deployment" and patch.name == "demo-env-tools"
     new_hash = patch.patch["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
-    expected = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, endpoints("10.0.0.9"))
+    expected = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, endpoints("10.0.0.9"), "demo-head")
     assert new_hash == expected["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
 
 
@@ -236,3 +237,10 @@ def test_suspending_removes_the_nemo_gym_config_with_its_environment():
     actions = state.plan(body, Observed(kids), SETTINGS, NOW).actions
     deleted = {(a.kind, a.name) for a in actions if isinstance(a, state.Delete)}
     assert {("ConfigMap", "demo-env-tools-nemo-gym"), ("Deployment", "demo-env-tools")} <= deleted
+
+
+def test_a_new_head_pod_on_the_same_ip_rolls_the_nemo_gym_pods_too():
+    kids = with_gym_running(children(head_name="demo-head-new"), "10.0.0.2", head="demo-head")
+    actions = plan(kids, {"attempt": 1}).actions
+    assert not [a for a in actions if isinstance(a, state.Replace)]  # the endpoints are the same
+    assert [(a.kind, a.name) for a in actions if isinstance(a, state.Patch)] == [("Deployment", "demo-env-tools")]
