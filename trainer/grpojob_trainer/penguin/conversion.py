@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from grpojob_trainer.penguin.protocol import TokenIds, TokenIdsError
 from grpojob_trainer.samples import TrainingSample
 
 
@@ -12,9 +13,21 @@ class RolloutConversionError(ValueError):
     """A ``/run`` result that cannot become a training sample (the rollout counts as failed)."""
 
 
-def token_turns(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The output items that close a model call: those with non-empty ``generation_token_ids``."""
-    return [item for item in output if item.get("generation_token_ids")]
+def token_turns(output: list[dict[str, Any]]) -> list[TokenIds]:
+    """The token ids of each model call, from the output items that close one (those with non-empty
+    ``generation_token_ids``); raises `RolloutConversionError` when such an item's ids are incomplete
+    or malformed."""
+    turns: list[TokenIds] = []
+    for item in output:
+        if not item.get("generation_token_ids"):
+            continue
+        try:
+            tokens = TokenIds.carried_by(item)
+        except TokenIdsError as error:
+            raise RolloutConversionError(f"model call {len(turns)}: {error}") from None
+        if tokens is not None:
+            turns.append(tokens)
+    return turns
 
 
 def result_to_sample(result: dict[str, Any], group_index: int) -> TrainingSample:
@@ -39,19 +52,13 @@ def result_to_sample(result: dict[str, Any], group_index: int) -> TrainingSample
     seen: list[int] = []
     mask: list[bool] = []
     log_probs: list[float] = []
-    for number, item in enumerate(turns):
-        prompt = [int(t) for t in item.get("prompt_token_ids") or []]
-        generated = [int(t) for t in item["generation_token_ids"]]
-        generated_log_probs = [float(lp) for lp in item.get("generation_log_probs") or []]
+    for number, tokens in enumerate(turns):
+        prompt, generated = tokens.prompt_token_ids, tokens.generation_token_ids
+        generated_log_probs = tokens.generation_log_probs
         if prompt[: len(seen)] != seen:
             raise RolloutConversionError(
                 f"model call {number} is not contiguous: its prompt_token_ids do not start with the "
                 f"{len(seen)} tokens of the earlier calls (first difference at {_first_difference(seen, prompt)})"
-            )
-        if len(generated_log_probs) != len(generated):
-            raise RolloutConversionError(
-                f"model call {number}: {len(generated)} generation_token_ids but "
-                f"{len(generated_log_probs)} generation_log_probs"
             )
         if not all(math.isfinite(lp) for lp in generated_log_probs):
             raise RolloutConversionError(f"model call {number}: a generation log-prob is NaN or infinite")
