@@ -23,6 +23,7 @@ from grpojob_api import v1alpha1 as api
 from grpojob_trainer.data import PromptDataset
 from grpojob_trainer.errors import AllRolloutsFailed
 from grpojob_trainer.metrics import GENERATION, WEIGHT_SYNC, MetricsLogger, ProgressPublisher, StepTimer
+from grpojob_trainer.penguin.protocol import Row
 from grpojob_trainer.penguin.rollouts import PolicySampling, collect_rollouts
 from grpojob_trainer.policy_group import PolicyGroup
 from grpojob_trainer.weight_sync import weight_sync_for
@@ -38,7 +39,7 @@ class LoopResult:
     failed_rollouts: int = 0
 
 
-def expand_groups(rows: list[dict[str, Any]], generations: int) -> tuple[list[dict[str, Any]], list[int]]:
+def expand_groups(rows: list[Row], generations: int) -> tuple[list[Row], list[int]]:
     """Each row repeated ``generations`` times, with the group index (the row's place in the batch)."""
     expanded = [row for row in rows for _ in range(generations)]
     groups = [index for index in range(len(rows)) for _ in range(generations)]

@@ -1,11 +1,11 @@
-"""A ``/run`` result → `TrainingSample`, with NeMo-RL's contiguity check."""
+"""A ``/run`` result (`RunResult`) → `TrainingSample`, with NeMo-RL's contiguity check."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from grpojob_trainer.penguin.protocol import TokenIds, TokenIdsError
+from grpojob_trainer.penguin.protocol import RunResult, TokenIds, TokenIdsError
 from grpojob_trainer.samples import TrainingSample
 
 
@@ -30,21 +30,15 @@ def token_turns(output: list[dict[str, Any]]) -> list[TokenIds]:
     return turns
 
 
-def result_to_sample(result: dict[str, Any], group_index: int) -> TrainingSample:
+def result_to_sample(result: RunResult, group_index: int) -> TrainingSample:
     """Flatten one rollout into token ids, a generated-token mask and generation log-probs.
 
     Walks ``response.output`` as NeMo-RL does: for each model call, ``prompt_token_ids`` must start with
     every token seen so far; the new prompt tokens are context (masked out, log-prob 0.0) and the
     generated tokens are trained on. Raises `RolloutConversionError` when there are no token ids, the
-    history is not contiguous, a log-prob is not finite, or the reward is missing or not finite.
+    history is not contiguous, or a log-prob is not finite (`RunResult` already holds a finite reward).
     """
-    response = result.get("response")
-    if not isinstance(response, dict):
-        raise RolloutConversionError("the /run result has no 'response' object")
-    reward = result.get("reward")
-    if not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward):
-        raise RolloutConversionError(f"the /run result's reward is {reward!r}, not a finite number")
-    turns = token_turns(response.get("output") or [])
+    turns = token_turns(result.response.output)
     if not turns:
         raise RolloutConversionError(
             "no output item carries generation_token_ids: the model server must return token ids"
@@ -70,17 +64,11 @@ def result_to_sample(result: dict[str, Any], group_index: int) -> TrainingSample
         token_ids=tuple(seen),
         generated_mask=tuple(mask),
         generation_log_probs=tuple(log_probs),
-        reward=float(reward),
+        reward=result.reward,
         group_index=group_index,
-        truncated=is_truncated(response),
+        truncated=result.response.truncated,
         turns=len(turns),
     )
-
-
-def is_truncated(response: dict[str, Any]) -> bool:
-    """The episode's last model call stopped at the token limit (Responses ``incomplete_details``)."""
-    details = response.get("incomplete_details")
-    return response.get("status") == "incomplete" or (isinstance(details, dict) and bool(details.get("reason")))
 
 
 def _first_difference(seen: list[int], prompt: list[int]) -> int:

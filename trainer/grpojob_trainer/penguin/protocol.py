@@ -1,10 +1,11 @@
-"""NeMo Gym's models: the row (strict ``responses_create_params``, ``agent_ref``, task fields) and the
-token ids of a model call."""
+"""NeMo Gym's models: the row, which is also the body of ``/run`` (strict ``responses_create_params``,
+``agent_ref``, task fields), ``/run``'s result (the row echoed, the episode, its reward), and the token
+ids of a model call. The environment servers answer with these and the rollout client reads with them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -63,10 +64,53 @@ class Row(BaseModel):
         return self.model_dump(exclude={"responses_create_params"}, exclude_none=True)
 
 
-class VerifyRequest(Row):
-    """``/verify``'s body: the row plus the whole episode as a Responses object."""
+class EpisodeResponse(BaseModel):
+    """One episode as a Responses object: every output item of every model call and tool call. The
+    trainer reads ``output`` (the token ids on it) and whether the last call was cut short; the other
+    fields describe the episode and pass through."""
 
-    response: dict[str, Any]
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = None
+    object: Literal["response"] = "response"
+    created_at: int | None = None
+    model: str | None = None
+    output: list[dict[str, Any]]
+    status: str | None = None
+    """``completed``, or ``incomplete`` when the last model call stopped at the token limit."""
+    incomplete_details: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+
+    @property
+    def truncated(self) -> bool:
+        """The episode's last model call stopped at the token limit."""
+        return self.status == "incomplete" or bool((self.incomplete_details or {}).get("reason"))
+
+
+class VerifyRequest(Row):
+    """``/verify``'s body: the row plus the whole episode."""
+
+    response: EpisodeResponse
+
+
+class RunResult(BaseModel):
+    """``/run``'s answer, which is ``/verify``'s: the row echoed back (task fields included), the episode
+    and its reward. Only ``response`` and ``reward`` are required, so that any NeMo Gym agent's result
+    reads; everything else passes through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    response: EpisodeResponse
+    reward: Annotated[float, Field(strict=True, allow_inf_nan=False)]
+    """A finite number (a JSON integer is fine, a boolean or a string is not)."""
+    reward_components: dict[str, float] | None = None
+    """The parts of a multi-part reward; ``reward`` is their sum."""
 
 
 def make_row(env_name: str, user_text: str, *, tools: list[dict[str, Any]] | None = None, **task: Any) -> dict:
@@ -75,6 +119,13 @@ def make_row(env_name: str, user_text: str, *, tools: list[dict[str, Any]] | Non
     if tools:
         params["tools"] = tools
     return {"responses_create_params": params, "agent_ref": {"type": AGENT_REF_TYPE, "name": env_name}, **task}
+
+
+def describe(error: ValidationError) -> str:
+    """A validation error in one line: ``field.path: message`` for each problem."""
+    return "; ".join(
+        ".".join(str(part) for part in e["loc"]) + f": {e['msg']}" if e["loc"] else e["msg"] for e in error.errors()
+    )
 
 
 class TokenIdsError(ValueError):
@@ -115,11 +166,7 @@ class TokenIds(BaseModel):
         try:
             return cls.model_validate({name: carrier[name] for name in TOKEN_FIELDS})
         except ValidationError as error:
-            problems = "; ".join(
-                ".".join(str(part) for part in e["loc"]) + f": {e['msg']}" if e["loc"] else e["msg"]
-                for e in error.errors()
-            )
-            raise TokenIdsError(problems) from None
+            raise TokenIdsError(describe(error)) from None
 
 
 TOKEN_FIELDS = tuple(TokenIds.model_fields)
