@@ -60,7 +60,6 @@ class TrainerJobInfo:
 @dataclass(frozen=True)
 class DeploymentInfo:
     name: str
-    replicas: int
     ready_replicas: int
 
 
@@ -68,7 +67,6 @@ class DeploymentInfo:
 class RayClusterInfo:
     name: str
     head_pod_ready: bool
-    state: str
     ready_workers: int
     desired_workers: int
     deleting: bool
@@ -145,7 +143,6 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
     if kind == "Deployment":
         return DeploymentInfo(
             name=name,
-            replicas=int((body.get("spec") or {}).get("replicas", 1)),
             ready_replicas=int(status.get("readyReplicas") or 0),
         )
     if kind == "RayCluster":
@@ -154,7 +151,6 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
         return RayClusterInfo(
             name=name,
             head_pod_ready=bool(head and head.get("status") == "True"),
-            state=status.get("state", ""),
             ready_workers=int(status.get("readyWorkerReplicas") or 0),
             desired_workers=desired,
             deleting=deleting,

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 class LoopResult:
     first_step: int
     last_step: int
-    rewards: list[float] = field(default_factory=list)
     failed_rollouts: int = 0
 
 
@@ -119,7 +118,6 @@ def run_loop(
         mean_reward = metrics.get("rollout/reward/mean", math.nan)
         logger.log(step, metrics)
         progress.publish(step, mean_reward)
-        result.rewards.append(mean_reward)
         result.last_step = step
         interval = spec.checkpointing.interval
         if step % interval == 0 or step == grpo.max_steps:
