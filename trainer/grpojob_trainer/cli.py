@@ -19,8 +19,9 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from grpojob_api import endpoints, kubeyaml
+from grpojob_api import kubeyaml
 from grpojob_api import v1alpha1 as api
+from grpojob_api.endpoints import GENERATION_PORT, ContractError, Endpoints, TrainerEnv
 from grpojob_trainer.errors import AllRolloutsFailed, UsageError
 
 log = logging.getLogger("grpojob")
@@ -162,11 +163,11 @@ def train_in_cluster(config_path: Path) -> int:
     job = load_job(config_path)
     spec = job.spec
     try:
-        endpoints_ = endpoints.Endpoints.from_data(os.environ)
-        pod = endpoints.TrainerEnv.from_env(os.environ)
-    except endpoints.ContractError as error:
+        endpoints = Endpoints.from_data(os.environ)
+        pod = TrainerEnv.from_env(os.environ)
+    except ContractError as error:
         raise UsageError(str(error)) from None
-    gcs = raycluster.join(endpoints_.ray_gcs_address)
+    gcs = raycluster.join(endpoints.ray_gcs_address)
     log.info("joined the Ray cluster; GCS address %s", gcs)
     spec_json = spec.model_dump(mode="json", by_alias=True)
     try:
@@ -177,7 +178,7 @@ def train_in_cluster(config_path: Path) -> int:
             spec_json,
             pod.model_path,
             "0.0.0.0",
-            endpoints.GENERATION_PORT,
+            GENERATION_PORT,
             spec.grpo.seed,
         )
         # One rank per GPU of the `policy` workers (one per worker on the CPU). Placing them waits for the
@@ -192,13 +193,13 @@ def train_in_cluster(config_path: Path) -> int:
             timeout_s=3600,
         )
         ray.get([engine.base_url.remote() for engine in engines], timeout=3600)
-        wait_for_environments(endpoints_.environment_urls)
+        wait_for_environments(endpoints.environment_urls)
         with MetricsLogger(Path(pod.log_dir)) as logger:
             run_loop(
                 job,
                 policy=policy,
                 engines=engines,
-                env_urls=endpoints_.environment_urls,
+                env_urls=endpoints.environment_urls,
                 dataset=PromptDataset.from_jsonl(pod.dataset_path, spec.grpo.seed),
                 logger=logger,
                 progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),

@@ -72,7 +72,7 @@ class EpisodeResponse(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: str | None = None
-    object: Literal["response"] = "response"
+    object: str = "response"
     created_at: int | None = None
     model: str | None = None
     output: list[dict[str, Any]]
