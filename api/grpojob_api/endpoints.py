@@ -66,6 +66,9 @@ POLICY_MODEL_NAME = "POLICY_MODEL_NAME"
 """Environment servers: the ``model`` to ask the generation server for."""
 RESOURCES_URL = "RESOURCES_URL"
 """Environment servers: a resources server other than themselves (optional)."""
+SESSION_SECRET = "SESSION_SECRET"
+"""Environment servers: the key that signs session cookies (optional; a random one per process otherwise,
+which is enough while each environment's agent and resources routes share one process)."""
 
 GRPOJOB_PROGRESS_CONFIGMAP = "GRPOJOB_PROGRESS_CONFIGMAP"
 GRPOJOB_MODEL_PATH = "GRPOJOB_MODEL_PATH"
