@@ -178,3 +178,38 @@ def test_a_row_that_is_not_a_nemo_gym_row_is_an_error_before_any_request():
     row["responses_create_params"]["temprature"] = 1.0
     with pytest.raises(pydantic.ValidationError, match=r"responses_create_params\.temprature"):
         asyncio.run(collect_rollouts([row], {"arithmetic": "http://127.0.0.1:1"}))
+
+
+def gym_500_app(inner_body_of_row) -> FastAPI:
+    """A /run that answers as a NeMo Gym agent does when a server it called failed: HTTP 500 whose body is a
+    JSON string wrapping the inner body (nemo_gym 0.4.0's exception middleware); it counts the calls."""
+    app = FastAPI()
+    app.state.calls = 0
+
+    @app.post("/run")
+    async def run(request: Request) -> JSONResponse:
+        app.state.calls += 1
+        inner: bytes = inner_body_of_row(await request.json())
+        return JSONResponse(f"Hit an exception in SimpleAgent___agent calling an inner server: {inner}", 500)
+
+    return app
+
+
+def test_a_gym_500_wrapping_a_4xx_fails_at_once_with_its_message_and_a_wrapped_crash_is_retried():
+    refused = b'{"error":{"message":"top_p=0.5 differs from the training top_p=1.0","code":400}}'
+    crashed = b"\"ValueError('the resources server crashed')\""
+    app = gym_500_app(lambda row: crashed if row.get("crash") else refused)
+    batch_rows = rows("arithmetic", 2)
+    batch_rows[1] = batch_rows[1] | {"crash": True}
+
+    with ThreadedServer(app) as server:
+        batch = asyncio.run(
+            collect_rollouts(batch_rows, {"arithmetic": server.url}, retries=2, backoff_s=0.01, timeout_s=10)
+        )
+
+    refused_outcome, crashed_outcome = batch.outcomes
+    assert refused_outcome.attempts == 1
+    assert "got HTTP 400" in refused_outcome.error and "top_p=0.5 differs" in refused_outcome.error
+    assert crashed_outcome.attempts == 3 and "gave up after 3 attempts" in crashed_outcome.error
+    assert app.state.calls == 4
+    assert batch.metrics["rollout/failed"] == 2

@@ -3,8 +3,9 @@
 Routes: ``POST /v1/chat/completions``, ``POST /tokenize``, ``GET /v1/models``, ``GET /health``.
 Completions are `openai`'s own types; ``choices[0].message`` also carries the call's `TokenIds`
 (``prompt_token_ids``, ``generation_token_ids``, ``generation_log_probs``: NeMo Gym's contract) and
-the completion its ``weights_version``. Sampling is on-policy: a request must send the
-server's ``temperature`` and ``top_p``; anything else is refused with HTTP 400 naming the parameter.
+the completion its ``weights_version``. Sampling is on-policy: a request that leaves out
+``temperature`` or ``top_p`` samples with the server's (NeMo Gym forwards only what a row sets); one that
+sends a different value is refused with HTTP 400 naming the parameter.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class ServerConfig:
 
     served_model_name: str
     sampling: SamplingParams
-    """Training's sampling parameters; requests must match temperature and top_p exactly."""
+    """Training's sampling parameters: every request samples with them; one that names another
+    temperature or top_p is refused."""
     batch_window_s: float = 0.01
     max_batch_size: int = 64
 
@@ -90,12 +92,10 @@ class TokenizeRequest(BaseModel):
 
 
 def check_on_policy(request: ChatCompletionRequest, sampling: SamplingParams) -> None:
-    """Refuse sampling parameters that differ from training's (NeMo-RL's rule)."""
+    """Refuse sampling parameters that differ from training's (NeMo-RL's rule); absent ones mean training's."""
     for name, expected in (("temperature", sampling.temperature), ("top_p", sampling.top_p)):
         value = getattr(request, name)
-        if value is None:
-            raise ApiError(400, f"{name} is required: this server samples on-policy with {name}={expected}", name)
-        if not math.isclose(value, expected, rel_tol=0, abs_tol=SAMPLING_TOLERANCE):
+        if value is not None and not math.isclose(value, expected, rel_tol=0, abs_tol=SAMPLING_TOLERANCE):
             raise ApiError(
                 400,
                 f"{name}={value} differs from the training {name}={expected}: "

@@ -24,6 +24,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from grpojob_trainer.penguin.conversion import RolloutConversionError, result_to_sample
+from grpojob_trainer.penguin.gym_errors import inner_client_error
 from grpojob_trainer.penguin.metrics import rollout_metrics
 from grpojob_trainer.penguin.protocol import Row, RunResult, describe
 from grpojob_trainer.samples import TrainingSample
@@ -204,6 +205,8 @@ async def _post_run(client: aiohttp.ClientSession, url: str, body: str) -> RunRe
             status, text = response.status, await response.text()
     except aiohttp.ClientError as error:
         raise _Transient(f"POST {url} failed: {type(error).__name__}: {error}") from error
+    if status == 500 and (inner := inner_client_error(text)) is not None:  # retrying cannot fix an inner 4xx
+        raise _Permanent(f"POST {url} answered 500: {str(inner)[:ERROR_BODY_CHARS]}")
     if status in TRANSIENT_STATUS:
         raise _Transient(f"POST {url} answered {status}: {text[:ERROR_BODY_CHARS]}")
     if status != 200:
