@@ -38,6 +38,8 @@ GYM_USER = "1000:100"
 TEMPERATURE = 1.0
 TOP_P = 1.0
 MAX_NEW_TOKENS = 16
+SCRIPTED_MAX_NEW_TOKENS = 128
+"""Room for the scripted tool call: the tiny model's tokenizer spends a token on each character."""
 POLICY_NAME = "tiny-policy"
 SCRIPTED_NAME = "scripted-policy"
 TOOL_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "sf"}}</tool_call>'
@@ -82,12 +84,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
-def serve(backend, served_name: str):
+def serve(backend, served_name: str, max_new_tokens: int):
     from grpojob_trainer.generation.app import ServerConfig
     from grpojob_trainer.generation.backend import SamplingParams
     from grpojob_trainer.generation.server import GenerationServer
 
-    config = ServerConfig(served_name, SamplingParams(TEMPERATURE, TOP_P, MAX_NEW_TOKENS))
+    config = ServerConfig(served_name, SamplingParams(TEMPERATURE, TOP_P, max_new_tokens))
     return GenerationServer(backend, config, host="127.0.0.1").start()
 
 
@@ -96,7 +98,11 @@ def policy_server(tiny_model_dir: Path) -> Iterator:
     """Our generation server with the tiny random model (transformers backend), recording what it generates."""
     from grpojob_trainer.generation.transformers_backend import TransformersBackend
 
-    server = serve(RecordingBackend(TransformersBackend(tiny_model_dir, max_model_len=1024, device="cpu")), POLICY_NAME)
+    server = serve(
+        RecordingBackend(TransformersBackend(tiny_model_dir, max_model_len=1024, device="cpu")),
+        POLICY_NAME,
+        MAX_NEW_TOKENS,
+    )
     yield server
     server.stop()
 
@@ -104,7 +110,9 @@ def policy_server(tiny_model_dir: Path) -> Iterator:
 @pytest.fixture(scope="session")
 def scripted_server(tiny_model_dir: Path) -> Iterator:
     """Our generation server with the scripted backend (calls the weather tool, then answers)."""
-    server = serve(RecordingBackend(ScriptedBackend(tiny_model_dir, tool_script)), SCRIPTED_NAME)
+    server = serve(
+        RecordingBackend(ScriptedBackend(tiny_model_dir, tool_script)), SCRIPTED_NAME, SCRIPTED_MAX_NEW_TOKENS
+    )
     yield server
     server.stop()
 
