@@ -44,6 +44,7 @@ POLICY_NAME = "tiny-policy"
 SCRIPTED_NAME = "scripted-policy"
 TOOL_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "sf"}}</tool_call>'
 FINAL_ANSWER = "It is cold in sf."
+CHOICE = "\\boxed{A}"
 CONFIG_PATHS = (
     "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
     "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml",
@@ -51,11 +52,15 @@ CONFIG_PATHS = (
     "/compat/compat.yaml",
 )
 """NeMo Gym's own configs (paths in the package, as ``gym env start`` takes them), then ours."""
+SCRIPTED_AGENTS = ("scripted_tool_agent", "scripted_mcqa_agent")
 STARTUP_S = 300
 
 
 def tool_script(prompt: str) -> str:
-    """The scripted model: call the weather tool, then answer once the tool's response is in the prompt."""
+    """The scripted model: where the weather tool is offered, call it, then answer once its response is in
+    the prompt; elsewhere choose answer A."""
+    if "get_weather" not in prompt:
+        return CHOICE
     return FINAL_ANSWER if "<tool_response>" in prompt else TOOL_CALL
 
 
@@ -129,8 +134,22 @@ class Gym:
         return result.stdout + result.stderr
 
 
+def scripted_agent(resources_server: str, port: int) -> dict:
+    """A simple_agent between a resources server and the scripted model."""
+    return {
+        "responses_api_agents": {
+            "simple_agent": {
+                "entrypoint": "app.py",
+                "port": port,
+                "resources_server": {"type": "resources_servers", "name": resources_server},
+                "model_server": {"type": "responses_api_models", "name": "scripted_model"},
+            }
+        }
+    }
+
+
 def compat_config(scripted_base_url: str, ports: dict[str, int]) -> dict:
-    """Our instances next to NeMo Gym's: a second vllm_model for the scripted server, and its agent."""
+    """Our instances next to NeMo Gym's: a second vllm_model for the scripted server, and its agents."""
     return {
         "scripted_model": {
             "responses_api_models": {
@@ -144,16 +163,8 @@ def compat_config(scripted_base_url: str, ports: dict[str, int]) -> dict:
                 }
             }
         },
-        "scripted_tool_agent": {
-            "responses_api_agents": {
-                "simple_agent": {
-                    "entrypoint": "app.py",
-                    "port": ports["scripted_tool_agent"],
-                    "resources_server": {"type": "resources_servers", "name": "example_single_tool_call"},
-                    "model_server": {"type": "responses_api_models", "name": "scripted_model"},
-                }
-            }
-        },
+        "scripted_tool_agent": scripted_agent("example_single_tool_call", ports["scripted_tool_agent"]),
+        "scripted_mcqa_agent": scripted_agent("mcqa", ports["scripted_mcqa_agent"]),
     }
 
 
@@ -198,7 +209,7 @@ def gym(nemo_gym_image: str, policy_server, scripted_server, tmp_path_factory: p
     """NeMo Gym's servers in our image, started with ``gym env start`` against our generation servers."""
     from grpojob_testing import images
 
-    ports = {name: free_port() for name in ("head", "tool_agent", "mcqa_agent", "scripted_tool_agent")}
+    ports = {name: free_port() for name in ("head", "tool_agent", "mcqa_agent", *SCRIPTED_AGENTS)}
     config_dir = tmp_path_factory.mktemp("nemo-gym-config")
     (config_dir / "compat.yaml").write_text(yaml.safe_dump(compat_config(scripted_server.base_url, ports)))
     config_dir.chmod(0o755)
@@ -211,7 +222,7 @@ def gym(nemo_gym_image: str, policy_server, scripted_server, tmp_path_factory: p
     agents = {
         "example_single_tool_call_simple_agent": f"http://127.0.0.1:{ports['tool_agent']}",
         "mcqa_simple_agent": f"http://127.0.0.1:{ports['mcqa_agent']}",
-        "scripted_tool_agent": f"http://127.0.0.1:{ports['scripted_tool_agent']}",
+        **{name: f"http://127.0.0.1:{ports[name]}" for name in SCRIPTED_AGENTS},
     }
     running = Gym(agents, container)
     try:

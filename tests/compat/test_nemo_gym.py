@@ -17,6 +17,7 @@ pytestmark = pytest.mark.timeout(1800)
 TOOL_AGENT = "example_single_tool_call_simple_agent"
 SCRIPTED_AGENT = "scripted_tool_agent"
 MCQA_AGENT = "mcqa_simple_agent"
+SCRIPTED_MCQA_AGENT = "scripted_mcqa_agent"
 EXAMPLE_ROWS = "resources_servers/example_single_tool_call/data/example.jsonl"
 
 
@@ -117,14 +118,18 @@ def test_a_row_whose_sampling_differs_fails_at_once_with_our_servers_message(gym
     assert batch.metrics["rollout/failed"] == 1
 
 
-def test_a_resources_server_that_refuses_the_row_is_reported_and_not_retried(gym):
+def mcqa_row(**fields) -> dict:
     question = "Which one is a fruit? A) apple B) rock. Answer as \\boxed{LETTER}."
     row = {
         "responses_create_params": {"input": [{"role": "user", "content": question}]},
         "options": [{"A": "apple"}, {"B": "rock"}],
         "expected_answer": "A",
-        "grading_mode": "best_guess",  # not a grading mode mcqa knows: its /verify answers 422
     }
+    return row | fields
+
+
+def test_a_resources_server_that_refuses_the_row_is_reported_and_not_retried(gym):
+    row = mcqa_row(grading_mode="best_guess")  # not a grading mode mcqa knows: its /verify answers 422
 
     batch = collect(gym, MCQA_AGENT, [row], PolicySampling(TEMPERATURE, TOP_P))
 
@@ -132,3 +137,15 @@ def test_a_resources_server_that_refuses_the_row_is_reported_and_not_retried(gym
     assert failure.attempts == 1
     assert "HTTP 422" in failure.error and "grading_mode" in failure.error
     assert batch.metrics["rollout/failed"] == 1
+
+
+def test_a_resources_server_that_crashes_is_retried_a_bounded_number_of_times_and_reported(gym, scripted_server):
+    answered = collect(gym, SCRIPTED_MCQA_AGENT, [mcqa_row()])
+    # An output_regex that is not a pattern: mcqa's /verify raises TypeError on the model's answer.
+    crashing = collect(gym, SCRIPTED_MCQA_AGENT, [mcqa_row(template_metadata={"output_regex": 5})])
+
+    assert [s.reward for s in answered.samples] == [1.0], "mcqa grades the scripted answer when it does not crash"
+    [failure] = crashing.failures
+    assert failure.attempts == 3
+    assert "answered 500" in failure.error and "TypeError" in failure.error
+    assert "gave up after 3 attempts" in failure.error
