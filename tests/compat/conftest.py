@@ -1,13 +1,14 @@
 """The real NeMo Gym 0.4.0 servers against our generation server.
 
 Our generation servers run in this process on loopback: the tiny random model through the transformers
-backend, and a scripted backend whose text calls the tool. NeMo Gym runs from our NeMo Gym image
-(`grpojob_testing.images`, key ``nemo-gym``) with podman, as its pod runs it (UID 1000, a read-only
-root filesystem, a tmpfs /tmp) on the host network, so its servers reach ours on 127.0.0.1; ``gym env
-start`` starts a Ray head of its own inside the container. The servers: ``vllm_model`` twice (one for
-each of our servers, ``return_token_id_information: true``), ``simple_agent``, and the resources servers
-``example_single_tool_call`` and ``mcqa``, from NeMo Gym's own config files plus the overrides a
-GRPOJob's environment pod gets (``policy_base_url``, ``policy_model_name``, ports).
+backend, and a scripted backend (`tool_script`) whose text calls the weather tool where it is offered.
+NeMo Gym runs from our NeMo Gym image (`grpojob_testing.images`, key ``nemo-gym``) with podman, as its
+pod runs it (UID 1000, a read-only root filesystem, a tmpfs /tmp), on the host network so that its
+servers reach ours on 127.0.0.1; ``gym env start`` starts a Ray head of its own inside the container.
+The servers: the resources servers ``example_single_tool_call`` and ``mcqa``, ``vllm_model`` twice (one
+for each of our servers, ``return_token_id_information: true``) and a ``simple_agent`` for each pair of
+resources server and model, from NeMo Gym's own config files plus the overrides a GRPOJob's environment
+pod gets (``policy_base_url``, ``policy_model_name``, ports) and our config for the scripted pairs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import pytest
 import yaml
 
 from grpojob_trainer.penguin.http import free_port
-from tests.compat.backends import RecordingBackend, ScriptedBackend
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -102,6 +102,7 @@ def serve(backend, served_name: str, max_new_tokens: int):
 def policy_server(tiny_model_dir: Path) -> Iterator:
     """Our generation server with the tiny random model (transformers backend), recording what it generates."""
     from grpojob_trainer.generation.transformers_backend import TransformersBackend
+    from tests.compat.backends import RecordingBackend
 
     server = serve(
         RecordingBackend(TransformersBackend(tiny_model_dir, max_model_len=1024, device="cpu")),
@@ -114,7 +115,9 @@ def policy_server(tiny_model_dir: Path) -> Iterator:
 
 @pytest.fixture(scope="session")
 def scripted_server(tiny_model_dir: Path) -> Iterator:
-    """Our generation server with the scripted backend (calls the weather tool, then answers)."""
+    """Our generation server with the scripted backend (`tool_script`)."""
+    from tests.compat.backends import RecordingBackend, ScriptedBackend
+
     server = serve(
         RecordingBackend(ScriptedBackend(tiny_model_dir, tool_script)), SCRIPTED_NAME, SCRIPTED_MAX_NEW_TOKENS
     )
