@@ -53,14 +53,20 @@ def test_run_results_become_training_samples_with_the_token_ids_our_server_gener
     batch = collect(gym, TOOL_AGENT, example_rows[:4], sampling)
 
     assert batch.failures == [], [f.error for f in batch.failures]
-    generated = policy_server.backend.sequences()
     for sample in batch.samples:
         assert sample.reward == 1.0
-        assert sample.token_ids in generated, "the sample is a prompt and completion our server produced"
-        result = generated[sample.token_ids]
-        completion = len(result.token_ids)
-        assert sample.generated_mask == (False,) * (len(sample.token_ids) - completion) + (True,) * completion
-        assert sample.generation_log_probs[-completion:] == result.log_probs
+        assert sample.token_ids in policy_server.backend.sequences(), "the last call's prompt and completion"
+        # Every model call of the episode (one, unless the random model answered with nothing at first):
+        calls = [
+            (len(prompt), result)
+            for prompt, result in policy_server.backend.generated
+            if sample.token_ids[: len(prompt) + len(result.token_ids)] == prompt + result.token_ids
+        ]
+        generated = {start + offset: lp for start, r in calls for offset, lp in enumerate(r.log_probs)}
+        assert sample.generated_mask == tuple(index in generated for index in range(len(sample.token_ids)))
+        assert [lp for lp, m in zip(sample.generation_log_probs, sample.generated_mask, strict=True) if m] == [
+            generated[index] for index in sorted(generated)
+        ]
     assert batch.metrics["rollout/count"] == 4 and batch.metrics["rollout/failed"] == 0
 
 
