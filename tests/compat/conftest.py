@@ -13,12 +13,10 @@ pod gets (``policy_base_url``, ``policy_model_name``, ports) and our config for 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpojob_trainer.penguin.http import free_port
+from grpojob_trainer.net import free_port, wait_until_healthy
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -185,26 +183,21 @@ def gym_arguments(policy_base_url: str, ports: dict[str, int]) -> list[str]:
     ]
 
 
-def wait_for_agents(gym: Gym, deadline_s: float) -> None:
+def wait_for_agents(gym: Gym, timeout_s: float) -> None:
     """Wait until every agent answers ``GET /``; fail with the container's log if it exits or time runs out."""
-    deadline = time.monotonic() + deadline_s
-    waiting = dict(gym.agents)
-    while waiting:
-        for name, url in list(waiting.items()):
-            try:
-                with urllib.request.urlopen(f"{url}/", timeout=2) as response:
-                    if json.loads(response.read()) == {"status": "ok"}:
-                        del waiting[name]
-            except OSError:
-                pass
-        state = subprocess.run(
-            ["podman", "inspect", "--format", "{{.State.Running}}", gym.container], capture_output=True, text=True
-        ).stdout.strip()
-        if state != "true":
-            pytest.fail(f"NeMo Gym exited before its agents {sorted(waiting)} answered:\n{gym.logs()[-6000:]}")
-        if waiting and time.monotonic() > deadline:
-            pytest.fail(f"NeMo Gym's agents {sorted(waiting)} did not answer in {deadline_s}s:\n{gym.logs()[-6000:]}")
-        time.sleep(1)
+
+    def still_running() -> None:
+        inspect = ["podman", "inspect", "--format", "{{.State.Running}}", gym.container]
+        if subprocess.run(inspect, capture_output=True, text=True, check=False).stdout.strip() != "true":
+            pytest.fail(f"NeMo Gym exited before its agents answered:\n{gym.logs()[-6000:]}")
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        for url in gym.agents.values():
+            left = max(deadline - time.monotonic(), 0.0)
+            wait_until_healthy(f"{url}/", left, check=still_running, interval_s=1.0)
+    except TimeoutError as error:
+        pytest.fail(f"{error}: NeMo Gym's log:\n{gym.logs()[-6000:]}")
 
 
 @pytest.fixture(scope="session")
