@@ -1,14 +1,29 @@
-# The GRPOJob operator image: `docker build -t ghcr.io/grpojob/operator:0.1.0 .`
+# Our three images, as targets of one Dockerfile that builds this repository's wheel once:
 #
-# Stage 1 builds the wheel of this repository; stage 2 installs it with the `operator` extra only
-# (kopf, kubernetes, prometheus-client: no torch, no Ray) into a virtual environment; the final
-# stage copies that environment onto a clean Python image and runs as a non-root numeric user, so
-# it works with `runAsNonRoot` and a read-only root filesystem (nothing is written at run time; the
-# chart still mounts an emptyDir at /tmp).
+#   docker build --target operator    -t ghcr.io/grpojob/operator:0.1.0 .
+#   docker build --target penguin-env -t ghcr.io/grpojob/penguin-env:0.1.0 .
+#   docker build --target trainer     -t ghcr.io/grpojob/trainer:0.1.0 .            # GPU: vLLM
+#   docker build --target trainer     -t ghcr.io/grpojob/trainer:0.1.0-cpu \
+#     --build-arg BASE_IMAGE=python:3.13-slim-trixie --build-arg WITH_VLLM=false .
+#
+# (The NeMo Gym image has a Dockerfile of its own, images/nemo-gym/Dockerfile: none of this is in it.)
+#
+# Every image of a job's Ray cluster runs Python 3.13: Ray refuses nodes and drivers of another
+# Python minor version, and the NeMo Gym servers that join the cluster need Python >= 3.12.
+# python:3.13-slim-trixie is also what `python -m grpojob_testing.images` makes without a registry
+# (Debian's python3 in a debootstrapped trixie, tagged with this name). The versions of the Python
+# packages are those pinned in pyproject.toml (dependencies and the extras `operator`,
+# `environment`, `trainer`); the test tooling (testing/) is in no image.
+#
+# Every image runs as a non-root numeric user and works with a read-only root filesystem (the
+# operator's pods mount an emptyDir at /tmp, where every cache goes).
 
-# Python 3.11 on Debian bookworm: also what `python -m grpojob_testing.images` can make without a
-# registry (Debian's python3 in a debootstrapped bookworm, tagged with this name).
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG PYTHON_IMAGE=python:3.13-slim-trixie
+# The trainer's base. GPU (default): the Ray project's image of the Ray version every RayCluster
+# declares (rayVersion, grpojob_operator.settings.RAY_VERSION = 2.60.0) and our Python; it runs as
+# the user `ray` (UID 1000), the UID the operator's pod security context asks for. CPU: the plain
+# Python image.
+ARG BASE_IMAGE=rayproject/ray:2.60.0-py313-cu128
 
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
@@ -17,21 +32,36 @@ COPY pyproject.toml README.md ./
 COPY api ./api
 COPY operator ./operator
 COPY trainer ./trainer
-COPY testing ./testing
 RUN python -m build --wheel --outdir /dist .
 
-FROM ${PYTHON_IMAGE} AS install
+# The trainer's dependencies as pinned in pyproject.toml, apart from the wheel: a change to the
+# sources rebuilds only the wheel's small layer.
+FROM ${PYTHON_IMAGE} AS requirements
+COPY pyproject.toml images/extra_requirements.py /src/
+RUN mkdir /requirements \
+    && python /src/extra_requirements.py /src/pyproject.toml trainer > /requirements/trainer.txt \
+    && python /src/extra_requirements.py /src/pyproject.toml trainer --without torch transformers fastapi \
+      > /requirements/trainer-with-vllm.txt
+
+FROM ${PYTHON_IMAGE} AS operator-install
 COPY --from=wheel /dist /dist
 RUN python -m venv /opt/grpojob \
     && /opt/grpojob/bin/pip install --no-cache-dir "$(ls /dist/grpojob-*.whl)[operator]" \
     && /opt/grpojob/bin/pip uninstall --yes pip
 
-FROM ${PYTHON_IMAGE}
+FROM ${PYTHON_IMAGE} AS penguin-env-install
+COPY --from=wheel /dist /dist
+RUN python -m venv /opt/grpojob \
+    && /opt/grpojob/bin/pip install --no-cache-dir "$(ls /dist/grpojob-*.whl)[environment]" \
+    && /opt/grpojob/bin/pip uninstall --yes pip
+
+# The GRPOJob operator (Kopf): kopf, kubernetes, prometheus-client; no torch, no Ray.
+FROM ${PYTHON_IMAGE} AS operator
 LABEL org.opencontainers.image.title="grpojob-operator" \
       org.opencontainers.image.description="The GRPOJob operator (Kopf): GRPO post-training of LLMs on Kubernetes" \
       org.opencontainers.image.source="https://github.com/grpojob/grpojob" \
       org.opencontainers.image.licenses="Apache-2.0"
-COPY --from=install /opt/grpojob /opt/grpojob
+COPY --from=operator-install /opt/grpojob /opt/grpojob
 ENV PATH=/opt/grpojob/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -42,3 +72,84 @@ EXPOSE 8080 8081
 # A numeric UID/GID that exists nowhere else, so `runAsNonRoot` can verify it without /etc/passwd.
 USER 65532:65532
 ENTRYPOINT ["grpojob-operator"]
+
+# Our own Penguin (NeMo Gym-compatible) environment servers: the `environment` extra, no torch, no Ray.
+#   docker run -e PORT=8080 -e POLICY_BASE_URL=http://policy:8000/v1 -p 8080:8080 \
+#     ghcr.io/grpojob/penguin-env:0.1.0 arithmetic
+FROM ${PYTHON_IMAGE} AS penguin-env
+LABEL org.opencontainers.image.title="grpojob-penguin-env" \
+      org.opencontainers.image.description="GRPOJob Penguin (NeMo Gym) environment servers" \
+      org.opencontainers.image.source="https://github.com/grpojob/grpojob" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=penguin-env-install /opt/grpojob /opt/grpojob
+ENV PATH=/opt/grpojob/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    PORT=8080
+EXPOSE 8080
+USER 1000:1000
+# `python -m grpojob_trainer.environments NAME`; it listens on $PORT. The operator passes each
+# environment's command or args from the GRPOJob.
+ENTRYPOINT ["python", "-m", "grpojob_trainer.environments"]
+CMD ["arithmetic"]
+
+# The Ray head and workers of every GRPOJob's RayCluster (vLLM generation engines and policy
+# training) and the trainer Job (`grpojob train`) run this one image.
+#
+# The CPU variant (WITH_VLLM=false; generation uses the transformers backend) installs the `trainer`
+# extra into a virtual environment /opt/grpojob owned by UID 1000, and adds that user (`ray`, group
+# 100, as in the Ray images) where the base lacks it, so the libraries that look the user up
+# (getpass) find it. This is the variant built without a registry by `python -m
+# grpojob_testing.images build`.
+#
+# vLLM pins its own torch and transformers (vllm 0.33.0: torch 2.14.0, transformers < 5.21; the GPU
+# figures of docs/benchmarks.md were measured with vLLM 0.26.0), older than the `trainer` extra's,
+# so the GPU variant installs vLLM with its pins and the rest of the extra, then this package without
+# dependencies. The build fails if the installed Ray differs from the cluster's.
+FROM ${BASE_IMAGE} AS trainer
+ARG RAY_VERSION=2.60.0
+ARG VLLM_VERSION=0.33.0
+ARG WITH_VLLM=true
+LABEL org.opencontainers.image.title="grpojob-trainer" \
+      org.opencontainers.image.description="GRPOJob trainer, vLLM generation and Ray workers" \
+      org.opencontainers.image.source="https://github.com/grpojob/grpojob" \
+      org.opencontainers.image.licenses="Apache-2.0"
+USER 0
+RUN if [ "${WITH_VLLM}" != "true" ]; then \
+      (getent passwd 1000 >/dev/null || useradd --uid 1000 --gid 100 --home-dir /tmp/home --no-create-home ray) \
+      && python -m venv /opt/grpojob \
+      && chown -R 1000:100 /opt/grpojob; \
+    fi
+# KubeRay's default liveness and readiness probes of Ray pods run `wget`; the Ray project's images
+# have it, the plain Python base has not (found by the e2e suite: Ray heads never became ready).
+# The version is trixie's, the Debian release of the Python base.
+RUN if ! command -v wget >/dev/null; then \
+      apt-get update && apt-get install -y --no-install-recommends wget=1.25.0-2 \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
+USER 1000
+ENV PATH=/opt/grpojob/bin:$PATH
+COPY --from=requirements --chown=1000:100 /requirements /tmp/requirements
+RUN if [ "${WITH_VLLM}" = "true" ]; then \
+      pip install --no-cache-dir "vllm==${VLLM_VERSION}" --requirement /tmp/requirements/trainer-with-vllm.txt; \
+    else \
+      pip install --no-cache-dir --requirement /tmp/requirements/trainer.txt; \
+    fi \
+    && rm -rf /tmp/requirements
+COPY --from=wheel --chown=1000:100 /dist /tmp/dist
+RUN pip install --no-cache-dir --no-deps /tmp/dist/grpojob-*.whl \
+    && rm -rf /tmp/dist \
+    && python -c "import ray, sys; sys.exit(ray.__version__ != '${RAY_VERSION}')"
+# Pods run with a read-only root filesystem and an emptyDir at /tmp: every cache goes there.
+ENV PYTHONUNBUFFERED=1 \
+    HOME=/tmp/home \
+    XDG_CACHE_HOME=/tmp/cache \
+    HF_HOME=/tmp/cache/huggingface \
+    TRITON_CACHE_DIR=/tmp/cache/triton \
+    VLLM_CACHE_ROOT=/tmp/cache/vllm \
+    MPLCONFIGDIR=/tmp/cache/matplotlib
+WORKDIR /tmp
+# KubeRay sets the command of Ray pods (`ray start ...`); the operator sets the trainer's
+# (`grpojob train --config ...`). By hand: `docker run IMAGE grpojob --help`.
+CMD ["grpojob", "--help"]

@@ -1,17 +1,19 @@
 """The Python base image of our Dockerfiles, made here from Debian packages (no registry can be pulled).
 
-``debootstrap`` writes a minimal Debian bookworm root filesystem with Python 3.11, pip, venv and CA
-certificates; the bookworm-updates and bookworm-security updates are applied; it is trimmed (no apt
+``debootstrap`` writes a minimal Debian 13 "trixie" root filesystem with Python 3.13, pip, venv and
+CA certificates; the trixie-updates and trixie-security updates are applied; it is trimmed (no apt
 lists, docs, man pages, locales), given the ``python`` and ``pip`` commands the official ``python``
 images have (pip may install outside a venv, as there), packed into a tar cached under
 ``~/.cache/grpojob/images/`` by a hash of these inputs (not of the day's package versions: delete the
 tar to take newer updates), and imported into the container storage under the exact name the
 Dockerfiles' ``FROM ${PYTHON_IMAGE}`` uses.
 
-Debian bookworm has Python 3.11 (trixie has 3.13; neither has 3.12), so the Dockerfiles' default base
-is ``python:3.11-slim-bookworm``: the same Python minor version and Debian release as the official
-image of that name, which a real registry serves. It is not bit-for-bit that image (Debian's
-``python3.11`` in ``/usr/bin`` instead of a source build in ``/usr/local``); the Debian package
+Every image of a job's Ray cluster (Ray head and workers, trainer, environments) runs this one Python:
+Ray refuses nodes and drivers of another Python minor version, and NeMo Gym needs Python >= 3.12
+(Debian has 3.11 in bookworm and 3.13 in trixie). So the Dockerfiles' default base is
+``python:3.13-slim-trixie``: the same Python minor version and Debian release as the official image
+of that name, which a real registry serves. It is not bit-for-bit that image (Debian's
+``python3.13`` in ``/usr/bin`` instead of a source build in ``/usr/local``); the Debian package
 versions it holds are written next to the tar (``<tar>.packages``).
 """
 
@@ -26,9 +28,12 @@ from pathlib import Path
 
 from grpojob_testing import build
 
-NAME = "docker.io/library/python:3.11-slim-bookworm"
-"""The fully qualified name of ``python:3.11-slim-bookworm``, the Dockerfiles' ``PYTHON_IMAGE``."""
-SUITE = "bookworm"
+PYTHON = "3.13"
+"""The Python minor version of the base (trixie's), of every image and of the wheelhouse's wheels."""
+SUITE = "trixie"
+TAG = f"{PYTHON}-slim-{SUITE}"
+NAME = f"docker.io/library/python:{TAG}"
+"""The fully qualified name of ``python:3.13-slim-trixie``, the Dockerfiles' ``PYTHON_IMAGE``."""
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
 SOURCES = (
@@ -52,7 +57,7 @@ TRIM = (
     "usr/share/info/*",
     "usr/share/locale/*",
     # Debian marks its Python "externally managed"; the official images let pip install anywhere.
-    "usr/lib/python3.11/EXTERNALLY-MANAGED",
+    f"usr/lib/python{PYTHON}/EXTERNALLY-MANAGED",
 )
 LINKS = {"usr/bin/python": "python3", "usr/bin/pip": "pip3"}
 CHANGES = ("ENV=LANG=C.UTF-8", 'CMD=["python3"]')
@@ -83,7 +88,7 @@ def inputs_hash() -> str:
 
 def rootfs_tar(digest: str) -> Path:
     """Where the packed root filesystem of inputs ``digest`` is cached."""
-    return build.cache_root() / "images" / f"python-3.11-slim-bookworm-{digest}.rootfs.tar"
+    return build.cache_root() / "images" / f"python-{TAG}-{digest}.rootfs.tar"
 
 
 def make_rootfs_tar(target: Path) -> None:

@@ -1,12 +1,12 @@
-"""Build our three images here with buildah from our Dockerfiles, export them, load them into containerd.
+"""Build our images here with buildah from our Dockerfiles, export them, load them into containerd.
 
-    python -m grpojob_testing.images build [NAME ...]   # base, then operator, trainer-cpu, penguin-env
+    python -m grpojob_testing.images build [NAME ...]   # base, then operator, trainer-cpu, penguin-env, nemo-gym
     python -m grpojob_testing.images list               # name, image, archive, whether it is built
     python -m grpojob_testing.images load ADDRESS       # import every archive into a containerd
 
 No registry can be reached: the base comes from `base_image` (debootstrap), the Python packages from
-`wheelhouse`. Each image is built only when the hash of its inputs (base, Dockerfile, build args, the
-files the wheel is made of) has no archive in ``~/.cache/grpojob/images/`` yet; the archive is a
+`wheelhouse`. Each image is built only when the hash of its inputs (base, Dockerfile, target, build
+args, the files it is made of) has no archive in ``~/.cache/grpojob/images/`` yet; the archive is a
 docker-archive that ``ctr images import`` and ``podman load`` both read, tagged with the name the
 chart and the operator's settings use. Builds and containers run with Debian's runc (crun refuses
 this machine's cgroup v1 layout), the host network and ulimits that runc may set here (`ulimits`).
@@ -34,15 +34,18 @@ from pathlib import Path
 from grpojob_testing import base_image, build, wheelhouse
 
 REPO = build.TESTING_DIR.parent
-CONTEXT_PATHS = (
+PROJECT_FILES = (
     "pyproject.toml",
     "README.md",
+    "images/extra_requirements.py",
     "api/grpojob_api",
     "operator/grpojob_operator",
     "trainer/grpojob_trainer",
-    "testing/grpojob_testing",
 )
-"""What the wheel the Dockerfiles build is made of; a change in these rebuilds the images."""
+"""What the root Dockerfile's images are made of (the wheel and the requirements taken from pyproject);
+a change in these rebuilds them. The test tooling is not among them: no image holds it."""
+NEMO_GYM_FILES = ("images/nemo-gym",)
+"""What the NeMo Gym image is made of: its Dockerfile, lock and entrypoint, none of our sources."""
 RUNTIME = "runc"
 
 
@@ -74,24 +77,29 @@ class Image:
     """Full name and tag, as the chart and the operator's settings refer to it."""
     dockerfile: str
     """Path of the Dockerfile, relative to the repository."""
+    target: str | None
+    """The Dockerfile's stage to build, or None for its last."""
+    files: tuple[str, ...]
+    """The paths (files or folders, relative to the repository) the image is made of."""
     build_args: dict[str, str] = field(default_factory=dict)
 
 
 def images() -> list[Image]:
     """The images of this repository, with the names the chart (values.yaml) and the operator use."""
     tag = version()
-    cpu = {"BASE_IMAGE": "python:3.11-slim-bookworm", "WITH_VLLM": "false"}
+    cpu = {"BASE_IMAGE": f"python:{base_image.TAG}", "WITH_VLLM": "false"}
     return [
-        Image("operator", f"ghcr.io/grpojob/operator:{tag}", "Dockerfile"),
-        Image("trainer-cpu", f"ghcr.io/grpojob/trainer:{tag}-cpu", "images/trainer/Dockerfile", cpu),
-        Image("penguin-env", f"ghcr.io/grpojob/penguin-env:{tag}", "images/penguin-env/Dockerfile"),
+        Image("operator", f"ghcr.io/grpojob/operator:{tag}", "Dockerfile", "operator", PROJECT_FILES),
+        Image("trainer-cpu", f"ghcr.io/grpojob/trainer:{tag}-cpu", "Dockerfile", "trainer", PROJECT_FILES, cpu),
+        Image("penguin-env", f"ghcr.io/grpojob/penguin-env:{tag}", "Dockerfile", "penguin-env", PROJECT_FILES),
+        Image("nemo-gym", f"ghcr.io/grpojob/nemo-gym:{tag}", "images/nemo-gym/Dockerfile", None, NEMO_GYM_FILES),
     ]
 
 
-def context_files() -> list[str]:
-    """The build context's files that the Dockerfiles copy (tracked or not ignored), sorted."""
+def context_files(paths: tuple[str, ...]) -> list[str]:
+    """The files under ``paths`` (tracked or not ignored), sorted."""
     listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", *CONTEXT_PATHS],
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", *paths],
         cwd=REPO,
         capture_output=True,
         check=True,
@@ -102,8 +110,9 @@ def context_files() -> list[str]:
 def inputs_hash(image: Image, base_digest: str) -> str:
     """A hash of everything `image` is built from."""
     digest = hashlib.sha256()
-    digest.update(json.dumps({"base": base_digest, "name": image.name, "args": image.build_args}).encode())
-    for path in [image.dockerfile, *context_files()]:
+    inputs = {"base": base_digest, "name": image.name, "target": image.target, "args": image.build_args}
+    digest.update(json.dumps(inputs).encode())
+    for path in [image.dockerfile, *context_files(image.files)]:
         digest.update(path.encode() + b"\0" + (REPO / path).read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -128,6 +137,8 @@ def build_image(image: Image, base_digest: str) -> tuple[Path, bool]:
             subprocess.run(["podman", "load", "--quiet", "--input", str(archive)], check=True)
         return archive, False
     args = [f"--build-arg={key}={value}" for key, value in image.build_args.items()]
+    if image.target:
+        args.append(f"--target={image.target}")
     # --force-rm: a failed build leaves no working containers (and their GBs) behind.
     engine = ["buildah", "bud", "--layers", "--force-rm", "--pull=never", f"--runtime={RUNTIME}", "--network=host"]
     engine += ulimits()
@@ -228,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpojob_testing.images", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     build_command = commands.add_parser("build", help="build the images unless cached")
-    build_command.add_argument("keys", nargs="*", help="operator, trainer-cpu, penguin-env (default: all)")
+    build_command.add_argument("keys", nargs="*", help="operator, trainer-cpu, penguin-env, nemo-gym (default: all)")
     commands.add_parser("list", help="show the images and their cached archives")
     load = commands.add_parser("load", help="import every built archive into a containerd")
     load.add_argument("address", help="containerd's socket")

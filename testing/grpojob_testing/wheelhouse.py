@@ -1,10 +1,18 @@
 """A local wheelhouse that the image builds install from, so a rebuild downloads nothing.
 
-Every distribution the three images install (the project's pinned dependencies and extras, the
-build backend, the Dockerfiles' own pins) is fetched once with ``pip download`` into
-``~/.cache/grpojob/wheels/``. Builds bind-mount that folder at ``/wheels`` and a ``pip.conf`` at
-``/etc/pip.conf`` that says ``no-index`` and ``find-links = /wheels``; the Dockerfiles are unchanged
-and still install from PyPI wherever they are built without these mounts.
+Every distribution the images install is fetched once with ``pip download`` into
+``~/.cache/grpojob/wheels/``, for the base image's Python (`base_image.PYTHON`), in two sets that
+are resolved apart because they pin different versions of the same packages (our ``openai`` and
+NeMo Gym's ``openai<=2.7.2``):
+
+- ours: pyproject's build backend, dependencies and the extras the images install, plus the pins
+  written in the Dockerfiles (the ``build`` frontend);
+- NeMo Gym's: ``images/nemo-gym/requirements.txt``, a complete lock, taken as it is (``--no-deps``;
+  one of its packages, ``antlr4-python3-runtime``, exists only as a source archive).
+
+Builds bind-mount that folder at ``/wheels`` and a ``pip.conf`` at ``/etc/pip.conf`` that says
+``no-index`` and ``find-links = /wheels``; the Dockerfiles are unchanged and still install from PyPI
+wherever they are built without these mounts.
 """
 
 from __future__ import annotations
@@ -16,15 +24,18 @@ import sys
 import tomllib
 from pathlib import Path
 
-from grpojob_testing import build
+from grpojob_testing import base_image, build
 
 REPO = build.TESTING_DIR.parent
-EXTRAS = ("operator", "trainer")
+EXTRAS = ("operator", "environment", "trainer")
+"""The extras of pyproject that the images install."""
+DOCKERFILES = ("Dockerfile",)
+NEMO_GYM_LOCK = "images/nemo-gym/requirements.txt"
 PIP_CONF = "[global]\nno-index = true\nfind-links = /wheels\n"
-PYTHON_VERSION = "3.11"
-"""The Python of the base image (Debian bookworm's); wheels are chosen for it."""
-PLATFORMS = ["manylinux2014_x86_64", *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 37))]
-"""Wheel platforms that run on the base image's glibc (bookworm: 2.36); pip does not expand them itself."""
+GLIBC_MINOR = 41
+"""The base image's glibc is 2.41 (trixie): wheels of any manylinux_2_N with N up to this run there."""
+PLATFORMS = ["manylinux2014_x86_64", *(f"manylinux_2_{minor}_x86_64" for minor in range(17, GLIBC_MINOR + 1))]
+"""Wheel platforms that run on the base image's glibc; pip does not expand them itself."""
 
 
 def directory() -> Path:
@@ -32,28 +43,43 @@ def directory() -> Path:
     return build.cache_root() / "wheels"
 
 
+def pinned(line: str) -> str | None:
+    """The requirement of one requirements-file line, or None for comments and blank lines."""
+    requirement = line.split("#", 1)[0].strip()
+    return requirement or None
+
+
 def requirements() -> list[str]:
-    """Every pinned requirement of the images: pyproject's, then those written in the Dockerfiles."""
+    """Our pinned requirements: pyproject's (its own ``grpojob[...]`` references left out), then the
+    Dockerfiles'."""
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     found = list(pyproject["build-system"]["requires"]) + list(pyproject["project"]["dependencies"])
     for extra in EXTRAS:
-        found += pyproject["project"]["optional-dependencies"][extra]
-    for dockerfile in (REPO / "Dockerfile", REPO / "images" / "penguin-env" / "Dockerfile"):
-        found += re.findall(r"\b([A-Za-z][\w.\-]*(?:\[[\w,]+\])?==[\w.]+)", dockerfile.read_text())
+        found += [r for r in pyproject["project"]["optional-dependencies"][extra] if not r.startswith("grpojob[")]
+    for dockerfile in DOCKERFILES:
+        found += re.findall(r"\b([A-Za-z][\w.\-]*(?:\[[\w,]+\])?==[\w.]+)", (REPO / dockerfile).read_text())
     return sorted(set(found))
+
+
+def nemo_gym_requirements() -> list[str]:
+    """The NeMo Gym image's lock: every package of its environment, pinned."""
+    lines = (REPO / NEMO_GYM_LOCK).read_text().splitlines()
+    return [requirement for requirement in map(pinned, lines) if requirement]
 
 
 def ensure() -> Path:
     """Download whatever the wheelhouse lacks (skipped when the requirements did not change)."""
-    wanted = requirements()
-    digest = hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:16]
+    ours, nemo_gym = requirements(), nemo_gym_requirements()
+    inputs = "\n".join([base_image.PYTHON, *PLATFORMS, *ours, "--", *nemo_gym])
+    digest = hashlib.sha256(inputs.encode()).hexdigest()[:16]
     folder = directory()
     stamp = folder / f".complete-{digest}"
     if not stamp.exists():
         folder.mkdir(parents=True, exist_ok=True)
         pip = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--dest", str(folder)]
-        target = ["--only-binary=:all:", "--python-version", PYTHON_VERSION, *(f"--platform={p}" for p in PLATFORMS)]
-        subprocess.run([*pip, *target, *wanted], check=True)
+        target = ["--python-version", base_image.PYTHON, *(f"--platform={p}" for p in PLATFORMS)]
+        subprocess.run([*pip, *target, "--only-binary=:all:", *ours], check=True)
+        subprocess.run([*pip, *target, "--no-deps", *nemo_gym], check=True)
         stamp.touch()
     (folder / "pip.conf").write_text(PIP_CONF)
     return folder

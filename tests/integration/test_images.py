@@ -1,4 +1,4 @@
-"""Our three images, built here from our Dockerfiles (grpojob_testing.images), run as their pods run
+"""Our images, built here from our Dockerfiles (grpojob_testing.images), run as their pods run
 them: a numeric non-root user, a read-only root filesystem and a writable /tmp. The first test to run
 builds whatever is not cached (several minutes cold; `make images` does it ahead)."""
 
@@ -116,6 +116,61 @@ def test_the_penguin_env_image_serves_its_health_route(archives: dict[str, Path]
             pytest.fail(f"{error}; the container's log:\n{logs.stdout}{logs.stderr}")
         with urllib.request.urlopen(url, timeout=2) as response:
             assert json.loads(response.read()) == {"status": "ok"}
+    finally:
+        subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
+
+
+PYTHON_AND_RAY = "import sys, ray; print('%d.%d' % sys.version_info[:2], ray.__version__)"
+
+
+def test_the_images_of_a_job_s_ray_cluster_share_one_python_and_one_ray(archives: dict[str, Path]):
+    trainer = podman_run("trainer-cpu", "python", "-c", PYTHON_AND_RAY, user=str(NON_ROOT_UID)).split()[-2:]
+    options = ("--entrypoint=python",)
+    nemo_gym = podman_run("nemo-gym", "-c", PYTHON_AND_RAY, user=str(NON_ROOT_UID), options=options).split()[-2:]
+    assert trainer == nemo_gym == ["3.13", "2.60.0"]
+
+
+def nemo_gym_logs(name: str) -> str:
+    logs = subprocess.run(["podman", "logs", name], capture_output=True, text=True, check=False)
+    return logs.stdout + logs.stderr
+
+
+def test_the_nemo_gym_image_starts_its_servers_offline_and_stops_them_on_sigterm(archives: dict[str, Path]):
+    """NeMo Gym's example (single-tool-call resources server, simple agent, vllm_model) as its pod runs
+    it, without any network: every server's environment is in the image, nothing installs at start.
+    Without ray_head_node_address NeMo Gym starts a Ray head of its own in the container."""
+    name = f"grpojob-test-{uuid.uuid4().hex[:8]}"
+    pod_like = [f"--user={NON_ROOT_UID}", "--read-only", "--tmpfs=/tmp:rw,exec,mode=1777", "--shm-size=1g"]
+    flags = [f"--runtime={images.RUNTIME}", *images.ulimits(), "--network=none"]
+    configs = [
+        "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml",
+        "responses_api_models/vllm_model/configs/vllm_model.yaml",
+    ]
+    # Not called: the servers only have to start (the model server is a client of this address).
+    policy = ["+policy_base_url=http://127.0.0.1:9/v1", "+policy_api_key=none", "+policy_model_name=tiny"]
+    command = [f"+config_paths=[{','.join(configs)}]", *policy]
+    subprocess.run(
+        ["podman", "run", "--detach", f"--name={name}", *flags, *pod_like, image_name("nemo-gym"), *command],
+        capture_output=True,
+        check=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while "servers ready" not in nemo_gym_logs(name) and time.monotonic() < deadline:
+            state = subprocess.run(["podman", "inspect", "--format", "{{.State.Running}}", name], capture_output=True)
+            assert state.stdout.strip() == b"true", nemo_gym_logs(name)[-6000:]
+            time.sleep(2)
+        started = nemo_gym_logs(name)
+        assert "All 3 / 3 servers ready" in started, started[-6000:]
+        # The kubelet's stop: SIGTERM, then SIGKILL after the grace period (60 s here; the image stops
+        # its servers within GRPOJOB_STOP_SECONDS, 20).
+        subprocess.run(["podman", "stop", "--time=60", name], capture_output=True, check=True)
+        exit_code = subprocess.run(
+            ["podman", "inspect", "--format", "{{.State.ExitCode}}", name], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        stopped = nemo_gym_logs(name)
+        assert exit_code == "0", stopped[-6000:]
+        assert "SIGTERM: stopping" in stopped and "NeMo Gym finished!" in stopped, stopped[-6000:]
     finally:
         subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
 

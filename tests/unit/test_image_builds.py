@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from grpojob_operator.settings import DEFAULT_ENVIRONMENT_IMAGE, DEFAULT_RAY_IMAGE
+from grpojob_operator.settings import DEFAULT_ENVIRONMENT_IMAGE, DEFAULT_RAY_IMAGE, RAY_VERSION
 from grpojob_testing import base_image, images, wheelhouse
 
 REPO = images.REPO
@@ -26,9 +26,17 @@ def test_the_base_is_tagged_with_the_python_image_every_dockerfile_starts_from()
         dockerfile = (REPO / image.dockerfile).read_text()
         python_image = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", dockerfile, re.MULTILINE).group(1)
         assert f"docker.io/library/{python_image}" == base_image.NAME
+        if image.target:
+            assert re.search(rf"^FROM \S+ AS {image.target}$", dockerfile, re.MULTILINE), image.target
     trainer = next(image for image in images.images() if image.key == "trainer-cpu")
     assert f"docker.io/library/{trainer.build_args['BASE_IMAGE']}" == base_image.NAME
     assert trainer.build_args["WITH_VLLM"] == "false"
+
+
+def test_every_image_runs_the_python_that_nemo_gym_and_the_job_s_ray_cluster_share():
+    assert base_image.PYTHON == "3.13" and base_image.SUITE == "trixie"
+    gpu_base = re.search(r"^ARG BASE_IMAGE=(\S+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE).group(1)
+    assert gpu_base == f"rayproject/ray:{RAY_VERSION}-py313-cu128"
 
 
 def test_the_wheelhouse_holds_every_pin_of_pyproject_and_the_dockerfiles():
@@ -39,11 +47,23 @@ def test_the_wheelhouse_holds_every_pin_of_pyproject_and_the_dockerfiles():
     assert all("==" in requirement for requirement in wanted)
 
 
+def test_the_nemo_gym_image_locks_nemo_gym_and_the_cluster_s_ray():
+    locked = wheelhouse.nemo_gym_requirements()
+    assert "nemo-gym==0.4.0" in locked and f"ray=={RAY_VERSION}" in locked
+    assert all(re.fullmatch(r"[\w.\-]+(\[[\w,]+\])?==[\w.]+", requirement) for requirement in locked)
+
+
+def test_no_image_is_made_of_the_test_tooling():
+    for image in images.images():
+        assert not [path for path in images.context_files(image.files) if path.startswith("testing/")]
+    assert "COPY testing" not in (REPO / "Dockerfile").read_text()
+
+
 def test_an_image_is_rebuilt_when_a_source_file_changes(monkeypatch):
     operator = images.images()[0]
     before = images.inputs_hash(operator, "base")
     assert images.inputs_hash(operator, "other-base") != before
-    assert "operator/grpojob_operator/manifests.py" in images.context_files()
+    assert "operator/grpojob_operator/manifests.py" in images.context_files(operator.files)
     real_read_bytes = type(REPO).read_bytes
 
     def edited(path, *args):
