@@ -159,7 +159,7 @@ def test_the_nemo_gym_image_starts_its_servers_offline_and_stops_them_on_sigterm
             started = wait_for_nemo_gym(name)
             if RAY_START_TIMEOUT not in started:
                 break
-        assert "All 3 / 3 servers ready" in started, started[-6000:]
+        assert "All 3 / 3 servers ready!" in started, started[-6000:]
         # The kubelet's stop: SIGTERM, then SIGKILL after the grace period (60 s here; the image stops
         # its servers within GRPOJOB_STOP_SECONDS, 20).
         subprocess.run(["podman", "stop", "--time=60", name], capture_output=True, check=True)
@@ -182,7 +182,7 @@ def wait_for_nemo_gym(name: str) -> str:
     while time.monotonic() < deadline:
         logs = nemo_gym_logs(name)
         state = subprocess.run(["podman", "inspect", "--format", "{{.State.Running}}", name], capture_output=True)
-        if "servers ready" in logs or state.stdout.strip() != b"true":
+        if "servers ready!" in logs or state.stdout.strip() != b"true":  # not "0 / 3 servers ready. Waiting"
             return logs
         time.sleep(2)
     return nemo_gym_logs(name)
