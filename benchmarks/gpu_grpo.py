@@ -305,7 +305,7 @@ def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1) -> dict[str, Any
         "steps": len(rows),
         "step_seconds": median_after_warmup(rows, "time/step"),
         "generation_seconds": median_after_warmup(rows, "time/generation"),
-        "logprobs_seconds": median_after_warmup(rows, "time/logprobs"),
+        "prepare_seconds": median_after_warmup(rows, "time/prepare"),
         "training_seconds": median_after_warmup(rows, "time/training"),
         "weight_sync_seconds": median_after_warmup(rows, "time/weight_sync"),
         "generated_tokens_per_s": median_after_warmup(rows, "throughput/generated_tokens_per_s"),
@@ -447,8 +447,8 @@ def table(out: Path) -> str:
         f"| GRPO step seconds (median; vs TRL GRPOTrainer, vLLM colocate) | {fmt(ours.get('step_seconds'))} "
         f"| {fmt(trl.get('step_seconds'))} | {ratio(ours.get('step_seconds'), trl.get('step_seconds'))} "
         "(lower is faster) |",
-        f"| step: generation / logprobs / training / weight sync s | {fmt(ours.get('generation_seconds'))} / "
-        f"{fmt(ours.get('logprobs_seconds'))} / {fmt(ours.get('training_seconds'))} / "
+        f"| step: generation / prepare / training / weight sync s | {fmt(ours.get('generation_seconds'))} / "
+        f"{fmt(ours.get('prepare_seconds'))} / {fmt(ours.get('training_seconds'))} / "
         f"{fmt(ours.get('weight_sync_seconds'))} | | |",
         f"| generated tokens/s in the GRPO step | {fmt(ours.get('generated_tokens_per_s'), 0)} | | |",
         f"| training tokens/s, MFU (bf16 peak {BF16_PEAK_TFLOPS:.0f} TFLOP/s) | "

@@ -163,7 +163,8 @@ _NEW_TOKENS_FIT = (
 class GenerationSpec(ApiModel):
     """The generation engines (one per `generation` Ray worker) and the sampling parameters.
 
-    Sampling parameters are enforced on-policy: a request whose temperature or top-p differ is refused.
+    Sampling parameters are enforced on-policy: a request that leaves out temperature or top-p samples with
+    these, and one whose temperature or top-p differ is refused.
     """
 
     model_config = ConfigDict(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grpojob_api import kubeyaml
+from grpojob_api import endpoints, kubeyaml
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import names, nemo_gym
 from grpojob_operator.settings import OperatorSettings
@@ -20,7 +20,6 @@ CONFIG_MOUNT = "/etc/grpojob"
 DATASET_MOUNT = "/data/dataset"
 MODEL_MOUNT = "/data/model"
 CHECKPOINT_MOUNT = "/data/checkpoints"
-RAY_CLIENT_PORT = 10001
 NON_ROOT_UID = 1000
 # Ray 2.60 turns token authentication on by default, and KubeRay v1.5 cannot hand a token to the
 # pods it creates, so workers could not join the head: Ray's auth is off inside the job's cluster.
@@ -163,7 +162,7 @@ def _worker_group(
 ) -> Manifest:
     volumes, mounts = _model_volumes(job)
     resource_units = 1  # of the group's custom Ray resource: one actor per pod, or per policy rank
-    if group == names.POLICY_GROUP:
+    if group == endpoints.POLICY_GROUP:
         resource_units = job.spec.training.ranks_per_replica
         checkpoint_volumes, checkpoint_mounts, _ = checkpoint_volume(job)
         volumes, mounts = share_claims([*volumes, *checkpoint_volumes], [*mounts, *checkpoint_mounts])
@@ -227,9 +226,9 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
                                     "limits": {"memory": "8Gi"},
                                 },
                                 "ports": [
-                                    {"name": "gcs", "containerPort": names.GCS_PORT},
-                                    {"name": "dashboard", "containerPort": names.DASHBOARD_PORT},
-                                    {"name": "client", "containerPort": RAY_CLIENT_PORT},
+                                    {"name": "gcs", "containerPort": endpoints.GCS_PORT},
+                                    {"name": "dashboard", "containerPort": endpoints.DASHBOARD_PORT},
+                                    {"name": "client", "containerPort": endpoints.RAY_CLIENT_PORT},
                                 ],
                                 "securityContext": container_security_context(),
                             }
@@ -240,13 +239,13 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
             "workerGroupSpecs": [
                 _worker_group(
                     job,
-                    names.GENERATION_GROUP,
+                    endpoints.GENERATION_GROUP,
                     generation.replicas,
                     generation.gpus_per_replica,
                     image,
-                    [{"name": "http", "containerPort": names.GENERATION_PORT}],
+                    [{"name": "http", "containerPort": endpoints.GENERATION_PORT}],
                 ),
-                _worker_group(job, names.POLICY_GROUP, training.replicas, training.gpus_per_replica, image, []),
+                _worker_group(job, endpoints.POLICY_GROUP, training.replicas, training.gpus_per_replica, image, []),
             ],
         },
     }
@@ -289,8 +288,8 @@ def build_generation_service(job: api.GRPOJob) -> Manifest:
         "metadata": _metadata(job, names.ChildNames(job_name).generation_service, "generation"),
         "spec": {
             "clusterIP": "None",
-            "selector": {names.RAY_CLUSTER_LABEL: job_name, names.RAY_GROUP_LABEL: names.GENERATION_GROUP},
-            "ports": [{"name": "http", "port": names.GENERATION_PORT, "targetPort": names.GENERATION_PORT}],
+            "selector": {names.RAY_CLUSTER_LABEL: job_name, names.RAY_GROUP_LABEL: endpoints.GENERATION_GROUP},
+            "ports": [{"name": "http", "port": endpoints.GENERATION_PORT, "targetPort": endpoints.GENERATION_PORT}],
             "publishNotReadyAddresses": False,
         },
     }
@@ -312,25 +311,24 @@ def environment_urls(job: api.GRPOJob, settings: OperatorSettings) -> dict[str, 
 
 def gcs_address(job: api.GRPOJob, settings: OperatorSettings) -> str:
     job_name, namespace = _job_ref(job)
-    return f"{service_dns(names.ChildNames(job_name).head_service, namespace, settings)}:{names.GCS_PORT}"
+    return f"{service_dns(names.ChildNames(job_name).head_service, namespace, settings)}:{endpoints.GCS_PORT}"
 
 
 def endpoints_data(job: api.GRPOJob, settings: OperatorSettings, head_pod_ip: str, attempt: int) -> dict[str, str]:
-    """The `<job>-endpoints` contract of DESIGN.md; every key is an environment variable name."""
+    """The data of `<job>-endpoints` (`grpojob_api.endpoints.Endpoints`); every key is an environment variable."""
     job_name, namespace = _job_ref(job)
     child = names.ChildNames(job_name)
     head = service_dns(child.head_service, namespace, settings)
-    return {
-        "RAY_GCS_ADDRESS": gcs_address(job, settings),
-        "RAY_HEAD_POD_IP": head_pod_ip,
-        "RAY_DASHBOARD_URL": f"http://{head}:{names.DASHBOARD_PORT}",
-        "POLICY_BASE_URL": (
-            f"http://{service_dns(child.generation_service, namespace, settings)}:{names.GENERATION_PORT}/v1"
-        ),
-        "PENGUIN_ENV_URLS": json.dumps(environment_urls(job, settings), sort_keys=True),
-        "GRPOJOB_NAME": job_name,
-        "GRPOJOB_ATTEMPT": str(attempt),
-    }
+    generation = service_dns(child.generation_service, namespace, settings)
+    return endpoints.Endpoints(
+        ray_gcs_address=gcs_address(job, settings),
+        ray_head_pod_ip=head_pod_ip,
+        ray_dashboard_url=f"http://{head}:{endpoints.DASHBOARD_PORT}",
+        policy_base_url=f"http://{generation}:{endpoints.GENERATION_PORT}/v1",
+        environment_urls=environment_urls(job, settings),
+        job_name=job_name,
+        attempt=attempt,
+    ).data()
 
 
 def build_endpoints(job: api.GRPOJob, settings: OperatorSettings, head_pod_ip: str, attempt: int) -> Manifest:
@@ -384,8 +382,8 @@ def build_environment_deployment(job: api.GRPOJob, env: api.EnvironmentSpec, set
         "name": "environment",
         "image": env.image or job.spec.images.environment or settings.environment_image,
         "env": [
-            {"name": "PORT", "value": str(env.port)},
-            {"name": "POLICY_MODEL_NAME", "value": job.spec.model.served_model_name},
+            {"name": endpoints.PORT, "value": str(env.port)},
+            {"name": endpoints.POLICY_MODEL_NAME, "value": job.spec.model.served_model_name},
             *_env_vars(env.env),
         ],
         "envFrom": _endpoints_env_from(job),
@@ -597,12 +595,14 @@ def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int
                             "envFrom": _endpoints_env_from(job),
                             "env": [
                                 *RAY_ENV,
-                                {"name": "GRPOJOB_PROGRESS_CONFIGMAP", "value": child.progress},
-                                {"name": "GRPOJOB_MODEL_PATH", "value": model_path(job)},
-                                {"name": "GRPOJOB_DATASET_PATH", "value": dataset_path},
-                                {"name": "GRPOJOB_CHECKPOINT_DIR", "value": checkpoint_dir},
+                                *endpoints.TrainerEnv(
+                                    progress_config_map=child.progress,
+                                    model_path=model_path(job),
+                                    dataset_path=dataset_path,
+                                    checkpoint_dir=checkpoint_dir,
+                                ).env(),
                                 {
-                                    "name": "POD_NAMESPACE",
+                                    "name": endpoints.POD_NAMESPACE,
                                     "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
                                 },
                             ],

@@ -26,16 +26,10 @@ RAY_CLUSTER_LABEL = "ray.io/cluster"
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"
 RAY_GROUP_LABEL = "ray.io/group"
 
-GENERATION_GROUP = "generation"
-POLICY_GROUP = "policy"
-GENERATION_PORT = 8000
-GCS_PORT = 6379
-DASHBOARD_PORT = 8265
-
 
 @dataclass(frozen=True)
 class ChildNames:
-    """Names of every child of the GRPOJob ``job`` (see the table in DESIGN.md)."""
+    """Names of every child of the GRPOJob ``job``."""
 
     job: str
 

@@ -60,7 +60,6 @@ class TrainerJobInfo:
 @dataclass(frozen=True)
 class DeploymentInfo:
     name: str
-    replicas: int
     ready_replicas: int
     nemo_gym_config_hash: str = ""
     """The pod template's `names.NEMO_GYM_CONFIG_HASH_ANNOTATION` (NeMo Gym environments only)."""
@@ -70,7 +69,6 @@ class DeploymentInfo:
 class RayClusterInfo:
     name: str
     head_pod_ready: bool
-    state: str
     ready_workers: int
     desired_workers: int
     deleting: bool
@@ -149,7 +147,6 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
         template_annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
         return DeploymentInfo(
             name=name,
-            replicas=int(spec.get("replicas", 1)),
             ready_replicas=int(status.get("readyReplicas") or 0),
             nemo_gym_config_hash=template_annotations.get(names.NEMO_GYM_CONFIG_HASH_ANNOTATION, ""),
         )
@@ -159,7 +156,6 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
         return RayClusterInfo(
             name=name,
             head_pod_ready=bool(head and head.get("status") == "True"),
-            state=status.get("state", ""),
             ready_workers=int(status.get("readyWorkerReplicas") or 0),
             desired_workers=desired,
             deleting=deleting,

@@ -8,7 +8,7 @@ actions to take and the status to write. Pure: no API calls, no clock (``now`` i
                  Failed ◀──── Failed (InvalidSpec, DeadlineExceeded, a stuck pod, BackoffLimitExceeded)
     any non-terminal phase ◀─▶ Suspended (spec.suspend)
 
-Order of the children (DESIGN.md): RayCluster, `<job>-config`, `<job>-generation` (and the trainer's
+Order of the children: RayCluster, `<job>-config`, `<job>-generation` (and the trainer's
 progress ConfigMap and RBAC) → wait for the RayCluster's HeadPodReady condition and a head pod with
 an IP → write `<job>-endpoints` → environment Deployments/Services and the trainer Job, which read
 the endpoints with envFrom. A NeMo Gym environment's config (`<job>-env-<name>-nemo-gym`) is written
@@ -300,7 +300,7 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     status.attempt = max(status.attempt, 1)
     endpoints = manifests.build_endpoints(job, settings, head.ip or "", status.attempt)
     plan_.actions += _config_map_actions(endpoints, observed)
-    status.gcs_address = endpoints["data"]["RAY_GCS_ADDRESS"]
+    status.gcs_address = manifests.gcs_address(job, settings)
     set_condition(
         status,
         ConditionType.ENDPOINTS_PUBLISHED,

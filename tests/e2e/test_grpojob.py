@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from grpojob_api.endpoints import GCS_PORT
 from grpojob_operator import names
 from grpojob_testing import build
 from grpojob_testing.cluster import wait_until
@@ -132,7 +133,7 @@ def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
     steps = sorted(watched.rewards)
     first, last = steps[: len(steps) // 2], steps[len(steps) // 2 :]
     assert sum(watched.rewards[s] for s in last) / len(last) > sum(watched.rewards[s] for s in first) / len(first)
-    assert endpoints.data["RAY_GCS_ADDRESS"] == f"tiny-head-svc.{namespace}.svc.cluster.local:{names.GCS_PORT}"
+    assert endpoints.data["RAY_GCS_ADDRESS"] == f"tiny-head-svc.{namespace}.svc.cluster.local:{GCS_PORT}"
 
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "tiny")
     wait_until(lambda: children(api_client, namespace, uid) == [], "every child of the GRPOJob to be deleted", 180)

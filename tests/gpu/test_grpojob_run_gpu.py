@@ -70,7 +70,7 @@ def test_grpo_on_one_gpu_raises_the_reward_and_syncs_weights_by_cuda_ipc(tmp_pat
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     # The engine starts from the policy's weights (version 1) and gets new ones after every step.
     assert [r["weight_sync/version"] for r in rows] == [float(s + 1) for s in range(1, steps + 1)]
-    for key in ("time/generation", "time/logprobs", "time/training", "time/weight_sync"):
+    for key in ("time/generation", "time/prepare", "time/training", "time/weight_sync"):
         assert all(r[key] > 0 for r in rows), key
     curve = [r["rollout/reward/mean"] for r in rows]
     first, last = sum(curve[:6]) / 6, sum(curve[-6:]) / 6

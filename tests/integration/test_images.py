@@ -149,19 +149,17 @@ def test_the_nemo_gym_image_starts_its_servers_offline_and_stops_them_on_sigterm
     # Not called: the servers only have to start (the model server is a client of this address).
     policy = ["+policy_base_url=http://127.0.0.1:9/v1", "+policy_api_key=none", "+policy_model_name=tiny"]
     command = [f"+config_paths=[{','.join(configs)}]", *policy]
-    subprocess.run(
-        ["podman", "run", "--detach", f"--name={name}", *flags, *pod_like, image_name("nemo-gym"), *command],
-        capture_output=True,
-        check=True,
-    )
+    run = ["podman", "run", "--detach", f"--name={name}", *flags, *pod_like, image_name("nemo-gym"), *command]
     try:
-        deadline = time.monotonic() + 600
-        while "servers ready" not in nemo_gym_logs(name) and time.monotonic() < deadline:
-            state = subprocess.run(["podman", "inspect", "--format", "{{.State.Running}}", name], capture_output=True)
-            assert state.stdout.strip() == b"true", nemo_gym_logs(name)[-6000:]
-            time.sleep(2)
-        started = nemo_gym_logs(name)
-        assert "All 3 / 3 servers ready" in started, started[-6000:]
+        # Ray gives a new node 30 s to register with its GCS; on this shared 2-core machine under load a
+        # start may miss that. Only that failure is retried, twice.
+        for _attempt in range(3):
+            subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
+            subprocess.run(run, capture_output=True, check=True)
+            started = wait_for_nemo_gym(name)
+            if RAY_START_TIMEOUT not in started:
+                break
+        assert "All 3 / 3 servers ready!" in started, started[-6000:]
         # The kubelet's stop: SIGTERM, then SIGKILL after the grace period (60 s here; the image stops
         # its servers within GRPOJOB_STOP_SECONDS, 20).
         subprocess.run(["podman", "stop", "--time=60", name], capture_output=True, check=True)
@@ -173,6 +171,21 @@ def test_the_nemo_gym_image_starts_its_servers_offline_and_stops_them_on_sigterm
         assert "SIGTERM: stopping" in stopped and "NeMo Gym finished!" in stopped, stopped[-6000:]
     finally:
         subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
+
+
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def wait_for_nemo_gym(name: str) -> str:
+    """The container's logs once its servers are ready or it has exited (or after 10 minutes)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        logs = nemo_gym_logs(name)
+        state = subprocess.run(["podman", "inspect", "--format", "{{.State.Running}}", name], capture_output=True)
+        if "servers ready!" in logs or state.stdout.strip() != b"true":  # not "0 / 3 servers ready. Waiting"
+            return logs
+        time.sleep(2)
+    return nemo_gym_logs(name)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The documented commands, run as processes: write the tiny model, serve it, serve an environment, /run."""
+"""The documented commands, run as processes: write the tiny model and the rows, serve an environment (as its
+pod runs it, configured by the variables of `grpojob_api.endpoints`) against the generation server, /run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from grpojob_api import endpoints
 from grpojob_trainer.net import free_port, wait_until_healthy
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -33,9 +35,10 @@ def process(args: list[str], ready_url: str, env: dict[str, str] | None = None) 
         proc.wait(timeout=20)
 
 
-def test_model_server_and_environment_commands_serve_a_run_end_to_end(tmp_path: Path):
+def test_the_model_dataset_and_environment_commands_serve_a_run_end_to_end(tmp_path: Path, generation_server):
     model_dir = tmp_path / "model"
     subprocess.run([sys.executable, "-m", "grpojob_trainer.tiny_model", str(model_dir)], env=ENV, check=True)
+    assert (model_dir / "config.json").exists() and (model_dir / "tokenizer_config.json").exists()
     rows_file = tmp_path / "rows.jsonl"
     subprocess.run(
         [sys.executable, "-m", "grpojob_trainer.environments.dataset", "arithmetic", "--rows", "3", "--out",
@@ -45,22 +48,14 @@ def test_model_server_and_environment_commands_serve_a_run_end_to_end(tmp_path: 
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
     assert len(rows) == 3
 
-    model_port, env_port = free_port(), free_port()
-    generation = [
-        "-m", "grpojob_trainer.generation.server", "--model", str(model_dir), "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(model_port), "--temperature", "1.0", "--top-p", "1.0",
-        "--max-new-tokens", "8",
-    ]  # fmt: skip
+    env_port = free_port()
     environment = ["-m", "grpojob_trainer.environments", "arithmetic", "--host", "127.0.0.1"]
-    env_vars = {**ENV, "PORT": str(env_port), "POLICY_BASE_URL": f"http://127.0.0.1:{model_port}/v1"}
-    with (
-        process(generation, f"http://127.0.0.1:{model_port}/health"),
-        process(environment, f"http://127.0.0.1:{env_port}/", env=env_vars),
-    ):
+    env_vars = {**ENV, endpoints.PORT: str(env_port), endpoints.POLICY_BASE_URL: generation_server.base_url}
+    with process(environment, f"http://127.0.0.1:{env_port}/", env=env_vars):
         row = rows[0]
         row["responses_create_params"] |= {"temperature": 1.0, "top_p": 1.0}
         result = httpx.post(f"http://127.0.0.1:{env_port}/run", json=row, timeout=60).json()
 
-    assert result["response"]["model"] == "tiny"
-    assert len(result["response"]["output"][-1]["generation_token_ids"]) <= 8
+    assert result["response"]["model"] == generation_server.config.served_model_name
+    assert result["response"]["output"][-1]["generation_token_ids"]
     assert 0.0 <= result["reward"] <= 1.0

@@ -9,10 +9,17 @@ import pytest
 
 from grpojob_trainer.environments import get_environment
 from grpojob_trainer.penguin.conversion import result_to_sample
+from grpojob_trainer.penguin.protocol import Row, RunResult
 
 
 def run(url: str, row: dict) -> httpx.Response:
     return httpx.post(f"{url}/run", json=row, timeout=60)
+
+
+def example_row(name: str, seed: int, policy_sampling) -> dict:
+    """An example row with the server's sampling parameters, as the rollout client sends it."""
+    row = Row.model_validate(get_environment(name).make_rows(1, seed=seed)[0])
+    return policy_sampling.apply(row).model_dump(mode="json", exclude_unset=True)
 
 
 def test_root_answers_ok(env_urls):
@@ -21,7 +28,7 @@ def test_root_answers_ok(env_urls):
 
 
 def test_arithmetic_run_returns_the_row_the_episode_and_a_partial_credit_reward(env_urls, policy_sampling):
-    row = policy_sampling.apply(get_environment("arithmetic").make_rows(1, seed=3)[0])
+    row = example_row("arithmetic", 3, policy_sampling)
 
     result = run(env_urls["arithmetic"], row).json()
 
@@ -32,12 +39,12 @@ def test_arithmetic_run_returns_the_row_the_episode_and_a_partial_credit_reward(
     output = result["response"]["output"]
     assert [item["type"] for item in output] == ["message"]
     assert output[-1]["generation_token_ids"]
-    sample = result_to_sample(result, group_index=0)
+    sample = result_to_sample(RunResult.model_validate(result), group_index=0)
     assert sample.turns == 1
 
 
 def test_lookup_run_spans_several_contiguous_model_calls(env_urls, policy_sampling):
-    row = policy_sampling.apply(get_environment("lookup").make_rows(1, seed=1)[0])
+    row = example_row("lookup", 1, policy_sampling)
 
     result = run(env_urls["lookup"], row).json()
 
@@ -46,7 +53,7 @@ def test_lookup_run_spans_several_contiguous_model_calls(env_urls, policy_sampli
     for earlier, later in itertools.pairwise(turns):
         seen = earlier["prompt_token_ids"] + earlier["generation_token_ids"]
         assert later["prompt_token_ids"][: len(seen)] == seen
-    sample = result_to_sample(result, group_index=4)
+    sample = result_to_sample(RunResult.model_validate(result), group_index=4)
     assert sample.turns == len(turns)
     assert sample.group_index == 4
 
@@ -75,10 +82,11 @@ def test_unknown_keys_in_responses_create_params_are_refused_with_422(env_urls):
     assert run(env_urls["arithmetic"], row).status_code == 422
 
 
-def test_a_row_without_training_sampling_parameters_is_refused_by_the_policy_with_400(env_urls):
+def test_a_row_without_sampling_parameters_samples_with_the_jobs(env_urls):
     row = get_environment("arithmetic").make_rows(1)[0]
+    assert "temperature" not in row["responses_create_params"]
 
     response = run(env_urls["arithmetic"], row)
 
-    assert response.status_code == 400
-    assert "temperature is required" in response.text
+    assert response.status_code == 200, response.text
+    assert result_to_sample(response.json(), group_index=0).generated_tokens > 0

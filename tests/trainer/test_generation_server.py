@@ -74,12 +74,28 @@ def test_an_off_policy_temperature_is_refused_with_both_values(generation_server
     assert f"temperature={TEMPERATURE}" in message
 
 
-def test_a_missing_top_p_is_refused(generation_server):
-    client = openai.OpenAI(base_url=generation_server.base_url, api_key="dummy", max_retries=0)
-    with pytest.raises(openai.BadRequestError, match="top_p is required"):
-        client.chat.completions.create(
-            model="tiny-policy", messages=[{"role": "user", "content": "hi"}], temperature=TEMPERATURE
-        )
+@pytest.fixture(scope="module")
+def greedy_server(tiny_model_dir):
+    """A server whose job samples with a nucleus of one token (top_p=1e-6): every log-prob it reports is 0."""
+    from grpojob_trainer.generation.app import ServerConfig
+    from grpojob_trainer.generation.backend import SamplingParams
+    from grpojob_trainer.generation.server import GenerationServer
+    from grpojob_trainer.generation.transformers_backend import TransformersBackend
+
+    backend = TransformersBackend(tiny_model_dir, max_model_len=1024, device="cpu")
+    with GenerationServer(backend, ServerConfig("tiny-policy", SamplingParams(1.0, 1e-6, 8))) as server:
+        yield server
+
+
+def test_a_request_without_temperature_and_top_p_samples_with_the_jobs(greedy_server):
+    client = openai.OpenAI(base_url=greedy_server.base_url, api_key="dummy", max_retries=0)
+
+    completion = client.chat.completions.create(model="tiny-policy", messages=[{"role": "user", "content": "hi"}])
+
+    log_probs = completion.choices[0].message.generation_log_probs
+    assert log_probs and all(lp == 0.0 for lp in log_probs), "sampled inside the job's one-token nucleus"
+    with pytest.raises(openai.BadRequestError, match=r"top_p=1.0 differs from the training top_p=1e-06"):
+        client.chat.completions.create(model="tiny-policy", messages=[{"role": "user", "content": "hi"}], top_p=1.0)
 
 
 def test_a_prompt_longer_than_the_context_is_refused(generation_server):

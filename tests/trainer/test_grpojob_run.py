@@ -80,7 +80,7 @@ def test_grpo_raises_the_mean_reward_of_the_tiny_model(tiny_model_dir: Path, tmp
     assert (tmp_path / "out" / "reward.png").stat().st_size > 10_000
     assert list((tmp_path / "out").glob("events.out.tfevents.*"))
     record = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
-    for key in ("time/generation", "time/logprobs", "time/training", "time/weight_sync", "throughput/tokens_per_s"):
+    for key in ("time/generation", "time/prepare", "time/training", "time/weight_sync", "throughput/tokens_per_s"):
         assert record[key] > 0, key
     assert json.loads((tmp_path / "out" / "progress.json").read_text())["step"] == 24
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import pydantic
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -31,10 +32,9 @@ def test_rollouts_of_two_environments_come_back_in_input_order_with_metrics(env_
     assert [o.row_index for o in batch.outcomes] == list(range(6))
     assert [o.env_name for o in batch.outcomes] == ["arithmetic", "lookup"] * 3
     assert batch.failures == []
-    for outcome, row in zip(batch.outcomes, batch_rows, strict=True):
-        assert outcome.result["expected_answer"] == row["expected_answer"]
+    for outcome in batch.outcomes:
         assert outcome.sample.group_index == outcome.row_index
-        assert outcome.sample.reward == outcome.result["reward"]
+        assert 0.0 <= outcome.sample.reward <= 1.0
     assert batch.metrics["rollout/count"] == 6
     assert batch.metrics["rollout/failed"] == 0
     assert batch.metrics["rollout/turns/min"] == 1
@@ -156,3 +156,60 @@ def test_a_hung_environment_holds_a_step_only_until_its_deadline(silent_server):
     assert [o.row_index for o in batch.failures] == list(range(6))
     assert all("rollout deadline (rolloutDeadlineSeconds: 1s)" in o.error for o in batch.failures)
     assert batch.metrics["rollout/failed"] == 6
+
+
+def test_a_200_that_is_not_a_run_result_is_a_failed_rollout_naming_the_field():
+    app = FastAPI()
+
+    @app.post("/run")
+    async def run(request: Request) -> dict:
+        return {**(await request.json()), "response": {"output": []}, "reward": "high"}
+
+    with ThreadedServer(app) as server:
+        batch = asyncio.run(collect_rollouts(rows("arithmetic", 1), {"arithmetic": server.url}, retries=2))
+
+    [failure] = batch.failures
+    assert failure.attempts == 1, "a malformed result is not retried"
+    assert "not a /run result: reward: Input should be a valid number" in failure.error
+
+
+def test_a_row_that_is_not_a_nemo_gym_row_is_an_error_before_any_request():
+    row = rows("arithmetic", 1)[0]
+    row["responses_create_params"]["temprature"] = 1.0
+    with pytest.raises(pydantic.ValidationError, match=r"responses_create_params\.temprature"):
+        asyncio.run(collect_rollouts([row], {"arithmetic": "http://127.0.0.1:1"}))
+
+
+def gym_500_app(inner_body_of_row) -> FastAPI:
+    """A /run that answers as a NeMo Gym agent does when a server it called failed: HTTP 500 whose body is a
+    JSON string wrapping the inner body (nemo_gym 0.4.0's exception middleware); it counts the calls."""
+    app = FastAPI()
+    app.state.calls = 0
+
+    @app.post("/run")
+    async def run(request: Request) -> JSONResponse:
+        app.state.calls += 1
+        inner: bytes = inner_body_of_row(await request.json())
+        return JSONResponse(f"Hit an exception in SimpleAgent___agent calling an inner server: {inner}", 500)
+
+    return app
+
+
+def test_a_gym_500_wrapping_a_4xx_fails_at_once_with_its_message_and_a_wrapped_crash_is_retried():
+    refused = b'{"error":{"message":"top_p=0.5 differs from the training top_p=1.0","code":400}}'
+    crashed = b"\"ValueError('the resources server crashed')\""
+    app = gym_500_app(lambda row: crashed if row.get("crash") else refused)
+    batch_rows = rows("arithmetic", 2)
+    batch_rows[1] = batch_rows[1] | {"crash": True}
+
+    with ThreadedServer(app) as server:
+        batch = asyncio.run(
+            collect_rollouts(batch_rows, {"arithmetic": server.url}, retries=2, backoff_s=0.01, timeout_s=10)
+        )
+
+    refused_outcome, crashed_outcome = batch.outcomes
+    assert refused_outcome.attempts == 1
+    assert "got HTTP 400" in refused_outcome.error and "top_p=0.5 differs" in refused_outcome.error
+    assert crashed_outcome.attempts == 3 and "gave up after 3 attempts" in crashed_outcome.error
+    assert app.state.calls == 4
+    assert batch.metrics["rollout/failed"] == 2

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 
 from grpojob_api import kubeyaml
 from grpojob_api import v1alpha1 as api
+from grpojob_api.endpoints import GENERATION_PORT, ContractError, Endpoints, TrainerEnv
 from grpojob_trainer.errors import AllRolloutsFailed, UsageError
 
 log = logging.getLogger("grpojob")
@@ -175,16 +175,24 @@ def train_in_cluster(config_path: Path) -> int:
 
     job = load_job(config_path)
     spec = job.spec
-    env = os.environ
-    gcs = raycluster.join(env["RAY_GCS_ADDRESS"])
+    try:
+        endpoints = Endpoints.from_data(os.environ)
+        pod = TrainerEnv.from_env(os.environ)
+    except ContractError as error:
+        raise UsageError(str(error)) from None
+    gcs = raycluster.join(endpoints.ray_gcs_address)
     log.info("joined the Ray cluster; GCS address %s", gcs)
-    env_urls = json.loads(env["PENGUIN_ENV_URLS"])
-    model = env.get("GRPOJOB_MODEL_PATH", spec.model.path)
     spec_json = spec.model_dump(mode="json", by_alias=True)
     try:
         generation, training = spec.generation, spec.training
         engines = raycluster.place_generation(
-            generation.replicas, generation.gpus_per_replica, spec_json, model, "0.0.0.0", 8000, spec.grpo.seed
+            generation.replicas,
+            generation.gpus_per_replica,
+            spec_json,
+            pod.model_path,
+            "0.0.0.0",
+            GENERATION_PORT,
+            spec.grpo.seed,
         )
         # One rank per GPU of the `policy` workers (one per worker on the CPU). Placing them waits for the
         # worker pods (and their images and GPUs); a job that never gets them is ended by the operator's
@@ -193,25 +201,22 @@ def train_in_cluster(config_path: Path) -> int:
             training.ranks,
             min(1, training.gpus_per_replica),
             spec_json,
-            model,
+            pod.model_path,
             spec.grpo.seed,
             timeout_s=3600,
         )
         ray.get([engine.base_url.remote() for engine in engines], timeout=3600)
-        wait_for_environments(env_urls)
-        out = Path(env.get("GRPOJOB_LOG_DIR", "/tmp/grpojob"))
-        with MetricsLogger(out) as logger:
+        wait_for_environments(endpoints.environment_urls)
+        with MetricsLogger(Path(pod.log_dir)) as logger:
             run_loop(
                 job,
                 policy=policy,
                 engines=engines,
-                env_urls=env_urls,
-                dataset=PromptDataset.from_jsonl(
-                    env.get("GRPOJOB_DATASET_PATH", spec.dataset.path or ""), spec.grpo.seed
-                ),
+                env_urls=endpoints.environment_urls,
+                dataset=PromptDataset.from_jsonl(pod.dataset_path, spec.grpo.seed),
                 logger=logger,
-                progress=ConfigMapProgressPublisher.in_cluster(env["GRPOJOB_PROGRESS_CONFIGMAP"]),
-                checkpoint_dir=Path(env.get("GRPOJOB_CHECKPOINT_DIR", api.checkpoint_dir(job))),
+                progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),
+                checkpoint_dir=Path(pod.checkpoint_dir),
             )
     finally:
         raycluster.disconnect()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
+
+from grpojob_trainer.penguin.protocol import Row, describe
 
 
 @dataclass
@@ -23,7 +26,7 @@ class DataPosition:
 class PromptDataset:
     """Rows of a JSONL file, each epoch in an order fixed by ``seed`` and the epoch number."""
 
-    def __init__(self, rows: list[dict[str, Any]], seed: int = 0) -> None:
+    def __init__(self, rows: list[Row], seed: int = 0) -> None:
         if not rows:
             raise ValueError("the dataset has no rows")
         self.rows = rows
@@ -32,17 +35,16 @@ class PromptDataset:
 
     @classmethod
     def from_jsonl(cls, path: str | Path, seed: int = 0) -> PromptDataset:
+        """Read every row; raises `ValueError` naming the line and the field of the first that is not a
+        NeMo Gym row."""
         rows = []
         for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not JSON: {error}") from None
-            if not isinstance(row, dict) or "responses_create_params" not in row:
-                raise ValueError(f"{path}:{number}: a row must be an object with responses_create_params")
-            rows.append(row)
+                rows.append(Row.model_validate_json(line))
+            except ValidationError as error:
+                raise ValueError(f"{path}:{number}: not a NeMo Gym row: {describe(error)}") from None
         return cls(rows, seed)
 
     def _order(self, epoch: int) -> list[int]:
@@ -50,7 +52,7 @@ class PromptDataset:
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
-    def next_batch(self, size: int) -> list[dict[str, Any]]:
+    def next_batch(self, size: int) -> list[Row]:
         """The next ``size`` rows, crossing into the next epoch (reshuffled) when one runs out."""
         batch = []
         while len(batch) < size:

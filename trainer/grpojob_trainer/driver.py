@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from grpojob_api import v1alpha1 as api
 from grpojob_trainer.data import PromptDataset
 from grpojob_trainer.errors import AllRolloutsFailed
 from grpojob_trainer.metrics import GENERATION, WEIGHT_SYNC, MetricsLogger, ProgressPublisher, StepTimer
+from grpojob_trainer.penguin.protocol import Row
 from grpojob_trainer.penguin.rollouts import PolicySampling, collect_rollouts
 from grpojob_trainer.policy_group import PolicyGroup
 from grpojob_trainer.weight_sync import weight_sync_for
@@ -34,11 +35,10 @@ log = logging.getLogger(__name__)
 class LoopResult:
     first_step: int
     last_step: int
-    rewards: list[float] = field(default_factory=list)
     failed_rollouts: int = 0
 
 
-def expand_groups(rows: list[dict[str, Any]], generations: int) -> tuple[list[dict[str, Any]], list[int]]:
+def expand_groups(rows: list[Row], generations: int) -> tuple[list[Row], list[int]]:
     """Each row repeated ``generations`` times, with the group index (the row's place in the batch)."""
     expanded = [row for row in rows for _ in range(generations)]
     groups = [index for index in range(len(rows)) for _ in range(generations)]
@@ -118,7 +118,6 @@ def run_loop(
         mean_reward = metrics.get("rollout/reward/mean", math.nan)
         logger.log(step, metrics)
         progress.publish(step, mean_reward)
-        result.rewards.append(mean_reward)
         result.last_step = step
         interval = spec.checkpointing.interval
         if step % interval == 0 or step == grpo.max_steps:

@@ -10,8 +10,9 @@ The per-token loss of a generated token is
 
     w_is * -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)  +  kl_coef * KL
 
-with ``r = exp(logp - old_logp)`` (the PPO ratio against the trainer's recomputation of the policy that
-generated the batch), ``A`` the sequence's advantage, ``w_is = min(exp(old_logp - gen_logp), cap)`` the
+with ``r = exp(logp - old_logp)`` (the PPO ratio against the policy that generated the batch: while a
+step takes one optimizer step, ``old_logp`` is the training forward's own log-probability, detached, so
+``r`` is 1 in value), ``A`` the sequence's advantage, ``w_is = min(exp(old_logp - gen_logp), cap)`` the
 detached truncated importance-sampling weight that corrects for the generation engine's numerics
 differing from the trainer's (applied to the policy-gradient term only, as verl and NeMo-RL do), and
 ``KL`` a per-token estimate of KL(policy || reference). `aggregate_loss` turns it into a scalar.

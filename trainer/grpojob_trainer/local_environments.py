@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from grpojob_api import endpoints
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.net import free_port, wait_until_healthy
 
@@ -40,9 +41,9 @@ class EnvironmentProcesses:
     ) -> None:
         self.environments = environments
         self.common_env = {
-            "POLICY_BASE_URL": policy_base_url,
-            "POLICY_MODEL_NAME": policy_model_name,
-            "RAY_GCS_ADDRESS": gcs_address,
+            endpoints.POLICY_BASE_URL: policy_base_url,
+            endpoints.POLICY_MODEL_NAME: policy_model_name,
+            endpoints.RAY_GCS_ADDRESS: gcs_address,
         }
         self.log_dir = log_dir
         self.processes: dict[str, subprocess.Popen] = {}
@@ -73,7 +74,7 @@ class EnvironmentProcesses:
         log = open(self.log_dir / f"{env.name}.log", "ab")  # noqa: SIM115 - the child keeps it
         self.processes[env.name] = subprocess.Popen(
             environment_command(env),
-            env={**os.environ, **self.common_env, **variables, "PORT": str(port), "HOST": "127.0.0.1"},
+            env={**os.environ, **self.common_env, **variables, endpoints.PORT: str(port), endpoints.HOST: "127.0.0.1"},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -26,12 +26,14 @@ log = logging.getLogger(__name__)
 
 Scalar = int | float | bool | str
 
+# The phases of a GRPO step, in order (`StepTimer` reports each as ``time/<phase>``).
 GENERATION = "generation"
-LOGPROBS = "logprobs"
+"""Rollouts through the environment servers."""
+PREPARE = "prepare"
+"""Micro-batches, advantages and, with a KL penalty, the reference policy's log-probabilities."""
 TRAINING = "training"
+"""Forward, backward and the optimizer step."""
 WEIGHT_SYNC = "weight_sync"
-PHASES = (GENERATION, LOGPROBS, TRAINING, WEIGHT_SYNC)
-"""The phases of a GRPO step, in order."""
 
 
 def scalars(metrics: Mapping[str, Any]) -> dict[str, Scalar]:

@@ -49,7 +49,7 @@ import torch
 
 from grpojob_api.v1alpha1 import AdvantageSpec, GRPOJobSpec, LossAggregation, OptimizerSpec
 from grpojob_trainer.grpo import LossConfig, LossInputs, group_advantages, policy_loss
-from grpojob_trainer.metrics import LOGPROBS, TRAINING, StepTimer, tokens_per_second
+from grpojob_trainer.metrics import PREPARE, TRAINING, StepTimer, tokens_per_second
 from grpojob_trainer.ranks import all_reduce, full_tensor, micro_batches_per_rank, rank_bounds, shard_model
 from grpojob_trainer.samples import TrainingSample
 
@@ -366,7 +366,7 @@ class PolicyTrainer:
         """One GRPO step on the step's samples (all groups); returns its metrics.
 
         Metrics: ``loss``, ``grad_norm``, ``lr``, the loss diagnostics of `policy_loss`, ``reward_mean``,
-        ``advantage_abs_mean``, ``tokens`` (non-padding), ``generated_tokens``, ``time/logprobs``,
+        ``advantage_abs_mean``, ``tokens`` (non-padding), ``generated_tokens``, ``time/prepare`` (`prepare`),
         ``time/training`` and ``train_tokens_per_s`` (tokens through forward and backward per second of
         the training phase). With ``timer``, the two phases are also recorded in it.
         """
@@ -376,9 +376,9 @@ class PolicyTrainer:
         if generated == 0:
             raise ValueError("the step's samples have no generated token to train on")
         timer = timer if timer is not None else StepTimer()
-        before_logprobs = timer.seconds.get(LOGPROBS, 0.0)
+        before_prepare = timer.seconds.get(PREPARE, 0.0)
         before_training = timer.seconds.get(TRAINING, 0.0)
-        with timer.phase(LOGPROBS):
+        with timer.phase(PREPARE):
             prepared = self.prepare(samples)
         started = time.perf_counter()
         with timer.phase(TRAINING):
@@ -391,7 +391,7 @@ class PolicyTrainer:
             "advantage_abs_mean": float(self.step_advantages(samples).abs().mean()),
             "tokens": float(tokens),
             "generated_tokens": generated,
-            "time/logprobs": timer.seconds[LOGPROBS] - before_logprobs,
+            "time/prepare": timer.seconds[PREPARE] - before_prepare,
             "time/training": timer.seconds[TRAINING] - before_training,
             "train_tokens_per_s": tokens_per_second(tokens, training_seconds),
         }

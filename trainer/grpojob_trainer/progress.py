@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from grpojob_api import endpoints
 from grpojob_api.progress import MEAN_REWARD_KEY, progress_data
 from grpojob_trainer.metrics import ProgressPublisher
 
@@ -35,7 +36,7 @@ class ConfigMapProgressPublisher(ProgressPublisher):
     def in_cluster(cls, name: str) -> ConfigMapProgressPublisher:
         """From the pod's service account, `KUBERNETES_SERVICE_HOST`/`_PORT` and `POD_NAMESPACE`."""
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        namespace = os.environ.get("POD_NAMESPACE") or (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip()
+        namespace = os.environ.get(endpoints.POD_NAMESPACE) or (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip()
         token = (SERVICE_ACCOUNT_DIR / "token").read_text().strip()
         return cls(f"https://{host}:{port}", token, str(SERVICE_ACCOUNT_DIR / "ca.crt"), namespace, name)
 

@@ -14,13 +14,11 @@ import os
 import subprocess
 import sys
 
+from grpojob_api import endpoints
 from grpojob_trainer.policy_group import PolicyGroup
 from grpojob_trainer.workers import GenerationWorker, PolicyWorker
 
 log = logging.getLogger(__name__)
-
-GENERATION_RESOURCE = "generation"
-POLICY_RESOURCE = "policy"
 
 
 def start_local(generation_replicas: int, policy_replicas: int, num_gpus: int = 0) -> str:
@@ -31,7 +29,7 @@ def start_local(generation_replicas: int, policy_replicas: int, num_gpus: int = 
     ray.init(
         num_cpus=os.cpu_count() or 1,
         num_gpus=num_gpus,
-        resources={GENERATION_RESOURCE: generation_replicas, POLICY_RESOURCE: policy_replicas},
+        resources={endpoints.GENERATION_GROUP: generation_replicas, endpoints.POLICY_GROUP: policy_replicas},
         include_dashboard=False,
         namespace="grpojob",
         logging_level=logging.WARNING,
@@ -81,7 +79,7 @@ def place_generation(
     GPUs: Ray hides GPUs from an actor that did not ask for them)."""
     import ray
 
-    actor = ray.remote(GenerationWorker).options(num_cpus=0, num_gpus=gpus, resources={GENERATION_RESOURCE: 1})
+    actor = ray.remote(GenerationWorker).options(num_cpus=0, num_gpus=gpus, resources={endpoints.GENERATION_GROUP: 1})
     return [actor.remote(spec, model_path, host, port, seed + i) for i in range(replicas)]
 
 
@@ -93,6 +91,6 @@ def place_policy(
     ``GetTimeoutError`` after ``timeout_s``)."""
     import ray
 
-    actor = ray.remote(PolicyWorker).options(num_cpus=0, num_gpus=gpus, resources={POLICY_RESOURCE: 1})
+    actor = ray.remote(PolicyWorker).options(num_cpus=0, num_gpus=gpus, resources={endpoints.POLICY_GROUP: 1})
     ranks = [actor.remote(spec, model_path, seed, rank, world) for rank in range(world)]
     return PolicyGroup.start(ranks, timeout_s=timeout_s)

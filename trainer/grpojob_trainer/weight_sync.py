@@ -11,8 +11,10 @@ Three paths, picked once per run by `weight_sync_for` from where the actors are:
   each sync broadcasts the buckets, which the engines load as they arrive.
 
 Each `push` returns when every engine serves the new weights, with ``weight_sync/seconds`` (wall time
-seen by the driver) and ``weight_sync/bytes``. The policy is a `grpojob_trainer.policy_group.PolicyGroup`:
-with several ranks all of them gather the sharded weights and rank 0 sends them.
+seen by the driver), ``weight_sync/version`` (the weights version the engines now serve, the oldest of
+theirs) and, on the NCCL path, ``weight_sync/bytes`` (what was broadcast). The policy is a
+`grpojob_trainer.policy_group.PolicyGroup`: with several ranks all of them gather the sharded weights and
+rank 0 sends them.
 """
 
 from __future__ import annotations

@@ -78,9 +78,6 @@ class GenerationWorker:
     def update_weights_from_group(self, layouts_payload: bytes) -> int:
         return self.server.backend.update_weights_from_group(layouts_payload)
 
-    def stop(self) -> None:
-        self.server.stop()
-
 
 def _free_address() -> tuple[str, int]:
     """This node's address and a port free on it now."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
 import pytest
+
+from grpojob_api.endpoints import Endpoints
 
 from .conftest import eventually, job_manifest
 
@@ -27,13 +28,14 @@ def test_a_job_runs_publishes_endpoints_after_the_head_is_ready_and_succeeds(ope
     endpoints = jobs.core.read_namespaced_config_map("tiny-endpoints", namespace)
     assert endpoints.metadata.creation_timestamp >= _time(head_ready["lastTransitionTime"])
     (head,) = jobs.pods("ray.io/cluster=tiny,ray.io/node-type=head")
-    assert endpoints.data["RAY_HEAD_POD_IP"] == head.status.pod_ip
-    assert endpoints.data["RAY_GCS_ADDRESS"] == f"tiny-head-svc.{namespace}.svc.cluster.local:6379"
-    assert endpoints.data["POLICY_BASE_URL"] == f"http://tiny-generation.{namespace}.svc.cluster.local:8000/v1"
-    assert json.loads(endpoints.data["PENGUIN_ENV_URLS"]) == {
+    published = Endpoints.from_data(endpoints.data)  # as the pods read it
+    assert published.ray_head_pod_ip == head.status.pod_ip
+    assert published.ray_gcs_address == f"tiny-head-svc.{namespace}.svc.cluster.local:6379"
+    assert published.policy_base_url == f"http://tiny-generation.{namespace}.svc.cluster.local:8000/v1"
+    assert published.environment_urls == {
         "arithmetic": f"http://tiny-env-arithmetic.{namespace}.svc.cluster.local:8080"
     }
-    assert endpoints.data["GRPOJOB_ATTEMPT"] == "1"
+    assert (published.job_name, published.attempt) == ("tiny", 1)
 
     # Environments and the trainer came after the endpoints and read them through envFrom.
     deployment = jobs.apps.read_namespaced_deployment("tiny-env-arithmetic", namespace)
@@ -49,7 +51,7 @@ def test_a_job_runs_publishes_endpoints_after_the_head_is_ready_and_succeeds(ope
         assert "nvidia.com/gpu" in nodes[pod.spec.node_name].status.capacity
 
     status = jobs.status("tiny")
-    assert status["gcsAddress"] == endpoints.data["RAY_GCS_ADDRESS"]
+    assert status["gcsAddress"] == published.ray_gcs_address
     assert status["attempt"] == 1 and status["startTime"]
     conditions = {c["type"]: c for c in status["conditions"]}
     for kind in ("RayClusterReady", "EndpointsPublished", "EnvironmentsReady", "TrainerRunning"):

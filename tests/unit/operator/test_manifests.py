@@ -76,7 +76,7 @@ def test_cpu_only_groups_request_no_gpu():
     assert policy["rayStartParams"]["resources"] == """'{"policy": 1}'"""  # one CPU rank per pod
 
 
-def test_endpoints_follow_the_contract_of_design_md():
+def test_endpoints_are_the_addresses_of_the_jobs_services():
     data = manifests.build_endpoints(job(), SETTINGS, "10.0.0.7", 2)["data"]
     assert data == {
         "RAY_GCS_ADDRESS": "demo-head-svc.team-a.svc.cluster.example:6379",

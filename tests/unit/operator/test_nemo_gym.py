@@ -165,7 +165,7 @@ def children(head_ip: str = "10.0.0.2", head_name: str = "demo-head") -> dict:
         ready_since=None,
     )
     return {
-        "RayCluster": {"demo": RayClusterInfo("demo", True, "ready", 3, 3, False)},
+        "RayCluster": {"demo": RayClusterInfo("demo", True, 3, 3, False)},
         "ConfigMap": {
             "demo-config": ConfigMapInfo("demo-config", tuple(manifests.build_config_map(JOB)["data"].items())),
             "demo-progress": ConfigMapInfo("demo-progress", ()),
@@ -189,8 +189,8 @@ def with_gym_running(kids: dict, ip: str, head: str = "demo-head") -> dict:
     )
     config_hash = deployment["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
     kids["Deployment"] = {
-        "demo-env-math": DeploymentInfo("demo-env-math", 1, 1),
-        "demo-env-tools": DeploymentInfo("demo-env-tools", 1, 1, config_hash),
+        "demo-env-math": DeploymentInfo("demo-env-math", 1),
+        "demo-env-tools": DeploymentInfo("demo-env-tools", 1, config_hash),
     }
     kids["Service"]["demo-env-math"] = OtherInfo("demo-env-math", False)
     kids["Service"]["demo-env-tools"] = OtherInfo("demo-env-tools", False)

@@ -34,7 +34,7 @@ def pod(name: str, component: str, *, ip: str = "10.0.0.2", attempt: int | None 
 
 def base_children(head_ready: bool = True, head_ip: str = "10.0.0.2") -> dict:
     children: dict = {
-        "RayCluster": {"demo": RayClusterInfo("demo", head_ready, "ready", 3, 3, False)},
+        "RayCluster": {"demo": RayClusterInfo("demo", head_ready, 3, 3, False)},
         "ConfigMap": {
             "demo-config": ConfigMapInfo("demo-config", tuple(manifests.build_config_map(JOB)["data"].items())),
             "demo-progress": ConfigMapInfo("demo-progress", ()),
@@ -51,7 +51,7 @@ def base_children(head_ready: bool = True, head_ip: str = "10.0.0.2") -> dict:
 def with_endpoints(children: dict, ip: str = "10.0.0.2", attempt: int = 1) -> dict:
     data = manifests.endpoints_data(JOB, SETTINGS, ip, attempt)
     children["ConfigMap"]["demo-endpoints"] = ConfigMapInfo("demo-endpoints", tuple(sorted(data.items())))
-    children["Deployment"] = {"demo-env-math": DeploymentInfo("demo-env-math", 1, 1)}
+    children["Deployment"] = {"demo-env-math": DeploymentInfo("demo-env-math", 1)}
     children["Service"]["demo-env-math"] = OtherInfo("demo-env-math", False)
     return children
 
@@ -275,7 +275,7 @@ def test_a_trainer_that_finishes_while_the_head_is_down_still_ends_the_job():
 
 def test_a_raycluster_being_deleted_is_not_a_ready_head():
     children = base_children()
-    children["RayCluster"]["demo"] = RayClusterInfo("demo", True, "ready", 3, 3, deleting=True)
+    children["RayCluster"]["demo"] = RayClusterInfo("demo", True, 3, 3, deleting=True)
     plan = run(job_body(), children)
     assert not any(name == "demo-endpoints" for _, _, name in kinds_and_names(plan))
     assert plan.status.phase == "Initializing"

@@ -7,8 +7,16 @@ import pytest
 
 from grpojob_trainer.environments.arithmetic import ArithmeticEnvironment, score_answer
 from grpojob_trainer.environments.lookup import LookupEnvironment, value_of
+from grpojob_trainer.penguin.conversion import RolloutConversionError, result_to_sample
 from grpojob_trainer.penguin.http import strip_rollout_prefix
-from grpojob_trainer.penguin.protocol import ResponsesCreateParams, Row
+from grpojob_trainer.penguin.protocol import (
+    TOKEN_FIELDS,
+    ResponsesCreateParams,
+    Row,
+    RunResult,
+    TokenIds,
+    TokenIdsError,
+)
 from grpojob_trainer.penguin.responses import chat_to_output_items, chat_tools, input_items, responses_to_chat
 
 IDS = {"prompt_token_ids": [1, 2], "generation_token_ids": [3, 4], "generation_log_probs": [-0.1, -0.2]}
@@ -36,6 +44,34 @@ def test_a_chat_message_with_a_tool_call_becomes_items_with_token_ids_on_the_las
         "status": "completed", **IDS,
     }  # fmt: skip
     assert all("generation_token_ids" not in i for i in items[:2])
+
+
+def test_token_ids_travel_from_the_servers_message_through_the_items_back_to_chat_and_into_a_sample():
+    sent = TokenIds(**IDS)
+    items = chat_to_output_items({"role": "assistant", "content": "ok", **sent.model_dump()}, "stop")
+    [message] = responses_to_chat(items)
+    assert TokenIds.carried_by(items[-1]) == TokenIds.carried_by(message) == sent
+    sample = result_to_sample(RunResult(reward=1.0, response={"output": items}), group_index=0)
+    assert sample.token_ids == (1, 2, 3, 4) and sample.generation_log_probs == (0.0, 0.0, -0.1, -0.2)
+    assert TOKEN_FIELDS == ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+
+def test_a_missing_or_renamed_token_field_is_refused_by_name_wherever_it_is_read():
+    renamed = {"prompt_token_ids": [1], "generation_token_ids": [2], "generation_logprobs": [-0.1]}
+    expected = r"carries \['prompt_token_ids', 'generation_token_ids'\] but not \['generation_log_probs'\]"
+    with pytest.raises(TokenIdsError, match=expected):
+        chat_to_output_items({"role": "assistant", "content": "a", **renamed}, "stop")
+    with pytest.raises(TokenIdsError, match=expected):
+        responses_to_chat([{"type": "message", "role": "assistant", "content": "a", **renamed}])
+    with pytest.raises(RolloutConversionError, match="model call 0: " + expected):
+        result_to_sample(RunResult(reward=1.0, response={"output": [{"type": "message", **renamed}]}), 0)
+
+
+def test_generated_ids_and_log_probs_of_different_lengths_are_refused():
+    with pytest.raises(TokenIdsError, match=r"generation_token_ids \(2\) and generation_log_probs \(1\) differ"):
+        TokenIds.carried_by({**IDS, "generation_log_probs": [-0.1]})
+    with pytest.raises(TokenIdsError, match=r"prompt_token_ids.0: Input should be a valid integer"):
+        TokenIds.carried_by({**IDS, "prompt_token_ids": ["one"]})
 
 
 def test_a_truncated_turn_is_an_incomplete_message():
@@ -127,3 +163,12 @@ def test_example_rows_are_nemo_gym_rows_for_their_environment_and_reproducible()
     [lookup] = LookupEnvironment().make_rows(1)
     assert lookup["expected_answer"] == value_of(lookup["key"])
     assert lookup["responses_create_params"]["tools"][0]["name"] == "lookup"
+
+
+def test_a_dataset_row_that_is_not_a_nemo_gym_row_is_refused_with_its_line_and_field(tmp_path):
+    from grpojob_trainer.data import PromptDataset
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"responses_create_params": {"input": "x"}}\n\n{"responses_create_params": {"inptu": "x"}}\n')
+    with pytest.raises(ValueError, match=r"rows.jsonl:3: not a NeMo Gym row: responses_create_params\.input: Field"):
+        PromptDataset.from_jsonl(path)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pydantic
 import pytest
 
 from grpojob_trainer.penguin.conversion import RolloutConversionError, result_to_sample
 from grpojob_trainer.penguin.metrics import rollout_metrics, summarize
+from grpojob_trainer.penguin.protocol import Row, RunResult
 from grpojob_trainer.penguin.rollouts import PolicySampling
 from grpojob_trainer.samples import TrainingSample
 
@@ -18,7 +20,7 @@ def turn(prompt, generated, log_probs=None, **extra):
 
 
 def result(*items, reward=1.0, **response):
-    return {"reward": reward, "response": {"output": list(items), **response}}
+    return RunResult.model_validate({"reward": reward, "response": {"output": list(items), **response}})
 
 
 def test_two_contiguous_turns_flatten_into_one_sequence_with_a_generated_mask():
@@ -39,13 +41,14 @@ def test_a_later_prompt_that_rewrites_history_is_rejected():
         result_to_sample(result(turn([1, 2], [3]), turn([1, 2, 9, 4], [5])), 0)
 
 
-def test_no_token_ids_nan_log_probs_and_missing_rewards_are_errors():
+def test_no_token_ids_nan_log_probs_and_missing_or_non_numeric_rewards_are_errors():
     with pytest.raises(RolloutConversionError, match="no output item carries generation_token_ids"):
         result_to_sample(result({"type": "message", "content": "x"}), 0)
     with pytest.raises(RolloutConversionError, match="NaN"):
         result_to_sample(result(turn([1], [2], [math.nan])), 0)
-    with pytest.raises(RolloutConversionError, match="reward"):
-        result_to_sample(result(turn([1], [2]), reward=None), 0)
+    for reward in (None, True, "1", math.inf):
+        with pytest.raises(pydantic.ValidationError, match="reward"):
+            result(turn([1], [2]), reward=reward)
 
 
 def test_an_incomplete_response_is_a_truncated_sample():
@@ -85,14 +88,14 @@ def test_rollout_metrics_cover_turns_tokens_reward_and_termination_rates():
 
 
 def test_policy_sampling_overwrites_temperature_and_top_p_and_caps_output_tokens():
-    row = {"responses_create_params": {"input": "x", "temperature": 0.1, "max_output_tokens": 500}}
+    row = Row.model_validate({"responses_create_params": {"input": "x", "temperature": 0.1, "max_output_tokens": 500}})
 
     applied = PolicySampling(temperature=1.0, top_p=0.9, max_output_tokens=64).apply(row)
 
-    assert applied["responses_create_params"] == {
+    assert applied.model_dump(mode="json", exclude_unset=True)["responses_create_params"] == {
         "input": "x",
         "temperature": 1.0,
         "top_p": 0.9,
         "max_output_tokens": 64,
     }
-    assert row["responses_create_params"]["temperature"] == 0.1, "the caller's row is not modified"
+    assert row.responses_create_params.temperature == 0.1, "the caller's row is not modified"

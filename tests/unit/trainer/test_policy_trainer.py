@@ -91,7 +91,7 @@ def test_a_step_makes_positive_advantage_sequences_likelier_and_negative_ones_le
     assert metrics["grad_norm"] > 0
     assert metrics["reward_mean"] == 0.5
     assert metrics["tokens"] == 20 and metrics["generated_tokens"] == 10
-    assert metrics["time/logprobs"] > 0 and metrics["time/training"] > 0 and metrics["train_tokens_per_s"] > 0
+    assert metrics["time/prepare"] > 0 and metrics["time/training"] > 0 and metrics["train_tokens_per_s"] > 0
 
 
 def varied_samples() -> list[TrainingSample]:
@@ -147,7 +147,7 @@ def test_the_reported_grad_norm_is_the_global_norm_before_clipping():
 def test_a_step_timer_receives_the_logprob_and_training_phases():
     timer = StepTimer()
     trainer(tiny_causal_lm()).train_step(varied_samples(), timer=timer)
-    assert set(timer.seconds) == {"logprobs", "training"}
+    assert set(timer.seconds) == {"prepare", "training"}
 
 
 def test_greedy_temperature_is_refused():

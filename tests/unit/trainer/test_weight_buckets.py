@@ -61,7 +61,9 @@ def test_bucket_bytes_must_be_positive():
 def _receiver(port: int, rank: int, world: int, results) -> None:
     group = WeightBroadcastGroup("127.0.0.1", port, world_size=world, rank=rank, backend="gloo", timeout_s=60)
     layouts = plan_buckets(SHAPES, bucket_bytes=128, dtype=torch.float32)
-    received = {name: tensor.clone() for name, tensor in group.receive_buckets(layouts, "cpu")}
+    # numpy arrays travel through the queue by value: a torch tensor would travel as shared memory that
+    # disappears when this process exits before the parent reads it (FileNotFoundError in the parent)
+    received = {name: tensor.numpy().copy() for name, tensor in group.receive_buckets(layouts, "cpu")}
     results.put((rank, received))
 
 
@@ -88,7 +90,7 @@ def test_every_engine_receives_the_policy_weights_bucket_by_bucket_over_a_broadc
     for rank in (1, 2):
         assert received[rank].keys() == original.keys()
         for name, tensor in original.items():
-            assert torch.equal(received[rank][name], tensor), (rank, name)
+            assert torch.equal(torch.from_numpy(received[rank][name]), tensor), (rank, name)
 
 
 def test_a_rank_outside_the_group_is_refused():

@@ -11,6 +11,7 @@ import os
 
 import uvicorn
 
+from grpojob_api import endpoints
 from grpojob_trainer.environments import ENVIRONMENTS, get_environment
 from grpojob_trainer.environments.app import AgentConfig, create_environment_app
 
@@ -20,14 +21,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(description="Serve a Penguin (NeMo Gym) environment")
     parser.add_argument("name", choices=sorted(ENVIRONMENTS), help="environment to serve")
-    parser.add_argument("--host", default=env("HOST", "0.0.0.0"))
-    parser.add_argument("--port", type=int, default=int(env("PORT", "8080")), help="(PORT)")
-    parser.add_argument("--policy-base-url", default=env("POLICY_BASE_URL"), help="…/v1 URL (POLICY_BASE_URL)")
-    parser.add_argument("--policy-model-name", default=env("POLICY_MODEL_NAME"), help="(POLICY_MODEL_NAME)")
-    parser.add_argument("--resources-url", default=env("RESOURCES_URL"), help="resources server (default: this server)")
+    parser.add_argument("--host", default=env(endpoints.HOST, "0.0.0.0"), help=f"({endpoints.HOST})")
+    parser.add_argument("--port", type=int, default=int(env(endpoints.PORT, "8080")), help=f"({endpoints.PORT})")
+    parser.add_argument(
+        "--policy-base-url", default=env(endpoints.POLICY_BASE_URL), help=f"…/v1 URL ({endpoints.POLICY_BASE_URL})"
+    )
+    parser.add_argument(
+        "--policy-model-name", default=env(endpoints.POLICY_MODEL_NAME), help=f"({endpoints.POLICY_MODEL_NAME})"
+    )
+    parser.add_argument(
+        "--resources-url",
+        default=env(endpoints.RESOURCES_URL),
+        help=f"resources server (default: this server) ({endpoints.RESOURCES_URL})",
+    )
     args = parser.parse_args(argv)
     if not args.policy_base_url:
-        parser.error("--policy-base-url (or POLICY_BASE_URL) is required")
+        parser.error(f"--policy-base-url (or {endpoints.POLICY_BASE_URL}) is required")
     return args
 
 

@@ -18,7 +18,7 @@ import aiohttp
 import openai
 
 from grpojob_trainer.environments.base import Environment
-from grpojob_trainer.penguin.protocol import ResponsesCreateParams, Row
+from grpojob_trainer.penguin.protocol import EpisodeResponse, ResponsesCreateParams, Row, RunResult
 from grpojob_trainer.penguin.responses import chat_to_output_items, chat_tools, input_items, responses_to_chat
 
 CONTEXT_LENGTH_MARKER = "maximum context length"
@@ -90,14 +90,15 @@ class Agent:
         self.resources = resources
         self._model_name = policy_model_name
 
-    async def run(self, row: Row, cookies: Cookies) -> dict[str, Any]:
-        """``/run``: seed_session, the episode, verify; returns verify's body (row + response + reward)."""
+    async def run(self, row: Row, cookies: Cookies) -> RunResult:
+        """``/run``: seed_session, the episode, verify; returns verify's answer (row + response + reward)."""
         body = row.model_dump(mode="json", exclude_none=True)
         await self.resources.post("/seed_session", body, cookies)
         response = await self.episode(row.responses_create_params, cookies)
-        return json.loads(await self.resources.post("/verify", {**body, "response": response}, cookies))
+        verify = {**body, "response": response.model_dump(mode="json", exclude_none=True)}
+        return RunResult.model_validate_json(await self.resources.post("/verify", verify, cookies))
 
-    async def episode(self, params: ResponsesCreateParams, cookies: Cookies) -> dict[str, Any]:
+    async def episode(self, params: ResponsesCreateParams, cookies: Cookies) -> EpisodeResponse:
         """Call the model and the tools until the model answers without a tool call (or a limit).
 
         After a turn without tool calls the environment may continue the episode with a user message
@@ -172,20 +173,19 @@ class Agent:
             return json.dumps({"error": f"Invalid tool call arguments: {error}"})
         return await self.resources.post(f"/{call['name']}", arguments, cookies, check=False)
 
-    def _response(self, params: ResponsesCreateParams, episode: Episode) -> dict[str, Any]:
-        return {
-            "id": f"resp_{uuid.uuid4().hex}",
-            "object": "response",
-            "created_at": int(time.time()),
-            "model": episode.model,
-            "output": episode.outputs,
-            "status": "incomplete" if episode.incomplete else "completed",
-            "incomplete_details": {"reason": "max_output_tokens"} if episode.incomplete else None,
-            "usage": episode.usage,
-            "tools": params.tools or [],
-            "tool_choice": params.tool_choice,
-            "parallel_tool_calls": params.parallel_tool_calls,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "max_output_tokens": params.max_output_tokens,
-        }
+    def _response(self, params: ResponsesCreateParams, episode: Episode) -> EpisodeResponse:
+        return EpisodeResponse(
+            id=f"resp_{uuid.uuid4().hex}",
+            created_at=int(time.time()),
+            model=episode.model,
+            output=episode.outputs,
+            status="incomplete" if episode.incomplete else "completed",
+            incomplete_details={"reason": "max_output_tokens"} if episode.incomplete else None,
+            usage=episode.usage,
+            tools=params.tools or [],
+            tool_choice=params.tool_choice,
+            parallel_tool_calls=params.parallel_tool_calls,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_output_tokens=params.max_output_tokens,
+        )

@@ -22,7 +22,7 @@ from grpojob_trainer.environments.agent import Agent, Cookies, PolicyRefused, Re
 from grpojob_trainer.environments.base import Environment, Tool
 from grpojob_trainer.environments.sessions import CookieSigner, SessionCookies, SessionStore
 from grpojob_trainer.penguin.http import StripRolloutPrefix
-from grpojob_trainer.penguin.protocol import Row, VerifyRequest
+from grpojob_trainer.penguin.protocol import Row, RunResult, VerifyRequest
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
 
     @app.post("/run")
     async def run(row: Row, request: Request) -> dict[str, Any]:
-        return await clients["agent"].run(row, Cookies(dict(request.cookies)))
+        result: RunResult = await clients["agent"].run(row, Cookies(dict(request.cookies)))
+        return result.model_dump(mode="json", exclude_none=True)
 
     @app.post("/seed_session")
     async def seed_session(row: Row, request: Request) -> dict[str, Any]:
@@ -94,8 +95,9 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
     @app.post("/verify")
     async def verify(body: VerifyRequest, request: Request) -> dict[str, Any]:
         echoed = body.model_dump(mode="json", exclude_none=True)
-        verdict = environment.verify(echoed, body.response, request.state.session)
-        return {**echoed, "reward": verdict.reward, "reward_components": verdict.components}
+        verdict = environment.verify(echoed, echoed["response"], request.state.session)
+        result = RunResult.model_validate({**echoed, "reward": verdict.reward, "reward_components": verdict.components})
+        return result.model_dump(mode="json", exclude_none=True)
 
     for tool in environment.tools():
         app.add_api_route(f"/{tool.name}", _tool_route(tool), methods=["POST"], name=tool.name)

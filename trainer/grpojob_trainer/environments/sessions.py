@@ -14,12 +14,14 @@ from typing import Any
 
 from starlette.requests import cookie_parser
 
+from grpojob_api import endpoints
+
 
 class CookieSigner:
     """Encodes ``{"session_id": ...}`` as ``base64(json).hmac`` and checks it on the way back."""
 
     def __init__(self, secret: bytes | None = None) -> None:
-        self._secret = secret or os.environ.get("SESSION_SECRET", "").encode() or os.urandom(32)
+        self._secret = secret or os.environ.get(endpoints.SESSION_SECRET, "").encode() or os.urandom(32)
 
     def dump(self, session_id: str) -> str:
         """The cookie value for ``session_id``."""

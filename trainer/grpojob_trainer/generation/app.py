@@ -1,9 +1,11 @@
 """The OpenAI-compatible generation server (FastAPI) in front of a `GenerationBackend`.
 
 Routes: ``POST /v1/chat/completions``, ``POST /tokenize``, ``GET /v1/models``, ``GET /health``.
-Each chat completion's ``choices[0].message`` carries ``prompt_token_ids``, ``generation_token_ids``
-and ``generation_log_probs`` (NeMo Gym's contract). Sampling is on-policy: a request must send the
-server's ``temperature`` and ``top_p``; anything else is refused with HTTP 400 naming the parameter.
+Completions are `openai`'s own types; ``choices[0].message`` also carries the call's `TokenIds`
+(``prompt_token_ids``, ``generation_token_ids``, ``generation_log_probs``: NeMo Gym's contract) and
+the completion its ``weights_version``. Sampling is on-policy: a request that leaves out
+``temperature`` or ``top_p`` samples with the server's (NeMo Gym forwards only what a row sets); one that
+sends a different value is refused with HTTP 400 naming the parameter.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionTokenLogprob
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict
 
 from grpojob_trainer.generation.backend import (
@@ -29,6 +34,7 @@ from grpojob_trainer.generation.backend import (
 from grpojob_trainer.generation.batching import BatchingEngine, DirectEngine
 from grpojob_trainer.generation.chat import PromptError, build_prompt_token_ids, parse_tool_calls
 from grpojob_trainer.penguin.http import StripRolloutPrefix
+from grpojob_trainer.penguin.protocol import TokenIds
 
 SAMPLING_TOLERANCE = 1e-6
 
@@ -39,7 +45,8 @@ class ServerConfig:
 
     served_model_name: str
     sampling: SamplingParams
-    """Training's sampling parameters; requests must match temperature and top_p exactly."""
+    """Training's sampling parameters: every request samples with them; one that names another
+    temperature or top_p is refused."""
     batch_window_s: float = 0.01
     max_batch_size: int = 64
 
@@ -85,12 +92,10 @@ class TokenizeRequest(BaseModel):
 
 
 def check_on_policy(request: ChatCompletionRequest, sampling: SamplingParams) -> None:
-    """Refuse sampling parameters that differ from training's (NeMo-RL's rule)."""
+    """Refuse sampling parameters that differ from training's (NeMo-RL's rule); absent ones mean training's."""
     for name, expected in (("temperature", sampling.temperature), ("top_p", sampling.top_p)):
         value = getattr(request, name)
-        if value is None:
-            raise ApiError(400, f"{name} is required: this server samples on-policy with {name}={expected}", name)
-        if not math.isclose(value, expected, rel_tol=0, abs_tol=SAMPLING_TOLERANCE):
+        if value is not None and not math.isclose(value, expected, rel_tol=0, abs_tol=SAMPLING_TOLERANCE):
             raise ApiError(
                 400,
                 f"{name}={value} differs from the training {name}={expected}: "
@@ -196,34 +201,35 @@ def create_app(backend: GenerationBackend, config: ServerConfig) -> FastAPI:
         finish_reason = result.finish_reason
         if finish_reason == "stop" and parsed.tool_calls:
             finish_reason = "tool_calls"
-        message = {
-            "role": "assistant",
-            "content": parsed.content,
-            "tool_calls": parsed.tool_calls or None,
-            "prompt_token_ids": prompt,
-            "generation_token_ids": list(result.token_ids),
-            "generation_log_probs": list(result.log_probs),
-        }
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+        tokens = TokenIds(
+            prompt_token_ids=prompt,
+            generation_token_ids=list(result.token_ids),
+            generation_log_probs=list(result.log_probs),
+        )
+        message = ChatCompletionMessage(
+            role="assistant", content=parsed.content, tool_calls=parsed.tool_calls or None, **tokens.model_dump()
+        )
+        logprobs = None
         if body.logprobs:
-            choice["logprobs"] = {
-                "content": [
-                    {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+            logprobs = ChoiceLogprobs(
+                content=[
+                    ChatCompletionTokenLogprob(token=f"token_id:{t}", logprob=lp, bytes=None, top_logprobs=[])
                     for t, lp in zip(result.token_ids, result.log_probs, strict=True)
                 ]
-            }
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": config.served_model_name,
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(result.token_ids),
-                "total_tokens": len(prompt) + len(result.token_ids),
-            },
-            "weights_version": result.weights_version,
-        }
+            )
+        completion = ChatCompletion(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            object="chat.completion",
+            created=int(time.time()),
+            model=config.served_model_name,
+            choices=[Choice(index=0, message=message, finish_reason=finish_reason, logprobs=logprobs)],
+            usage=CompletionUsage(
+                prompt_tokens=len(prompt),
+                completion_tokens=len(result.token_ids),
+                total_tokens=len(prompt) + len(result.token_ids),
+            ),
+            weights_version=result.weights_version,
+        )
+        return completion.model_dump(mode="json", exclude_unset=True)
 
     return app

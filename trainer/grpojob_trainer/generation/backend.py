@@ -1,6 +1,6 @@
 """The generation backend interface: prompt token ids in, sampled token ids and log-probs out.
 
-Every engine (transformers now, vLLM on GPUs later) implements `GenerationBackend`; the HTTP server
+Every engine (transformers on the CPU, vLLM on GPUs) implements `GenerationBackend`; the HTTP server
 (`grpojob_trainer.generation.app`) and the weight sync of the trainer only talk to this interface.
 """
 

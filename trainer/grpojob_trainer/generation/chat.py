@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+from grpojob_trainer.penguin.protocol import TokenIds, TokenIdsError
+
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -51,27 +52,19 @@ def normalize_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any
     return normalized
 
 
-def last_tokenized_turn(messages: Sequence[dict[str, Any]]) -> int | None:
-    """Index of the last assistant message that carries the token-id fields, or None.
-
-    A message must carry all three fields or none; the generation ids and log-probs must be equally long.
-    """
+def last_tokenized_turn(messages: Sequence[dict[str, Any]]) -> tuple[int, TokenIds] | None:
+    """The last assistant message that carries token ids (`TokenIds`): its index and its ids, or None."""
     found = None
     for index, message in enumerate(messages):
-        present = [name for name in TOKEN_FIELDS if message.get(name) is not None]
-        if not present:
+        try:
+            tokens = TokenIds.carried_by(message)
+        except TokenIdsError as error:
+            raise PromptError(f"messages[{index}] {error}") from None
+        if tokens is None:
             continue
-        if len(present) != len(TOKEN_FIELDS):
-            missing = sorted(set(TOKEN_FIELDS) - set(present))
-            raise PromptError(f"messages[{index}] carries {present} but not {missing}: send all three or none")
         if message.get("role") != "assistant":
             raise PromptError(f"messages[{index}] carries token ids but its role is {message.get('role')!r}")
-        if len(message["generation_token_ids"]) != len(message["generation_log_probs"]):
-            raise PromptError(
-                f"messages[{index}]: generation_token_ids ({len(message['generation_token_ids'])}) and "
-                f"generation_log_probs ({len(message['generation_log_probs'])}) differ in length"
-            )
-        found = index
+        found = (index, tokens)
     return found
 
 
@@ -95,12 +88,11 @@ def build_prompt_token_ids(
     if not messages:
         raise PromptError("messages is empty")
     full = render(tokenizer, messages, tools, add_generation_prompt=add_generation_prompt)
-    turn = last_tokenized_turn(messages)
-    if turn is None:
+    tokenized = last_tokenized_turn(messages)
+    if tokenized is None:
         return encode(tokenizer, full)
-    prefix = [int(t) for t in messages[turn]["prompt_token_ids"]] + [
-        int(t) for t in messages[turn]["generation_token_ids"]
-    ]
+    turn, tokens = tokenized
+    prefix = tokens.prompt_token_ids + tokens.generation_token_ids
     head = render(tokenizer, messages[: turn + 1], tools, add_generation_prompt=False)
     if not full.startswith(head):
         raise PromptError("the chat template does not render the earlier turns as a prefix of the conversation")

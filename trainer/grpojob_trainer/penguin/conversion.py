@@ -1,10 +1,11 @@
-"""A ``/run`` result → `TrainingSample`, with NeMo-RL's contiguity check."""
+"""A ``/run`` result (`RunResult`) → `TrainingSample`, with NeMo-RL's contiguity check."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from grpojob_trainer.penguin.protocol import RunResult, TokenIds, TokenIdsError
 from grpojob_trainer.samples import TrainingSample
 
 
@@ -12,26 +13,32 @@ class RolloutConversionError(ValueError):
     """A ``/run`` result that cannot become a training sample (the rollout counts as failed)."""
 
 
-def token_turns(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The output items that close a model call: those with non-empty ``generation_token_ids``."""
-    return [item for item in output if item.get("generation_token_ids")]
+def token_turns(output: list[dict[str, Any]]) -> list[TokenIds]:
+    """The token ids of each model call, from the output items that close one (those with non-empty
+    ``generation_token_ids``); raises `RolloutConversionError` when such an item's ids are incomplete
+    or malformed."""
+    turns: list[TokenIds] = []
+    for item in output:
+        if not item.get("generation_token_ids"):
+            continue
+        try:
+            tokens = TokenIds.carried_by(item)
+        except TokenIdsError as error:
+            raise RolloutConversionError(f"model call {len(turns)}: {error}") from None
+        if tokens is not None:
+            turns.append(tokens)
+    return turns
 
 
-def result_to_sample(result: dict[str, Any], group_index: int) -> TrainingSample:
+def result_to_sample(result: RunResult, group_index: int) -> TrainingSample:
     """Flatten one rollout into token ids, a generated-token mask and generation log-probs.
 
     Walks ``response.output`` as NeMo-RL does: for each model call, ``prompt_token_ids`` must start with
     every token seen so far; the new prompt tokens are context (masked out, log-prob 0.0) and the
     generated tokens are trained on. Raises `RolloutConversionError` when there are no token ids, the
-    history is not contiguous, a log-prob is not finite, or the reward is missing or not finite.
+    history is not contiguous, or a log-prob is not finite (`RunResult` already holds a finite reward).
     """
-    response = result.get("response")
-    if not isinstance(response, dict):
-        raise RolloutConversionError("the /run result has no 'response' object")
-    reward = result.get("reward")
-    if not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward):
-        raise RolloutConversionError(f"the /run result's reward is {reward!r}, not a finite number")
-    turns = token_turns(response.get("output") or [])
+    turns = token_turns(result.response.output)
     if not turns:
         raise RolloutConversionError(
             "no output item carries generation_token_ids: the model server must return token ids"
@@ -39,19 +46,13 @@ def result_to_sample(result: dict[str, Any], group_index: int) -> TrainingSample
     seen: list[int] = []
     mask: list[bool] = []
     log_probs: list[float] = []
-    for number, item in enumerate(turns):
-        prompt = [int(t) for t in item.get("prompt_token_ids") or []]
-        generated = [int(t) for t in item["generation_token_ids"]]
-        generated_log_probs = [float(lp) for lp in item.get("generation_log_probs") or []]
+    for number, tokens in enumerate(turns):
+        prompt, generated = tokens.prompt_token_ids, tokens.generation_token_ids
+        generated_log_probs = tokens.generation_log_probs
         if prompt[: len(seen)] != seen:
             raise RolloutConversionError(
                 f"model call {number} is not contiguous: its prompt_token_ids do not start with the "
                 f"{len(seen)} tokens of the earlier calls (first difference at {_first_difference(seen, prompt)})"
-            )
-        if len(generated_log_probs) != len(generated):
-            raise RolloutConversionError(
-                f"model call {number}: {len(generated)} generation_token_ids but "
-                f"{len(generated_log_probs)} generation_log_probs"
             )
         if not all(math.isfinite(lp) for lp in generated_log_probs):
             raise RolloutConversionError(f"model call {number}: a generation log-prob is NaN or infinite")
@@ -63,17 +64,11 @@ def result_to_sample(result: dict[str, Any], group_index: int) -> TrainingSample
         token_ids=tuple(seen),
         generated_mask=tuple(mask),
         generation_log_probs=tuple(log_probs),
-        reward=float(reward),
+        reward=result.reward,
         group_index=group_index,
-        truncated=is_truncated(response),
+        truncated=result.response.truncated,
         turns=len(turns),
     )
-
-
-def is_truncated(response: dict[str, Any]) -> bool:
-    """The episode's last model call stopped at the token limit (Responses ``incomplete_details``)."""
-    details = response.get("incomplete_details")
-    return response.get("status") == "incomplete" or (isinstance(details, dict) and bool(details.get("reason")))
 
 
 def _first_difference(seen: list[int], prompt: list[int]) -> int:

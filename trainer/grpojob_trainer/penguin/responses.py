@@ -1,6 +1,6 @@
 """Responses-API items ↔ Chat Completions messages, as NeMo Gym's ``responses_converter`` does it.
 
-Token ids (``prompt_token_ids``, ``generation_token_ids``, ``generation_log_probs``) sit on the last
+Token ids (`TokenIds`: ``prompt_token_ids``, ``generation_token_ids``, ``generation_log_probs``) sit on the last
 output item of each model call; converting back to chat attaches them to the merged assistant message
 so the generation server can reuse those exact tokens.
 """
@@ -13,7 +13,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+from grpojob_trainer.penguin.protocol import TokenIds
+
 THINK = re.compile(r"^\s*<think>(.*?)</think>", re.DOTALL)
 
 
@@ -85,8 +86,9 @@ def responses_to_chat(items: Sequence[dict[str, Any]], instructions: str | None 
                 )
             else:
                 group["_text"].append(item_text(item.get("content")))
-            if any(item.get(name) for name in TOKEN_FIELDS):
-                group.update({name: list(item[name]) for name in TOKEN_FIELDS})
+            tokens = TokenIds.carried_by(item)
+            if tokens is not None:
+                group.update(tokens.model_dump())
                 close()
             continue
         close()
@@ -136,8 +138,9 @@ def chat_to_output_items(message: dict[str, Any], finish_reason: str | None) -> 
                 "status": "completed",
             }
         )
-    if all(message.get(name) is not None for name in TOKEN_FIELDS):
-        items[-1].update({name: list(message[name]) for name in TOKEN_FIELDS})
+    tokens = TokenIds.carried_by(message)
+    if tokens is not None:
+        items[-1].update(tokens.model_dump())
     return items
 
 

@@ -16,16 +16,17 @@ which made the rollout path, not the engine, the slowest part of a GPU step.
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from pydantic import ValidationError
 
 from grpojob_trainer.penguin.conversion import RolloutConversionError, result_to_sample
+from grpojob_trainer.penguin.gym_errors import inner_client_error
 from grpojob_trainer.penguin.metrics import rollout_metrics
+from grpojob_trainer.penguin.protocol import Row, RunResult, describe
 from grpojob_trainer.samples import TrainingSample
 
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504, 520})
@@ -42,16 +43,14 @@ class PolicySampling:
     max_output_tokens: int | None = None
     """Caps the row's ``max_output_tokens`` (sets it when absent)."""
 
-    def apply(self, row: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, row: Row) -> Row:
         """A copy of ``row`` with these parameters in ``responses_create_params``."""
-        row = copy.deepcopy(row)
-        params = row.setdefault("responses_create_params", {})
-        params["temperature"] = self.temperature
-        params["top_p"] = self.top_p
+        update: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p}
         if self.max_output_tokens is not None:
-            asked = params.get("max_output_tokens")
-            params["max_output_tokens"] = min(asked, self.max_output_tokens) if asked else self.max_output_tokens
-        return row
+            asked = row.responses_create_params.max_output_tokens
+            update["max_output_tokens"] = min(asked, self.max_output_tokens) if asked else self.max_output_tokens
+        params = row.responses_create_params.model_copy(update=update)
+        return row.model_copy(update={"responses_create_params": params})
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,6 @@ class RolloutOutcome:
     env_name: str
     attempts: int
     sample: TrainingSample | None = None
-    result: dict[str, Any] | None = None
-    """The ``/run`` body (row, ``response``, ``reward``, extras) when the server answered 200."""
     error: str | None = None
 
     @property
@@ -97,10 +94,10 @@ class _Permanent(Exception):
     """A failure that retrying will not fix."""
 
 
-def env_name_of(row: Mapping[str, Any], env_urls: Mapping[str, str]) -> str:
+def env_name_of(row: Row, env_urls: Mapping[str, str]) -> str:
     """The environment a row goes to: ``agent_ref.name``, or the only environment when there is one (a
     NeMo Gym environment's URL is listed under its name and its agent's)."""
-    name = (row.get("agent_ref") or {}).get("name")
+    name = row.agent_ref.name if row.agent_ref is not None else None
     if name is None and len(set(env_urls.values())) == 1:
         return next(iter(env_urls))
     if name not in env_urls:
@@ -109,7 +106,7 @@ def env_name_of(row: Mapping[str, Any], env_urls: Mapping[str, str]) -> str:
 
 
 async def collect_rollouts(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[Row | Mapping[str, Any]],
     env_urls: Mapping[str, str],
     *,
     concurrency: int = 32,
@@ -118,16 +115,15 @@ async def collect_rollouts(
     backoff_s: float = 1.0,
     group_indices: Sequence[int] | None = None,
     sampling: PolicySampling | None = None,
-    on_done: Callable[[RolloutOutcome], None] | None = None,
     deadline_s: float | None = None,
 ) -> RolloutBatch:
     """Run every row through its environment's ``/run`` and convert the results to training samples.
 
     ``group_indices[i]`` becomes sample i's ``group_index`` (default: i). ``sampling`` overwrites each
-    row's temperature/top-p (and caps max_output_tokens). ``on_done`` is called as each rollout ends
-    (for progress bars). Rollouts not done ``deadline_s`` after the call are abandoned and reported as
-    failed (with no attempts counted). Raises `KeyError` before any request when a row names
-    an unknown environment.
+    row's temperature/top-p (and caps max_output_tokens). Rollouts not done ``deadline_s`` after the call
+    are abandoned and reported as failed (with no attempts counted). Raises, before any request,
+    `KeyError` when a row names an unknown environment and pydantic's `ValidationError` when a row is
+    not a NeMo Gym row.
     """
     if concurrency < 1 or retries < 0 or timeout_s <= 0 or backoff_s < 0:
         raise ValueError("need concurrency >= 1, retries >= 0, timeout_s > 0 and backoff_s >= 0")
@@ -135,8 +131,9 @@ async def collect_rollouts(
         raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
     if group_indices is not None and len(group_indices) != len(rows):
         raise ValueError(f"group_indices has {len(group_indices)} entries for {len(rows)} rows")
-    names = [env_name_of(row, env_urls) for row in rows]
-    bodies = [sampling.apply(dict(row)) if sampling else dict(row) for row in rows]
+    parsed = [row if isinstance(row, Row) else Row.model_validate(row) for row in rows]
+    names = [env_name_of(row, env_urls) for row in parsed]
+    bodies = [(sampling.apply(row) if sampling else row).model_dump_json(exclude_unset=True) for row in parsed]
     groups = list(group_indices) if group_indices is not None else list(range(len(rows)))
     semaphore = asyncio.Semaphore(concurrency)
     session = {
@@ -149,12 +146,9 @@ async def collect_rollouts(
 
         async def one(index: int) -> RolloutOutcome:
             url = env_urls[names[index]].rstrip("/") + "/run"
-            outcome = await _run_with_retries(
+            return await _run_with_retries(
                 client, semaphore, url, bodies[index], index, names[index], groups[index], timeout_s, retries, backoff_s
             )
-            if on_done is not None:
-                on_done(outcome)
-            return outcome
 
         tasks = [asyncio.create_task(one(i)) for i in range(len(rows))]
         if tasks:
@@ -178,7 +172,7 @@ async def _run_with_retries(
     client: aiohttp.ClientSession,
     semaphore: asyncio.Semaphore,
     url: str,
-    body: dict[str, Any],
+    body: str,
     index: int,
     env_name: str,
     group_index: int,
@@ -194,11 +188,11 @@ async def _run_with_retries(
             async with semaphore:
                 result = await asyncio.wait_for(_post_run(client, url, body), timeout_s)
             sample = result_to_sample(result, group_index)
-            return RolloutOutcome(index, env_name, attempt + 1, sample=sample, result=result)
+            return RolloutOutcome(index, env_name, attempt + 1, sample=sample)
         except _Permanent as failure:
             return RolloutOutcome(index, env_name, attempt + 1, error=str(failure))
         except RolloutConversionError as failure:
-            return RolloutOutcome(index, env_name, attempt + 1, result=result, error=f"bad rollout: {failure}")
+            return RolloutOutcome(index, env_name, attempt + 1, error=f"bad rollout: {failure}")
         except TimeoutError:
             error = f"POST {url} timed out after {timeout_s}s"
         except _Transient as failure:
@@ -206,20 +200,21 @@ async def _run_with_retries(
     return RolloutOutcome(index, env_name, retries + 1, error=f"{error} (gave up after {retries + 1} attempts)")
 
 
-async def _post_run(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _post_run(client: aiohttp.ClientSession, url: str, body: str) -> RunResult:
     try:
-        async with client.post(url, json=body) as response:
+        async with client.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
             status, text = response.status, await response.text()
     except aiohttp.ClientError as error:
         raise _Transient(f"POST {url} failed: {type(error).__name__}: {error}") from error
+    if status == 500 and (inner := inner_client_error(text)) is not None:  # retrying cannot fix an inner 4xx
+        raise _Permanent(f"POST {url} answered 500: {str(inner)[:ERROR_BODY_CHARS]}")
     if status in TRANSIENT_STATUS:
         raise _Transient(f"POST {url} answered {status}: {text[:ERROR_BODY_CHARS]}")
     if status != 200:
         raise _Permanent(f"POST {url} answered {status}: {text[:ERROR_BODY_CHARS]}")
     try:
-        result = json.loads(text)
-    except ValueError as error:
-        raise _Permanent(f"POST {url} answered 200 with a body that is not JSON: {error}") from error
-    if not isinstance(result, dict):
-        raise _Permanent(f"POST {url} answered 200 with {type(result).__name__}, not a JSON object")
-    return result
+        return RunResult.model_validate_json(text)
+    except ValidationError as error:
+        raise RolloutConversionError(
+            f"POST {url} answered 200 with a body that is not a /run result: {describe(error)}"
+        ) from None
