@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -380,11 +379,11 @@ class PolicyTrainer:
         before_training = timer.seconds.get(TRAINING, 0.0)
         with timer.phase(PREPARE):
             prepared = self.prepare(samples)
-        started = time.perf_counter()
         with timer.phase(TRAINING):
             metrics = self.accumulate_gradients(prepared, step_normalizer(samples, self.loss_config.aggregation))
             metrics |= self.optimizer_step()
-        (training_seconds,) = all_reduce([time.perf_counter() - started], "max")  # the slowest rank's
+        training_seconds = timer.seconds[TRAINING] - before_training
+        (slowest_training_seconds,) = all_reduce([training_seconds], "max")
         tokens = sum(len(s.token_ids) for s in samples)
         metrics |= {
             "reward_mean": sum(s.reward for s in samples) / len(samples),
@@ -392,8 +391,8 @@ class PolicyTrainer:
             "tokens": float(tokens),
             "generated_tokens": generated,
             "time/prepare": timer.seconds[PREPARE] - before_prepare,
-            "time/training": timer.seconds[TRAINING] - before_training,
-            "train_tokens_per_s": tokens_per_second(tokens, training_seconds),
+            "time/training": training_seconds,
+            "train_tokens_per_s": tokens_per_second(tokens, slowest_training_seconds),
         }
         return metrics
 

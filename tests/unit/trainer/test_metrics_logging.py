@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -48,25 +47,40 @@ def test_a_reopened_logger_appends(tmp_path: Path):
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
+class FakeClock:
+    """A clock that moves only when told: ``advance(seconds)``."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_step_timer_accumulates_seconds_per_phase():
-    timer = StepTimer()
+    clock = FakeClock()
+    timer = StepTimer(clock)
     with timer.phase("generation"):
-        time.sleep(0.02)
+        clock.advance(2.0)
+    clock.advance(50.0)  # between phases: not counted
     with timer.phase("training"):
-        time.sleep(0.01)
+        clock.advance(1.0)
     with timer.phase("generation"):
-        time.sleep(0.01)
-    metrics = timer.metrics()
-    assert metrics["time/generation"] >= 0.03
-    assert 0.01 <= metrics["time/training"] < metrics["time/generation"]
-    assert metrics["time/step"] == pytest.approx(metrics["time/generation"] + metrics["time/training"])
+        clock.advance(0.5)
+    assert timer.metrics() == {"time/generation": 2.5, "time/training": 1.0, "time/step": 3.5}
+    assert timer.metrics(prefix="t.") == {"t.generation": 2.5, "t.training": 1.0, "t.step": 3.5}
 
 
 def test_a_phase_that_raises_is_still_timed():
-    timer = StepTimer()
+    clock = FakeClock()
+    timer = StepTimer(clock)
     with pytest.raises(RuntimeError), timer.phase("weight_sync"):
+        clock.advance(0.25)
         raise RuntimeError("boom")
-    assert "weight_sync" in timer.seconds
+    assert timer.seconds == {"weight_sync": 0.25}
 
 
 def test_tokens_per_second():
