@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -106,14 +105,13 @@ def test_500s_are_retried_and_rows_that_keep_failing_are_counted_not_dropped(env
     assert proxy.most_in_flight <= 2
 
 
+@pytest.mark.timeout(30)  # a hang fails here instead of after the suite's 600 s
 def test_a_server_that_never_answers_ends_in_counted_timeouts_not_a_hang(silent_server):
-    started = time.monotonic()
-
     batch = asyncio.run(
         collect_rollouts(rows("arithmetic", 3), {"arithmetic": silent_server}, timeout_s=0.5, retries=1, backoff_s=0.05)
     )
 
-    assert time.monotonic() - started < 5
+    assert [o.attempts for o in batch.failures] == [2, 2, 2]
     assert [o.row_index for o in batch.failures] == [0, 1, 2]
     assert all("timed out" in o.error for o in batch.failures)
     assert batch.samples == []
