@@ -38,10 +38,27 @@ def model_dirs(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def backend(model_dirs):
+def engine(model_dirs):
+    """One vLLM engine for the module (starting one takes a while), first loaded from model A. Tests take
+    it through `backend`, or load model A themselves with `serve_model_a`, so that none depends on what
+    another loaded: each runs alone or in any order."""
     from grpojob_trainer.generation.vllm_backend import VLLMBackend
 
-    return VLLMBackend(model_dirs[0], max_model_len=512, gpu_memory_utilization=0.3, enforce_eager=True)
+    started = VLLMBackend(model_dirs[0], max_model_len=512, gpu_memory_utilization=0.3, enforce_eager=True)
+    yield started
+    started.shutdown()
+
+
+def serve_model_a(engine, model_dirs) -> int:
+    """Load model A's weights into the engine (by value); returns its weights version now."""
+    return engine.update_weights(policy_tensors(model_dirs[0]).items())
+
+
+@pytest.fixture
+def backend(engine, model_dirs):
+    """The module's engine serving model A's weights, whatever an earlier test loaded into it."""
+    serve_model_a(engine, model_dirs)
+    return engine
 
 
 def prompts(backend, count: int) -> list[tuple[int, ...]]:
@@ -100,8 +117,8 @@ def test_generation_returns_token_ids_with_a_log_probability_each(backend):
 def test_the_trainer_recomputes_the_engines_log_probabilities(backend, model_dirs):
     requests, results = generate(backend, count=32)
     recomputed = trainer_logprobs(model_dirs[0], requests, results)
-    engine = [torch.tensor(r.log_probs) for r in results]
-    gap = torch.cat([(a - b).abs() for a, b in zip(engine, recomputed, strict=True)])
+    sampled = [torch.tensor(r.log_probs) for r in results]
+    gap = torch.cat([(a - b).abs() for a, b in zip(sampled, recomputed, strict=True)])
     print(f"vLLM vs trainer log-prob |diff|: mean {gap.mean():.4f}, max {gap.max():.4f} over {gap.numel()} tokens")
     assert gap.mean() < 0.05
 
@@ -118,68 +135,71 @@ def policy_tensors(model_dir: Path, device: str = "cuda") -> dict[str, torch.Ten
 def assert_engine_samples_from(backend, model_dirs, now: int, before: int, version: int) -> None:
     requests, results = generate(backend, count=32)
     assert all(r.weights_version == version for r in results)
-    engine = torch.cat([torch.tensor(r.log_probs) for r in results])
+    sampled = torch.cat([torch.tensor(r.log_probs) for r in results])
     under_now = torch.cat(trainer_logprobs(model_dirs[now], requests, results))
     under_before = torch.cat(trainer_logprobs(model_dirs[before], requests, results))
-    assert (engine - under_now).abs().mean() < 0.05, "the engine samples from the new weights"
-    assert (engine - under_before).abs().mean() > 4 * (engine - under_now).abs().mean()
+    assert (sampled - under_now).abs().mean() < 0.05, "the engine samples from the new weights"
+    assert (sampled - under_before).abs().mean() > 4 * (sampled - under_now).abs().mean()
 
 
-def test_weights_sent_by_value_reach_the_engine(backend, model_dirs):
+def test_weights_sent_by_value_reach_the_engine(engine, model_dirs):
+    before = serve_model_a(engine, model_dirs)
     tensors = policy_tensors(model_dirs[1])
     started = time.perf_counter()
-    version = backend.update_weights(tensors.items())
+    version = engine.update_weights(tensors.items())
     print(f"weight sync (by value through the host): {1000 * (time.perf_counter() - started):.1f} ms")
-    assert version == 1
-    assert_engine_samples_from(backend, model_dirs, now=1, before=0, version=1)
+    assert version == before + 1
+    assert_engine_samples_from(engine, model_dirs, now=1, before=0, version=version)
 
 
-def test_weights_shared_by_cuda_ipc_reach_the_engine_without_leaving_the_gpu(backend, model_dirs):
+def test_weights_shared_by_cuda_ipc_reach_the_engine_without_leaving_the_gpu(engine, model_dirs):
     from grpojob_trainer.weights import plan_buckets, share_buckets
 
-    tensors = policy_tensors(model_dirs[0])
+    before = serve_model_a(engine, model_dirs)
+    tensors = policy_tensors(model_dirs[1])
     layouts = plan_buckets([(n, t.shape) for n, t in tensors.items()], bucket_bytes=1 << 20, dtype=torch.bfloat16)
     torch.cuda.synchronize()
     started = time.perf_counter()
     payload, buckets = share_buckets(layouts, tensors, torch.device("cuda", 0))
-    version = backend.update_weights_ipc(payload)
+    version = engine.update_weights_ipc(payload)
     elapsed = time.perf_counter() - started
     print(f"weight sync (CUDA IPC, same GPU, {len(buckets)} buckets): {1000 * elapsed:.1f} ms")
-    assert len(layouts) > 1 and version == 2
-    assert_engine_samples_from(backend, model_dirs, now=0, before=1, version=2)
+    assert len(layouts) > 1 and version == before + 1
+    assert_engine_samples_from(engine, model_dirs, now=1, before=0, version=version)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (NCCL broadcast between GPUs)")
-def test_weights_broadcast_over_nccl_from_another_gpu_reach_the_engine(backend, model_dirs):
+def test_weights_broadcast_over_nccl_from_another_gpu_reach_the_engine(engine, model_dirs):
     import pickle
     import socket
     import threading
 
     from grpojob_trainer.weights import WeightBroadcastGroup, plan_buckets
 
-    torch.cuda.set_device(1)  # the policy's GPU; the engine's worker uses GPU 0
-    tensors = policy_tensors(model_dirs[1], device="cuda:1")
-    layouts = plan_buckets([(n, t.shape) for n, t in tensors.items()], bucket_bytes=1 << 20, dtype=torch.bfloat16)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    joined = threading.Thread(target=backend.join_weight_group, args=("127.0.0.1", port, 2, 1))
-    joined.start()
-    group = WeightBroadcastGroup("127.0.0.1", port, world_size=2, rank=0, backend="nccl")
-    joined.join(timeout=120)
-    versions: list[int] = []
-    for _ in range(2):  # the first broadcast also sets up the NCCL communicator
-        receiving = threading.Thread(
-            target=lambda: versions.append(backend.update_weights_from_group(pickle.dumps(layouts)))
-        )
-        started = time.perf_counter()
-        receiving.start()
-        group.send_buckets(layouts, tensors, "cuda:1")
-        receiving.join(timeout=120)
-        elapsed = time.perf_counter() - started
+    before = serve_model_a(engine, model_dirs)
+    with torch.cuda.device(1):  # the policy's GPU (for this test only); the engine's worker uses GPU 0
+        tensors = policy_tensors(model_dirs[1], device="cuda:1")
+        layouts = plan_buckets([(n, t.shape) for n, t in tensors.items()], bucket_bytes=1 << 20, dtype=torch.bfloat16)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        joined = threading.Thread(target=engine.join_weight_group, args=("127.0.0.1", port, 2, 1))
+        joined.start()
+        group = WeightBroadcastGroup("127.0.0.1", port, world_size=2, rank=0, backend="nccl")
+        joined.join(timeout=120)
+        versions: list[int] = []
+        for _ in range(2):  # the first broadcast also sets up the NCCL communicator
+            receiving = threading.Thread(
+                target=lambda: versions.append(engine.update_weights_from_group(pickle.dumps(layouts)))
+            )
+            started = time.perf_counter()
+            receiving.start()
+            group.send_buckets(layouts, tensors, "cuda:1")
+            receiving.join(timeout=120)
+            elapsed = time.perf_counter() - started
     print(f"weight sync (NCCL broadcast GPU 1 -> GPU 0, {len(layouts)} buckets, warm): {1000 * elapsed:.1f} ms")
-    assert versions == [3, 4]
-    assert_engine_samples_from(backend, model_dirs, now=1, before=0, version=4)
+    assert versions == [before + 1, before + 2]
+    assert_engine_samples_from(engine, model_dirs, now=1, before=0, version=before + 2)
 
 
 def test_the_openai_server_keeps_multi_turn_tokens_contiguous_on_vllm(backend):
