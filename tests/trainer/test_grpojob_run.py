@@ -89,11 +89,15 @@ def test_a_killed_trainer_resumes_from_its_last_checkpoint(tiny_model_dir: Path,
     job = write_job(tmp_path, tiny_model_dir, steps=8, interval=3)
     first = grpojob("run", str(job), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not any(step >= 3 for step, _ in list_checkpoints(tmp_path / "checkpoints")):
+    while not any(step >= 3 for step, _ in list_checkpoints(tmp_path / "checkpoints")):
         assert first.poll() is None, first.communicate()[0][-3000:]
+        if time.monotonic() > deadline:
+            os.killpg(first.pid, signal.SIGKILL)
+            pytest.fail(f"no checkpoint of step 3 after 300s:\n{first.communicate()[0][-3000:]}")
         time.sleep(0.5)
     os.killpg(first.pid, signal.SIGKILL)  # the trainer dies mid-run, as when its pod is evicted
-    first.communicate()
+    out = first.communicate()[0]
+    assert first.returncode == -signal.SIGKILL, f"the first run ended before it was killed:\n{out[-3000:]}"
     saved = max(step for step, _ in list_checkpoints(tmp_path / "checkpoints"))
     logged = [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert saved < 8
@@ -191,8 +195,8 @@ def test_an_environment_that_only_fails_ends_the_run_with_counted_failures(tiny_
     job = write_job(tmp_path, tiny_model_dir, steps=5, interval=100, environment=environment)
     process = grpojob("run", str(job), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
     out = finish(process, 300)
-    assert process.returncode != 0
-    assert "every rollout failed in 2 consecutive steps" in out
+    assert process.returncode == 1, out[-3000:]
+    assert "every rollout failed in 2 consecutive steps" in out and "Traceback" not in out, out[-3000:]
     failed = [
         json.loads(line)["rollout/failed"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     ]
@@ -204,8 +208,9 @@ def test_two_policy_ranks_on_the_cpu_train_sync_weights_and_hand_their_checkpoin
 ):
     """training.replicas 2 on the CPU: two gloo ranks (FSDP2) behind the loop; then one rank resumes."""
     job = write_job(tmp_path, tiny_model_dir, steps=2, interval=2, replicas=2)
-    out = finish(grpojob("run", str(job), "--out", str(tmp_path / "two"), "--no-progress", cwd=tmp_path), 300)
-    assert "Traceback" not in out, out[-3000:]
+    two = grpojob("run", str(job), "--out", str(tmp_path / "two"), "--no-progress", cwd=tmp_path)
+    out = finish(two, 300)
+    assert two.returncode == 0 and "Traceback" not in out, out[-3000:]
     records = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
@@ -214,6 +219,7 @@ def test_two_policy_ranks_on_the_cpu_train_sync_weights_and_hand_their_checkpoin
     assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000002"
 
     job = write_job(tmp_path, tiny_model_dir, steps=3, interval=3, replicas=1)
-    out = finish(grpojob("run", str(job), "--out", str(tmp_path / "one"), "--no-progress", cwd=tmp_path), 300)
-    assert "resumed from the checkpoint of step 2" in out, out[-3000:]
+    one = grpojob("run", str(job), "--out", str(tmp_path / "one"), "--no-progress", cwd=tmp_path)
+    out = finish(one, 300)
+    assert one.returncode == 0 and "resumed from the checkpoint of step 2" in out, out[-3000:]
     assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000003"
