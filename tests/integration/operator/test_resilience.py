@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from .conftest import eventually, job_manifest
 
 pytestmark = pytest.mark.integration
+
+EXITED_AFTER_A_WRITE = 3
+"""The exit status of an operator run with GRPOJOB_EXIT_AFTER_WRITES once it made its writes."""
 
 
 def test_an_operator_killed_after_every_single_write_never_duplicates_or_orphans_a_child(operator, jobs):
@@ -17,10 +22,12 @@ def test_an_operator_killed_after_every_single_write_never_duplicates_or_orphans
         # Each run makes exactly one API write (a child or the status), then dies as if SIGKILLed.
         operator.start(GRPOJOB_EXIT_AFTER_WRITES="1")
         try:
-            operator.wait_exit(60)
-        except Exception:  # the job is already Running and nothing is left to write
+            code = operator.wait_exit(60)
+        except subprocess.TimeoutExpired:  # nothing left to write: the job must be Running already
             operator.kill()
+            assert jobs.status("crashy-operator").get("phase") == "Running", operator.log()[-3000:]
             break
+        assert code == EXITED_AFTER_A_WRITE, f"the operator crashed (exit {code}):\n{operator.log()[-3000:]}"
         restarts += 1
         assert restarts < 40, operator.log()[-3000:]
     assert restarts >= 10, "every creation step should have been interrupted"
