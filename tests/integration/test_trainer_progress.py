@@ -4,6 +4,7 @@ and nothing else (the Role the operator creates for it), against the real API se
 from __future__ import annotations
 
 import base64
+import logging
 import ssl
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def without_owner(manifest: dict) -> dict:
     return manifest
 
 
-def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubeconfig, namespace, tmp_path):
+def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubeconfig, namespace, tmp_path, caplog):
     job = api.parse_job(
         {
             "apiVersion": api.API_VERSION,
@@ -63,8 +64,11 @@ def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubec
     publisher.publish(6, float("nan"))  # no reward this step: the old one must not linger beside it
     assert core.read_namespaced_config_map("demo-progress", namespace).data == {"step": "6"}
 
-    # Reporting is best effort: a refused report is logged, it does not end training.
-    ConfigMapProgressPublisher(server, token, ca, namespace, "someone-else").publish(7, 0.5)
+    # Reporting is best effort: a refused report is logged, it does not end training (nor change anything).
+    with caplog.at_level(logging.WARNING, logger="grpojob_trainer.progress"):
+        ConfigMapProgressPublisher(server, token, ca, namespace, "someone-else").publish(7, 0.5)
+    assert "could not report progress of step 7" in caplog.text and "403" in caplog.text
+    assert core.read_namespaced_config_map("someone-else", namespace).data == {"a": "1"}
 
     verify = ssl.create_default_context(cafile=ca)
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"}
