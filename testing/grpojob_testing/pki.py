@@ -84,6 +84,10 @@ def _sign(subject: x509.Name, key, issuer: x509.Name, issuer_key, *, ca: bool, e
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + VALIDITY)
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        # Key identifiers: Python >= 3.13 verifies with VERIFY_X509_STRICT, which refuses a certificate
+        # without an Authority Key Identifier (the pods of our Python 3.13 images talk to this API server).
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
     )
     if ca:
         builder = builder.add_extension(
