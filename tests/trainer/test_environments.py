@@ -89,4 +89,4 @@ def test_a_row_without_sampling_parameters_samples_with_the_jobs(env_urls):
     response = run(env_urls["arithmetic"], row)
 
     assert response.status_code == 200, response.text
-    assert result_to_sample(response.json(), group_index=0).generated_tokens > 0
+    assert result_to_sample(RunResult.model_validate(response.json()), group_index=0).generated_tokens > 0
