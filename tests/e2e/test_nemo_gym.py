@@ -16,6 +16,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from grpojob_api import endpoints as contract
 from grpojob_operator import names
 from tests.e2e.test_grpojob import GROUP, PLURAL, VERSION, watch_job
 
@@ -57,7 +58,7 @@ def gym_job(name: str, claim: str, max_steps: int) -> dict[str, Any]:
 def ray_state(head_ip: str, resource: str) -> list[dict[str, Any]]:
     """One of the Ray state API's listings (what `ray list nodes` / `ray list jobs` print) from the head's
     dashboard."""
-    response = httpx.get(f"http://{head_ip}:{names.DASHBOARD_PORT}/api/v0/{resource}?limit=1000", timeout=30)
+    response = httpx.get(f"http://{head_ip}:{contract.DASHBOARD_PORT}/api/v0/{resource}?limit=1000", timeout=30)
     response.raise_for_status()
     return response.json()["data"]["result"]["result"]
 
@@ -82,7 +83,7 @@ def test_a_grpojob_with_a_nemo_gym_environment_trains_its_servers_joined_to_the_
         core.read_namespaced_config_map(child.nemo_gym_config("weather"), namespace).data["env.yaml"]
     )
     assert config["ray_head_node_address"] == endpoints["RAY_GCS_ADDRESS"]
-    assert endpoints["RAY_GCS_ADDRESS"] == f"gym-head-svc.{namespace}.svc.cluster.local:{names.GCS_PORT}"
+    assert endpoints["RAY_GCS_ADDRESS"] == f"gym-head-svc.{namespace}.svc.cluster.local:{contract.GCS_PORT}"
     (gym_pod,) = core.list_namespaced_pod(namespace, label_selector="grpo.dev/environment=weather").items
     nodes = ray_state(endpoints["RAY_HEAD_POD_IP"], "nodes")
     drivers = ray_state(endpoints["RAY_HEAD_POD_IP"], "jobs")
