@@ -5,6 +5,10 @@ from typing import Any
 
 import pytest
 
+from grpojob_api import v1alpha1 as api
+from grpojob_operator import manifests
+from grpojob_operator.observe import ConfigMapInfo, OtherInfo, PodInfo, RayClusterInfo
+
 JOB_SPEC: dict[str, Any] = {
     "model": {"path": "/models/qwen", "servedModelName": "policy"},
     "dataset": {"configMap": {"name": "rows"}},
@@ -37,3 +41,21 @@ def job_body(name: str = "demo", spec: dict[str, Any] | None = None, status: dic
 @pytest.fixture
 def body() -> dict:
     return job_body()
+
+
+def children_up_to_the_head(job: api.GRPOJob, head: PodInfo, head_ready: bool = True) -> dict:
+    """The observed children of job ``demo`` before `<demo>-endpoints` is written: the RayCluster (head
+    ready or not), its config and progress ConfigMaps, the generation Service, the trainer's RBAC, and
+    the head pod ``head``."""
+    return {
+        "RayCluster": {"demo": RayClusterInfo("demo", head_ready, 3, 3, False)},
+        "ConfigMap": {
+            "demo-config": ConfigMapInfo("demo-config", tuple(manifests.build_config_map(job)["data"].items())),
+            "demo-progress": ConfigMapInfo("demo-progress", ()),
+        },
+        "Service": {"demo-generation": OtherInfo("demo-generation", False)},
+        "ServiceAccount": {"demo-trainer": OtherInfo("demo-trainer", False)},
+        "Role": {"demo-trainer": OtherInfo("demo-trainer", False)},
+        "RoleBinding": {"demo-trainer": OtherInfo("demo-trainer", False)},
+        "Pod": {"demo-head": head},
+    }

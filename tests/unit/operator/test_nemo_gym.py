@@ -11,10 +11,10 @@ from pydantic import ValidationError
 
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import manifests, names, nemo_gym, state
-from grpojob_operator.observe import ConfigMapInfo, DeploymentInfo, Observed, OtherInfo, PodInfo, RayClusterInfo
+from grpojob_operator.observe import ConfigMapInfo, DeploymentInfo, Observed, OtherInfo, PodInfo
 from grpojob_operator.settings import OperatorSettings
 
-from .conftest import job_body
+from .conftest import children_up_to_the_head, job_body
 
 NOW = datetime(2026, 11, 30, 10, 0, 10, tzinfo=UTC)
 SETTINGS = OperatorSettings(nemo_gym_image="example/nemo-gym:1")
@@ -164,18 +164,7 @@ def children(head_ip: str = "10.0.0.2", head_name: str = "demo-head") -> dict:
         created=NOW - timedelta(seconds=5),
         ready_since=None,
     )
-    return {
-        "RayCluster": {"demo": RayClusterInfo("demo", True, 3, 3, False)},
-        "ConfigMap": {
-            "demo-config": ConfigMapInfo("demo-config", tuple(manifests.build_config_map(JOB)["data"].items())),
-            "demo-progress": ConfigMapInfo("demo-progress", ()),
-        },
-        "Service": {"demo-generation": OtherInfo("demo-generation", False)},
-        "ServiceAccount": {"demo-trainer": OtherInfo("demo-trainer", False)},
-        "Role": {"demo-trainer": OtherInfo("demo-trainer", False)},
-        "RoleBinding": {"demo-trainer": OtherInfo("demo-trainer", False)},
-        "Pod": {"demo-head": head},
-    }
+    return children_up_to_the_head(JOB, head)
 
 
 def with_gym_running(kids: dict, ip: str, head: str = "demo-head") -> dict:

@@ -17,7 +17,7 @@ from grpojob_operator.observe import (
 )
 from grpojob_operator.settings import OperatorSettings
 
-from .conftest import job_body
+from .conftest import children_up_to_the_head, job_body
 
 NOW = datetime(2026, 11, 30, 10, 0, 10, tzinfo=UTC)
 SETTINGS = OperatorSettings(pod_failure_grace_seconds=60)
@@ -33,19 +33,7 @@ def pod(name: str, component: str, *, ip: str = "10.0.0.2", attempt: int | None 
 
 
 def base_children(head_ready: bool = True, head_ip: str = "10.0.0.2") -> dict:
-    children: dict = {
-        "RayCluster": {"demo": RayClusterInfo("demo", head_ready, 3, 3, False)},
-        "ConfigMap": {
-            "demo-config": ConfigMapInfo("demo-config", tuple(manifests.build_config_map(JOB)["data"].items())),
-            "demo-progress": ConfigMapInfo("demo-progress", ()),
-        },
-        "Service": {"demo-generation": OtherInfo("demo-generation", False)},
-        "ServiceAccount": {"demo-trainer": OtherInfo("demo-trainer", False)},
-        "Role": {"demo-trainer": OtherInfo("demo-trainer", False)},
-        "RoleBinding": {"demo-trainer": OtherInfo("demo-trainer", False)},
-        "Pod": {"demo-head": pod("demo-head", "ray-head", ip=head_ip)},
-    }
-    return children
+    return children_up_to_the_head(JOB, pod("demo-head", "ray-head", ip=head_ip), head_ready)
 
 
 def with_endpoints(children: dict, ip: str = "10.0.0.2", attempt: int = 1) -> dict:
