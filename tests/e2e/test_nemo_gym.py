@@ -18,7 +18,7 @@ from kubernetes import client
 
 from grpojob_api import endpoints as contract
 from grpojob_operator import names
-from tests.e2e.test_grpojob import GROUP, PLURAL, VERSION, watch_job
+from tests.e2e.test_grpojob import GROUP, PLURAL, VERSION, tiny_job, watch_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -39,20 +39,16 @@ def gym_rows() -> str:
 
 
 def gym_job(name: str, claim: str, max_steps: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "GRPOJob",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"path": "tiny-model", "pvc": {"claimName": claim}, "servedModelName": "tiny"},
-            "dataset": {"configMap": {"name": "gym-rows", "key": "train.jsonl"}},
-            "environments": [{"name": "weather", "nemoGym": {"configPaths": [TOOL_CALL], "agent": AGENT}}],
-            "generation": {"backend": "transformers", "gpusPerReplica": 0, "maxModelLen": 1024, "maxNewTokens": 8},
-            "training": {"gpusPerReplica": 0, "microBatchSize": 16, "optimizer": {"learningRate": 0.001}},
-            "grpo": {"promptsPerStep": 5, "generationsPerPrompt": 2, "maxSteps": max_steps},
-            "backoffLimit": 0,
-        },
-    }
+    """The e2e suite's tiny job with NeMo Gym's example environment and rows instead of ours, without
+    checkpoints or retries."""
+    job = tiny_job(name, claim, max_steps, backoff_limit=0)
+    spec = job["spec"]
+    del spec["checkpointing"]
+    spec["dataset"] = {"configMap": {"name": "gym-rows", "key": "train.jsonl"}}
+    spec["environments"] = [{"name": "weather", "nemoGym": {"configPaths": [TOOL_CALL], "agent": AGENT}}]
+    spec["generation"]["maxModelLen"] = 1024
+    spec["grpo"] |= {"promptsPerStep": 5, "generationsPerPrompt": 2}
+    return job
 
 
 def ray_state(head_ip: str, resource: str) -> list[dict[str, Any]]:
