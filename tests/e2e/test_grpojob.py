@@ -144,9 +144,9 @@ def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
 KILL_AFTER_STEP = 3
 """The head-kill test kills the Ray head once the job's progress shows this step (its checkpoint of step 2
 is on the claim by then)."""
-HEAD_KILL_MAX_STEPS = 30
-"""Steps of the head-kill job: many more than attempt 1 can run between the kill and its trainer failing
-(Ray gives a driver that lost its GCS about a minute), so the kill always ends attempt 1."""
+HEAD_KILL_MAX_STEPS = 12
+"""Steps of the head-kill job: more than attempt 1 can reach before its trainer notices the lost head (at
+the check before its next step), so the kill always ends attempt 1."""
 
 
 def trainer_log(core: client.CoreV1Api, namespace: str, job: str, attempt: int) -> str:
@@ -200,6 +200,9 @@ def test_killing_the_ray_head_mid_run_fails_the_attempt_and_the_retry_resumes_fr
     )
 
     assert (status["phase"], status["attempt"], status["step"]) == ("Succeeded", 2, HEAD_KILL_MAX_STEPS), status
+    assert re.search(r"grpojob: the Ray (GCS|head)", trainer_log(core, namespace, "headless", 1)), (
+        "attempt 1 did not say that it lost its Ray head"
+    )
     resumed = re.search(r"resumed from the checkpoint of step (\d+)", trainer_log(core, namespace, "headless", 2))
     assert resumed, "attempt 2 started from scratch instead of the checkpoint of attempt 1"
     assert KILL_AFTER_STEP - 1 <= int(resumed.group(1)) < HEAD_KILL_MAX_STEPS

@@ -28,6 +28,23 @@ def policy_node():
 print(json.dumps({"gcs": gcs, "nodes": nodes, "assigned": ray.get(policy_node.remote())}))
 """
 
+HEAD_CHECK = """
+import signal, subprocess, sys
+from grpojob_trainer import raycluster
+from grpojob_trainer.errors import RayHeadLost
+raycluster.join("127.0.0.1:%(port)d")
+head = raycluster.HeadWatch(timeout_s=10)
+head.check()
+print("the head answers", flush=True)
+subprocess.run(["pkill", "-KILL", "-f", "gcs_server .*--gcs_server_port=%(port)d( |$)"], check=True)
+try:
+    head.check()
+except RayHeadLost as error:
+    print(f"lost: {error}", flush=True)
+    raycluster.disconnect()
+    sys.exit(3)
+"""
+
 
 @pytest.fixture
 def ray_head():
@@ -57,3 +74,14 @@ def test_joining_a_cluster_that_is_not_there_fails_clearly():
 
     with pytest.raises(RuntimeError, match=r"could not join the Ray cluster at 127\.0\.0\.1:"):
         raycluster.join(f"127.0.0.1:{free_port()}", timeout_s=20)
+
+
+def test_a_trainer_whose_ray_head_dies_stops_at_the_next_check_and_exits(ray_head: int):
+    """Actors keep answering each other without the GCS, so only the check between steps notices the head
+    is gone; it must raise within its timeout (not Ray's minute) and the process must still exit."""
+    result = subprocess.run(
+        [sys.executable, "-c", HEAD_CHECK % {"port": ray_head}], env=ENV, capture_output=True, text=True, timeout=180
+    )
+    assert "the head answers" in result.stdout, result.stderr[-3000:]
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "lost: the Ray GCS did not answer within 10s" in result.stdout

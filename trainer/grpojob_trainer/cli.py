@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from grpojob_api import kubeyaml
 from grpojob_api import v1alpha1 as api
 from grpojob_api.endpoints import GENERATION_PORT, ContractError, Endpoints, TrainerEnv
-from grpojob_trainer.errors import AllRolloutsFailed, UsageError
+from grpojob_trainer.errors import AllRolloutsFailed, RayHeadLost, UsageError
 
 log = logging.getLogger("grpojob")
 
@@ -182,6 +182,7 @@ def train_in_cluster(config_path: Path) -> int:
         raise UsageError(str(error)) from None
     gcs = raycluster.join(endpoints.ray_gcs_address)
     log.info("joined the Ray cluster; GCS address %s", gcs)
+    head = raycluster.HeadWatch()
     spec_json = spec.model_dump(mode="json", by_alias=True)
     try:
         generation, training = spec.generation, spec.training
@@ -217,6 +218,7 @@ def train_in_cluster(config_path: Path) -> int:
                 logger=logger,
                 progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),
                 checkpoint_dir=Path(pod.checkpoint_dir),
+                before_step=head.check,
             )
     finally:
         raycluster.disconnect()
@@ -278,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"grpojob: {error}", file=sys.stderr)
         return 2
-    except AllRolloutsFailed as error:
+    except (AllRolloutsFailed, RayHeadLost) as error:
         print(f"grpojob: {error}", file=sys.stderr)
         return 1
 

@@ -56,8 +56,10 @@ def run_loop(
     progress: ProgressPublisher,
     checkpoint_dir: Path,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    before_step: Callable[[], None] | None = None,
 ) -> LoopResult:
-    """Train until ``spec.grpo.maxSteps``, resuming from the newest checkpoint in ``checkpoint_dir``."""
+    """Train until ``spec.grpo.maxSteps``, resuming from the newest checkpoint in ``checkpoint_dir``.
+    ``before_step`` runs before each step (the cluster's health check: it raises to end the attempt)."""
     spec = job.spec
     grpo, generation = spec.grpo, spec.generation
     resumed = policy.resume(str(checkpoint_dir))
@@ -73,6 +75,8 @@ def run_loop(
     result = LoopResult(first_step=start + 1, last_step=start)
     failed_in_a_row = 0
     for step in range(start + 1, grpo.max_steps + 1):
+        if before_step is not None:
+            before_step()
         timer = StepTimer()
         started = time.perf_counter()
         rows, groups = expand_groups(dataset.next_batch(grpo.prompts_per_step), grpo.generations_per_prompt)

@@ -9,3 +9,8 @@ class UsageError(Exception):
 
 class AllRolloutsFailed(RuntimeError):
     """Too many consecutive steps without a single successful rollout."""
+
+
+class RayHeadLost(RuntimeError):
+    """The Ray head this trainer joined stopped answering or was replaced: without GCS fault tolerance
+    Ray keeps no state across a head restart, so the attempt ends (its retry resumes from a checkpoint)."""

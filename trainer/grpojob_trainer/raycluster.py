@@ -13,8 +13,11 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+from typing import Any
 
 from grpojob_api import endpoints
+from grpojob_trainer.errors import RayHeadLost
 from grpojob_trainer.policy_group import PolicyGroup
 from grpojob_trainer.workers import GenerationWorker, PolicyWorker
 
@@ -58,6 +61,56 @@ def disconnect() -> None:
     import ray
 
     ray.shutdown()
+
+
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+"""The resource Ray gives the head node only."""
+
+
+class HeadWatch:
+    """The Ray head this driver is attached to, checked between steps.
+
+    Actors talk to each other directly, so a trainer whose head pod was killed keeps stepping until Ray's
+    processes give up on the GCS (a minute by default), or joins the new head's GCS with none of the old
+    cluster's state. ``check`` asks the GCS for its nodes: no answer within ``timeout_s``, an error, or a
+    node list without the head seen at start all raise ``RayHeadLost``, so the step loop stops at a step
+    boundary and the attempt fails with the reason.
+    """
+
+    def __init__(self, timeout_s: float = 30.0) -> None:
+        self.timeout_s = timeout_s
+        heads = [node["NodeID"] for node in self._alive_nodes() if HEAD_NODE_RESOURCE in node["Resources"]]
+        if len(heads) != 1:
+            raise RayHeadLost(f"expected one Ray head node, the GCS lists {len(heads)}")
+        self.head_node_id: str = heads[0]
+
+    def check(self) -> None:
+        """Raise ``RayHeadLost`` unless the head seen at start is still the cluster's live head."""
+        if not any(node["NodeID"] == self.head_node_id for node in self._alive_nodes()):
+            raise RayHeadLost(
+                f"the Ray head node {self.head_node_id[:12]} is gone from the cluster (its pod was replaced)"
+            )
+
+    def _alive_nodes(self) -> list[dict[str, Any]]:
+        import ray
+
+        answer: dict[str, Any] = {}
+
+        def ask() -> None:
+            try:
+                answer["nodes"] = ray.nodes()
+            except Exception as error:  # whatever the GCS client raises, the head is not usable
+                answer["error"] = error
+
+        # A daemon thread: a GCS that is gone never answers, and nothing must wait for it at exit.
+        asking = threading.Thread(target=ask, name="ray-head-check", daemon=True)
+        asking.start()
+        asking.join(self.timeout_s)
+        if "error" in answer:
+            raise RayHeadLost(f"the Ray GCS answered with an error: {answer['error']}")
+        if "nodes" not in answer:
+            raise RayHeadLost(f"the Ray GCS did not answer within {self.timeout_s:.0f}s (the head pod is gone)")
+        return [node for node in answer["nodes"] if node["Alive"]]
 
 
 def gcs_address() -> str:
