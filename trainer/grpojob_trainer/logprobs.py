@@ -8,7 +8,7 @@ The head. ``log p(target) = logit[target] / T - logsumexp(logits / T)`` needs ev
 but never all positions' logits at once: `linear_logprobs` multiplies the hidden states by the output
 embedding a chunk of positions at a time, keeps one float32 number per position (and the log-sum-exp
 for the backward pass) and recomputes each chunk's logits in the backward pass. Memory and traffic are
-``chunk × vocabulary`` instead of ``tokens × vocabulary`` float32 (about 2.4 GB for 4,096 tokens of a
+``chunk x vocabulary`` instead of ``tokens x vocabulary`` float32 (about 2.4 GB for 4,096 tokens of a
 151,936-token vocabulary).
 """
 
@@ -77,7 +77,9 @@ class _LinearLogProbs(torch.autograd.Function):
         return grad_hidden, grad_weight.to(weight_dtype), None, None, None
 
 
-def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+def linear_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """``[..., H]`` hidden states, the ``[V, H]`` output embedding and ``[...]`` target ids → ``[...]`` float32
     ``log softmax(hidden @ weight.T / temperature)[target]``. Under autocast the products run in the
     autocast dtype (as the model's own head would), the softmax in float32."""
