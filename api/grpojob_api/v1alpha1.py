@@ -279,6 +279,15 @@ class AdvantageSpec(ApiModel):
 class GrpoSpec(ApiModel):
     """The GRPO algorithm."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.miniBatches) || self.miniBatches <= self.promptsPerStep * self.generationsPerPrompt",
+                "miniBatches must not exceed the step's rollouts (promptsPerStep x generationsPerPrompt)",
+            )
+        )
+    )
+
     prompts_per_step: int = Field(default=8, ge=1, le=65_536)
     """Dataset rows per training step."""
     generations_per_prompt: int = Field(default=8, ge=2, le=1024)
@@ -287,12 +296,15 @@ class GrpoSpec(ApiModel):
     """Training steps to run."""
     advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)
     """Advantage normalisation."""
+    mini_batches: int = Field(default=1, ge=1, le=1024)
+    """Optimizer steps per GRPO step: the step's rollouts are split into this many mini-batches, trained
+    one after another against the log-probabilities the policy gave them before the first (TRL's
+    ``steps_per_generation``, verl's PPO mini-batches). With 1 the PPO ratio is exactly 1."""
     clip_low: float = Field(default=0.2, ge=0.0, le=1.0)
-    """PPO ratio clip below 1 (ratio >= 1 - clipLow). No effect for now: every step takes one optimizer
-    step on rollouts of the current policy, so the ratio is exactly 1."""
+    """PPO ratio clip below 1 (ratio >= 1 - clipLow). Takes effect from a step's second mini-batch on
+    (with one mini-batch per step the ratio is exactly 1)."""
     clip_high: float = Field(default=0.28, ge=0.0, le=10.0)
-    """PPO ratio clip above 1 (ratio <= 1 + clipHigh). No effect for now: every step takes one optimizer
-    step on rollouts of the current policy, so the ratio is exactly 1."""
+    """PPO ratio clip above 1 (ratio <= 1 + clipHigh); see clipLow."""
     kl_coef: float = Field(default=0.0, ge=0.0)
     """Weight of the KL penalty to the reference (initial) policy; 0 disables it."""
     kl_estimator: KlEstimator = KlEstimator.K3
@@ -315,6 +327,16 @@ class GrpoSpec(ApiModel):
     failed (a hung environment would otherwise hold a step for every row's timeouts and retries)."""
     max_failed_steps: int = Field(default=3, ge=1)
     """The trainer exits with an error after this many consecutive steps in which every rollout failed."""
+
+    @model_validator(mode="after")
+    def _mini_batches_within_the_step(self) -> GrpoSpec:
+        rollouts = self.prompts_per_step * self.generations_per_prompt
+        if self.mini_batches > rollouts:
+            raise ValueError(
+                f"miniBatches ({self.mini_batches}) must not exceed the step's rollouts "
+                f"(promptsPerStep x generationsPerPrompt = {rollouts})"
+            )
+        return self
 
 
 class SecretKeyRef(ApiModel):

@@ -16,12 +16,17 @@ came from, and the one the generation engine's ``generation_log_probs`` must des
 ``logprobs_mode="processed_logprobs"``). Top-p truncation is not applied to the trainer's
 log-probabilities.
 
-Old policy. A step takes one optimizer step over all its micro-batches, so every forward of the step runs
-with the weights that generated the rollouts (the "old" policy of the clipped loss): the old-policy
-log-probabilities are the training forward's own, detached, and no separate pass recomputes them (it cost
-a tenth of a 1.5B step on the H200). The PPO ratio is 1 in value and its gradient that of the
-log-probability; the engine's log-probabilities still enter through the importance-sampling weight. The
-model is kept in eval mode (dropout off), so that forward is the policy the engine sampled from.
+Old policy and mini-batches. With one mini-batch (``grpo.miniBatches: 1``) a step takes one optimizer
+step over all its micro-batches, so every forward of the step runs with the weights that generated the
+rollouts (the "old" policy of the clipped loss): the old-policy log-probabilities are the training
+forward's own, detached, and no separate pass recomputes them (it cost a tenth of a 1.5B step on the
+H200). The PPO ratio is 1 in value and its gradient that of the log-probability; the engine's
+log-probabilities still enter through the importance-sampling weight. With ``k`` mini-batches the step's
+samples are split into ``k`` contiguous parts trained one after another, one optimizer step each; the old
+log-probabilities of every sample are computed once, without gradients, before the first update, so
+from the second part on the ratio moves and the clip takes effect. Advantages are always those of the
+whole step. The model is kept in eval mode (dropout off), so that forward is the policy the engine
+sampled from.
 
 Devices and precision. Batches go to the device of the model's parameters. On a GPU with ``precision``
 ``bf16`` (the default there), forward and backward run under bfloat16 autocast while the weights, their
@@ -176,6 +181,9 @@ class PreparedBatch:
     """``[B]``."""
     ref_logprobs: torch.Tensor | None
     """``[B, L - 1]``, the reference policy's (no gradient), with a KL penalty."""
+    old_logprobs: torch.Tensor | None = None
+    """``[B, L - 1]``, the policy's before the step's first update (no gradient), with several
+    mini-batches; None: the training forward's own, detached."""
 
 
 class PolicyTrainer:
@@ -203,6 +211,7 @@ class PolicyTrainer:
         reference_model: torch.nn.Module | None = None,
         precision: str = "fp32",
         mesh: Any = None,
+        mini_batches: int = 1,
     ) -> None:
         if precision not in ("bf16", "fp32"):
             raise ValueError(f"precision must be bf16 or fp32, got {precision!r}")
@@ -213,6 +222,9 @@ class PolicyTrainer:
             )
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be at least 1, got {micro_batch_size}")
+        if mini_batches < 1:
+            raise ValueError(f"mini_batches must be at least 1, got {mini_batches}")
+        self.mini_batches = mini_batches
         self.mesh = mesh
         self.rank = 0 if mesh is None else mesh.get_local_rank()
         self.world = 1 if mesh is None else mesh.size()
@@ -264,6 +276,7 @@ class PolicyTrainer:
             reference_model=reference_model,
             precision=spec.training.precision,
             mesh=mesh,
+            mini_batches=spec.grpo.mini_batches,
         )
 
     @property
@@ -300,31 +313,49 @@ class PolicyTrainer:
             leave_one_out=self.advantage.leave_one_out,
         )
 
-    def rank_micro_batches(self, samples: Sequence[TrainingSample]) -> tuple[list[TokenBatch], torch.Tensor]:
-        """This rank's micro-batches of the step (its contiguous slice, then padding micro-batches up to
-        the count of the largest slice) and the advantages of each of their rows (0 on padding)."""
+    def rank_micro_batches(
+        self, samples: Sequence[TrainingSample], advantages: torch.Tensor
+    ) -> tuple[list[TokenBatch], torch.Tensor]:
+        """This rank's micro-batches of ``samples`` (its contiguous slice, then padding micro-batches up to
+        the count of the largest slice) and the advantages of each of their rows (``advantages`` holds
+        one per sample; 0 on padding)."""
         start, stop = rank_bounds(len(samples), self.rank, self.world)
         batches = self.micro_batches(samples[start:stop])
-        advantages = [self.step_advantages(samples)[start:stop]]
+        advantages = [advantages[start:stop]]
         for _ in range(micro_batches_per_rank(len(samples), self.world, self.micro_batch_size) - len(batches)):
             batches.append(padding_batch(samples[0], self.pad_token_id).to(self.device))
             advantages.append(torch.zeros(1))
         return batches, torch.cat(advantages).to(self.device)
 
     @torch.no_grad()
-    def prepare(self, samples: Sequence[TrainingSample]) -> list[PreparedBatch]:
-        """This rank's micro-batches (see `rank_micro_batches`) with their advantages and, with a KL
-        penalty, the reference policy's log-probabilities."""
-        batches, advantages = self.rank_micro_batches(samples)
+    def prepare(
+        self,
+        samples: Sequence[TrainingSample],
+        advantages: torch.Tensor | None = None,
+        *,
+        old_logprobs: bool = False,
+    ) -> list[PreparedBatch]:
+        """This rank's micro-batches (see `rank_micro_batches`) with their advantages (by default those of
+        ``samples`` as a whole step), with a KL penalty the reference policy's log-probabilities and, with
+        ``old_logprobs``, the current policy's."""
+        if advantages is None:
+            advantages = self.step_advantages(samples)
+        batches, advantages = self.rank_micro_batches(samples, advantages)
         prepared = []
         start = 0
         for batch in batches:
             size = batch.input_ids.shape[0]
-            ref = None
-            if self.reference_model is not None:
-                with self._autocast():
+            ref = old = None
+            with self._autocast():
+                if self.reference_model is not None:
                     ref = token_logprobs(self.reference_model, batch, self.temperature)
-            prepared.append(PreparedBatch(batch=batch, advantages=advantages[start : start + size], ref_logprobs=ref))
+                if old_logprobs:
+                    old = token_logprobs(self.model, batch, self.temperature)
+            prepared.append(
+                PreparedBatch(
+                    batch=batch, advantages=advantages[start : start + size], ref_logprobs=ref, old_logprobs=old
+                )
+            )
             start += size
         return prepared
 
@@ -356,7 +387,8 @@ class PolicyTrainer:
                 logprobs = token_logprobs(self.model, part.batch, self.temperature)
             inputs = LossInputs(
                 logprobs=logprobs,
-                old_logprobs=logprobs.detach(),  # one optimizer step per step: these weights are the old policy
+                # With one mini-batch these weights are still the old policy: its own forward, detached.
+                old_logprobs=logprobs.detach() if part.old_logprobs is None else part.old_logprobs,
                 generation_logprobs=part.batch.generation_logprobs,
                 advantages=part.advantages,
                 mask=part.batch.loss_mask,
@@ -403,17 +435,28 @@ class PolicyTrainer:
         timer = timer if timer is not None else StepTimer()
         before_prepare = timer.seconds.get(PREPARE, 0.0)
         before_training = timer.seconds.get(TRAINING, 0.0)
+        advantages = self.step_advantages(samples)
+        parts = mini_batch_bounds(len(samples), self.mini_batches)
+        several = len(parts) > 1
         with timer.phase(PREPARE):
-            prepared = self.prepare(samples)
+            prepared = [
+                self.prepare(samples[start:stop], advantages[start:stop], old_logprobs=several) for start, stop in parts
+            ]
+        per_part = []
         with timer.phase(TRAINING):
-            metrics = self.accumulate_gradients(prepared, step_normalizer(samples, self.loss_config.aggregation))
-            metrics |= self.optimizer_step()
+            for (start, stop), part in zip(parts, prepared, strict=True):
+                normalizer = step_normalizer(samples[start:stop], self.loss_config.aggregation)
+                part_metrics = self.accumulate_gradients(part, normalizer) if normalizer else None
+                if part_metrics is not None:  # a mini-batch of prompt-only samples has nothing to train
+                    per_part.append(part_metrics | self.optimizer_step())
+        metrics = combine_mini_batch_metrics(per_part)
         training_seconds = timer.seconds[TRAINING] - before_training
         (slowest_training_seconds,) = all_reduce([training_seconds], "max")
         tokens = sum(len(s.token_ids) for s in samples)
         metrics |= {
             "reward_mean": sum(s.reward for s in samples) / len(samples),
-            "advantage_abs_mean": float(self.step_advantages(samples).abs().mean()),
+            "advantage_abs_mean": float(advantages.abs().mean()),
+            "optimizer_steps": float(len(per_part)),
             "tokens": float(tokens),
             "generated_tokens": generated,
             "time/prepare": timer.seconds[PREPARE] - before_prepare,
@@ -421,6 +464,29 @@ class PolicyTrainer:
             "train_tokens_per_s": tokens_per_second(tokens, slowest_training_seconds),
         }
         return metrics
+
+
+def mini_batch_bounds(samples: int, mini_batches: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each of ``mini_batches`` contiguous parts of ``samples`` (sizes differ by at most
+    one; fewer parts when there are fewer samples)."""
+    parts = min(mini_batches, samples)
+    size, extra = divmod(samples, parts)
+    bounds, start = [], 0
+    for index in range(parts):
+        stop = start + size + (1 if index < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def combine_mini_batch_metrics(per_part: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The step's metrics from each mini-batch's: maxima for ``*_max``, means otherwise (the loss and
+    ``grad_norm`` are those of an average mini-batch)."""
+    keys = per_part[0].keys()
+    return {
+        key: max(m[key] for m in per_part) if key.endswith("_max") else sum(m[key] for m in per_part) / len(per_part)
+        for key in keys
+    }
 
 
 def combine_rank_metrics(

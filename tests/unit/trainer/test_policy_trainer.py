@@ -260,3 +260,26 @@ def test_the_steps_loss_and_gradient_equal_a_token_by_token_reference(aggregatio
     for name, param in policy.model.named_parameters():
         torch.testing.assert_close(ours[name], param.grad, atol=1e-7, rtol=1e-4, msg=name)
     assert any(float(g.abs().max()) > 0 for g in ours.values())
+
+
+def optimizer_steps_taken(policy: PolicyTrainer) -> int:
+    (steps,) = {int(state["step"]) for state in policy.optimizer.state.values()}
+    return steps
+
+
+def test_one_mini_batch_is_one_optimizer_step_with_the_ratio_exactly_one():
+    policy = trainer(tiny_causal_lm(), optimizer=OptimizerSpec(learningRate=0.5))
+    metrics = policy.train_step(varied_samples())
+    assert optimizer_steps_taken(policy) == 1 and metrics["optimizer_steps"] == 1
+    assert metrics["ratio_max"] == pytest.approx(1.0)
+    assert metrics["clip_frac_low"] == metrics["clip_frac_high"] == 0.0
+
+
+def test_mini_batches_take_one_optimizer_step_each_against_the_policy_before_the_first():
+    """With a large learning rate the first update moves the policy far; the later mini-batches' ratios
+    (against the log-probabilities from before it) leave the clip range, and the clip takes effect."""
+    policy = trainer(tiny_causal_lm(), optimizer=OptimizerSpec(learningRate=0.5), mini_batches=3)
+    metrics = policy.train_step(varied_samples() * 2)
+    assert optimizer_steps_taken(policy) == 3 and metrics["optimizer_steps"] == 3
+    assert metrics["ratio_max"] > 1.0 + policy.loss_config.clip_high
+    assert metrics["clip_frac_low"] + metrics["clip_frac_high"] > 0
