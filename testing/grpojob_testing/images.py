@@ -122,10 +122,25 @@ def archive_path(image: Image, digest: str) -> Path:
     return build.cache_root() / "images" / f"{image.key}-{version()}-{digest}.docker.tar"
 
 
-def latest_archive(image: Image) -> Path | None:
-    """The newest cached archive of `image`, whatever its inputs, or None."""
-    found = sorted(archive_path(image, "*").parent.glob(archive_path(image, "*").name), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+ARCHIVES_KEPT = 2
+"""Archives kept per image: this build's and the newest other (another worktree's tree, built by a
+session working in parallel, stays loadable by its own end-to-end run)."""
+
+
+def tree_archive(image: Image) -> Path | None:
+    """The cached archive of `image` built from this tree's inputs, or None."""
+    archive = archive_path(image, inputs_hash(image, base_image.inputs_hash()))
+    return archive if archive.exists() else None
+
+
+def _prune_archives(image: Image, keep: Path) -> None:
+    others = sorted(
+        (p for p in keep.parent.glob(archive_path(image, "*").name) if p != keep),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for stale in others[ARCHIVES_KEPT - 1 :]:
+        stale.unlink(missing_ok=True)
 
 
 def build_image(image: Image, base_digest: str) -> tuple[Path, bool]:
@@ -161,9 +176,8 @@ def build_image(image: Image, base_digest: str) -> tuple[Path, bool]:
     subprocess.run(
         ["podman", "save", "--quiet", "--format", "docker-archive", "--output", str(partial), image.name], check=True
     )
-    for stale in archive.parent.glob(archive_path(image, "*").name):
-        stale.unlink()
     partial.rename(archive)
+    _prune_archives(image, archive)
     return archive, True
 
 
@@ -224,12 +238,13 @@ def load_into_containerd(archive: Path, address: str | Path, namespace: str = "k
 
 
 def load_all_into_containerd(address: str | Path, namespace: str = "k8s.io") -> list[str]:
-    """Import the newest archive of every image into a containerd; return the names of the images."""
+    """Import the archive of every image built from this tree into a containerd; return the names of the
+    images."""
     names = []
     for image in images():
-        archive = latest_archive(image)
+        archive = tree_archive(image)
         if archive is None:
-            raise RuntimeError(f"{image.key} is not built: python -m grpojob_testing.images build")
+            raise RuntimeError(f"{image.key} is not built from this tree: python -m grpojob_testing.images build")
         names += load_into_containerd(archive, address, namespace)
     return names
 
@@ -255,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key}: {archive} ({archive.stat().st_size / 2**20:.0f} MiB)")
     elif args.command == "list":
         for image in images():
-            archive = latest_archive(image)
-            print(f"{image.key:12} {image.name:40} {archive or '(not built)'}")
+            archive = tree_archive(image)
+            print(f"{image.key:12} {image.name:40} {archive or '(not built from this tree)'}")
     else:
         try:
             print("\n".join(load_all_into_containerd(args.address, args.namespace)))
