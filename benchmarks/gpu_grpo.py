@@ -56,7 +56,7 @@ class Workload:
     generations_per_prompt: int = 8
     max_new_tokens: int = 256
     micro_batch_size: int = 16
-    steps: int = 4
+    steps: int = 8
     learning_rate: float = 1e-6
     colocated_generation_memory: float = 0.35
     trl_use_vllm: bool = True
