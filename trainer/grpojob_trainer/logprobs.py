@@ -1,15 +1,12 @@
-"""Token log-probabilities of a causal LM without padding and without the vocabulary-wide logits tensor.
+"""Token log-probabilities of a causal LM without the vocabulary-wide logits tensor.
 
-Packing. A micro-batch's sequences are laid end to end in one row, with ``position_ids`` restarting at 0
-for each; transformers reads the restarts as sequence boundaries (block-diagonal causal attention with
-SDPA or eager attention, variable-length kernels with flash attention), so no padding token is computed.
-
-The head. ``log p(target) = logit[target] / T - logsumexp(logits / T)`` needs every logit of a position,
-but never all positions' logits at once: `linear_logprobs` multiplies the hidden states by the output
-embedding a chunk of positions at a time, keeps one float32 number per position (and the log-sum-exp
-for the backward pass) and recomputes each chunk's logits in the backward pass. Memory and traffic are
-``chunk x vocabulary`` instead of ``tokens x vocabulary`` float32 (about 2.4 GB for 4,096 tokens of a
-151,936-token vocabulary).
+``log p(target) = logit[target] / T - logsumexp(logits / T)`` needs every logit of a position, but never
+all positions' logits at once: `linear_logprobs` multiplies the hidden states by the output embedding a
+chunk of positions at a time, keeps one float32 number per position (and the log-sum-exp for the
+backward pass) and recomputes each chunk's logits in the backward pass. Memory is ``chunk x vocabulary``
+instead of ``tokens x vocabulary`` float32 (about 2.4 GB for 4,096 tokens of a 151,936-token
+vocabulary); the recomputation costs time, so `grpojob_trainer.policy` uses it only for micro-batches
+whose logits would be large.
 """
 
 from __future__ import annotations

@@ -6,9 +6,12 @@ logits at position ``t`` predict token ``t + 1``, so every per-token tensor here
 ``generated_mask[1:]`` and the generation engine's log-probabilities are ``generation_log_probs[1:]``.
 (The first token has no prefix and is never trained; it is always part of a prompt.)
 
-Packing. The per-token tensors of the loss are ``[B, L - 1]`` grids, but the model never sees padding:
-`token_logprobs` runs it on the micro-batch's sequences packed into one row (`grpojob_trainer.logprobs`)
-and scatters the log-probabilities into the grid. Padding costs only grid cells, never model compute.
+Logits. Up to `FULL_LOGITS_BYTES` the ``[B, L, V]`` float32 logits are materialised and log-softmaxed:
+on the H200 at the GRPO benchmark's sizes that is faster than the chunked head of
+`grpojob_trainer.logprobs` (which recomputes each chunk's logits in the backward pass) and than packing
+the sequences into one row (SDPA's block-diagonal mask costs more than the padding it saves):
+`benchmarks/packing.py`, docs/benchmarks.md. Above it (long sequences, large micro-batches) the chunked
+head computes the same log-probabilities without the vocabulary-wide tensor.
 
 Temperature. Rollouts are sampled from ``softmax(logits / temperature)``, so the trainer computes its
 log-probabilities from logits divided by the same temperature: this is the distribution the samples
@@ -81,16 +84,6 @@ class TokenBatch:
     """``[B]`` float32."""
     group_ids: torch.Tensor
     """``[B]`` long: the samples' ``group_index``."""
-    packed_ids: torch.Tensor
-    """``[1, N]`` long: the ``N`` real tokens of all rows, end to end."""
-    packed_positions: torch.Tensor
-    """``[1, N]`` long: each token's position in its own sequence (restarting at 0: the boundaries)."""
-    packed_targets: torch.Tensor
-    """``[1, N]`` long: the next token of the same sequence (0 after a sequence's last token)."""
-    grid_slots: torch.Tensor
-    """``[M]`` long: the flat index into ``[B, L - 1]`` of each target that has a prefix, ..."""
-    packed_slots: torch.Tensor
-    """``[M]`` long: ... and the index of its prefix's last token in the packed row."""
 
     @property
     def generated_tokens(self) -> int:
@@ -122,9 +115,6 @@ def build_batch(samples: Sequence[TrainingSample], pad_token_id: int) -> TokenBa
         attention_mask[row, :n] = 1
         generated[row, :n] = torch.tensor(sample.generated_mask, dtype=torch.bool)
         gen_logprobs[row, :n] = torch.tensor(sample.generation_log_probs, dtype=torch.float32)
-    lengths = [len(s.token_ids) for s in samples]
-    starts = [sum(lengths[:row]) for row in range(size)]
-    packed = [token for s in samples for token in s.token_ids]
     return TokenBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -133,11 +123,6 @@ def build_batch(samples: Sequence[TrainingSample], pad_token_id: int) -> TokenBa
         generation_logprobs=gen_logprobs[:, 1:],
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
         group_ids=torch.tensor([s.group_index for s in samples], dtype=torch.long),
-        packed_ids=torch.tensor([packed], dtype=torch.long),
-        packed_positions=torch.tensor([[t for n in lengths for t in range(n)]], dtype=torch.long),
-        packed_targets=torch.tensor([[*packed[1:], 0]], dtype=torch.long),
-        grid_slots=torch.tensor([row * (length - 1) + t for row in range(size) for t in range(lengths[row] - 1)]),
-        packed_slots=torch.tensor([starts[row] + t for row in range(size) for t in range(lengths[row] - 1)]),
     )
 
 
@@ -157,19 +142,26 @@ def step_normalizer(samples: Sequence[TrainingSample], aggregation: LossAggregat
     return float(len(samples))
 
 
-def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
-    """``[B, L - 1]`` float32 log-probabilities of each target under ``softmax(logits / temperature)``,
-    from one forward over the packed sequences (no padding, no vocabulary-wide logits tensor).
+FULL_LOGITS_BYTES = 8 << 30
+"""Up to this size (8 GiB) a micro-batch's ``[B, L, V]`` float32 logits are materialised; above it the
+chunked head computes the log-probabilities without them (see the module's docstring)."""
 
-    Gradients flow unless called under ``torch.no_grad()``. Padding positions hold 0; mask them with
-    ``batch.loss_mask``.
+
+def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
+    """``[B, L - 1]`` float32 log-probabilities of each target under ``softmax(logits / temperature)``.
+
+    Gradients flow unless called under ``torch.no_grad()``. Padding positions hold meaningless values;
+    mask them with ``batch.loss_mask``.
     """
-    # No KV cache: transformers reads the restarts of position_ids as sequence boundaries only without one.
-    with logprob_head(model, batch.packed_targets, temperature):
-        packed = model(input_ids=batch.packed_ids, position_ids=batch.packed_positions, use_cache=False).logits[0]
-    grid = packed.new_zeros(batch.target_ids.numel())
-    grid = grid.index_put((batch.grid_slots,), packed[batch.packed_slots])
-    return grid.view(batch.target_ids.shape)
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
+    vocabulary = model.get_output_embeddings().weight.shape[0]
+    if batch.input_ids.numel() * vocabulary * 4 <= FULL_LOGITS_BYTES:
+        logits = model(**inputs).logits[:, :-1].float() / temperature
+        picked = logits.gather(-1, batch.target_ids.unsqueeze(-1)).squeeze(-1)
+        return picked - torch.logsumexp(logits, dim=-1)
+    targets = torch.nn.functional.pad(batch.target_ids, (0, 1))  # the last position predicts no target
+    with logprob_head(model, targets, temperature):
+        return model(**inputs).logits[:, :-1]
 
 
 @dataclass

@@ -1,14 +1,14 @@
-"""Packed, chunked log-probabilities are the padded forward's: same values, same gradients.
+"""The chunked log-probability head gives the full logits' log-probabilities and gradients.
 
-The reference here is what `token_logprobs` did before packing: one right-padded forward with an
-attention mask, the whole ``[B, L, V]`` logits in float32, a log-softmax."""
+The reference is one right-padded forward with the whole ``[B, L, V]`` logits in float32 and a
+log-softmax (what `token_logprobs` does below `FULL_LOGITS_BYTES`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from grpojob_trainer import logprobs
+from grpojob_trainer import logprobs, policy
 from grpojob_trainer.policy import TokenBatch, build_batch, token_logprobs
 from grpojob_trainer.samples import TrainingSample
 
@@ -35,7 +35,7 @@ def samples() -> list[TrainingSample]:
     return out
 
 
-def padded_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+def full_logits_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
     return torch.log_softmax(logits / TEMPERATURE, dim=-1).gather(-1, batch.target_ids[..., None]).squeeze(-1)
 
@@ -52,29 +52,18 @@ def loss_and_gradients(model: torch.nn.Module, compute) -> tuple[torch.Tensor, d
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("chunk_positions", [None, 3], ids=["one-chunk", "chunks-of-3"])
-def test_packed_logprobs_and_their_gradients_equal_the_padded_forwards(tied, chunk_positions, monkeypatch):
+def test_the_chunked_head_gives_the_full_logits_values_and_gradients(tied, chunk_positions, monkeypatch):
+    monkeypatch.setattr(policy, "FULL_LOGITS_BYTES", 0)  # every micro-batch through the chunked head
     if chunk_positions is not None:  # the tiny vocabulary fits one chunk: force several
         monkeypatch.setattr(logprobs, "CHUNK_BYTES", 4 * 64 * chunk_positions)
-    expected, expected_grads = loss_and_gradients(tiny_causal_lm(seed=2, tied=tied), padded_logprobs)
-    packed, packed_grads = loss_and_gradients(
+    expected, expected_grads = loss_and_gradients(tiny_causal_lm(seed=2, tied=tied), full_logits_logprobs)
+    chunked, chunked_grads = loss_and_gradients(
         tiny_causal_lm(seed=2, tied=tied), lambda m, b: token_logprobs(m, b, TEMPERATURE)
     )
-    torch.testing.assert_close(packed, expected, atol=1e-5, rtol=1e-5)
-    assert packed_grads.keys() == expected_grads.keys()
+    torch.testing.assert_close(chunked, expected, atol=1e-5, rtol=1e-5)
+    assert chunked_grads.keys() == expected_grads.keys()
     for name, grad in expected_grads.items():
-        torch.testing.assert_close(packed_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
-
-
-def test_packing_keeps_sequences_apart():
-    """A sequence's log-probabilities do not change with what else is packed into its micro-batch."""
-    model = tiny_causal_lm(seed=3)
-    items = samples()
-    with torch.no_grad():
-        together = token_logprobs(model, build_batch(items, 0), TEMPERATURE)
-        for row, item in enumerate(items):
-            alone = token_logprobs(model, build_batch([item], 0), TEMPERATURE)[0]
-            n = len(item.token_ids) - 1
-            torch.testing.assert_close(together[row, :n], alone[:n], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(chunked_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_under_bf16_autocast_the_head_runs_in_bf16_and_the_softmax_in_float32():

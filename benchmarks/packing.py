@@ -1,0 +1,112 @@
+"""One training micro-batch of the GRPO step, four ways: forward + backward seconds and tokens/s.
+
+    padded       right-padded [B, L] with an attention mask, [B, L, V] float32 logits (the old path)
+    padded-head  right-padded, the chunked log-probability head (`grpojob_trainer.logprobs`)
+    packed-sdpa  one packed row, block-diagonal causal mask (SDPA), the chunked head
+    packed-flex  one packed row, flex attention's block-sparse mask, the chunked head
+    packed-full  one packed row (SDPA), [1, N, V] float32 logits
+
+Usage (a GPU; the model written by `benchmarks/gpu_grpo.py prepare`):
+    python benchmarks/packing.py --model /root/bench/model-qwen2.5-1.5b [--sequences 16] [--repeats 5]
+        [--ways padded,packed-sdpa] [--chunk-mib 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import transformers
+
+from grpojob_trainer import logprobs
+from grpojob_trainer.logprobs import logprob_head
+
+
+def lengths(sequences: int, seed: int) -> list[int]:
+    """Sequence lengths like the GRPO benchmark's: a ~40-token prompt and up to 256 generated tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    return [40 + int(torch.randint(16, 257, (1,), generator=generator)) for _ in range(sequences)]
+
+
+def run(model: torch.nn.Module, way: str, sizes: list[int], vocab: int) -> float:
+    device = next(model.parameters()).device
+    ids = [torch.randint(1, vocab, (n,), device=device) for n in sizes]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        if way.startswith("padded"):
+            length = max(sizes)
+            batch = torch.zeros(len(sizes), length, dtype=torch.long, device=device)
+            mask = torch.zeros_like(batch)
+            for row, seq in enumerate(ids):
+                batch[row, : len(seq)] = seq
+                mask[row, : len(seq)] = 1
+            targets = torch.roll(batch, -1, dims=1)
+            if way == "padded":
+                logits = model(input_ids=batch, attention_mask=mask, use_cache=False).logits.float()
+                values = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
+            else:
+                with logprob_head(model, targets, 1.0):
+                    values = model(input_ids=batch, attention_mask=mask, use_cache=False).logits
+            loss = (values * mask).sum()
+        else:
+            packed = torch.cat(ids)[None]
+            positions = torch.cat([torch.arange(n, device=device) for n in sizes])[None]
+            targets = torch.roll(packed, -1, dims=1)
+            if way == "packed-full":
+                logits = model(input_ids=packed, position_ids=positions, use_cache=False).logits.float()
+                loss = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).sum()
+            else:
+                with logprob_head(model, targets, 1.0):
+                    loss = model(input_ids=packed, position_ids=positions, use_cache=False).logits.sum()
+    loss.backward()
+    return float(loss)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--sequences", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ways", default="padded,padded-head,packed-sdpa,packed-flex")
+    parser.add_argument("--chunk-mib", type=int, help="the head's float32 logits per chunk (logprobs.CHUNK_BYTES)")
+    args = parser.parse_args()
+    if args.chunk_mib:
+        logprobs.CHUNK_BYTES = args.chunk_mib << 20
+    sizes = lengths(args.sequences, 0)
+    results = {"sequences": args.sequences, "tokens": sum(sizes), "padded_tokens": len(sizes) * max(sizes)}
+    for way in args.ways.split(","):
+        attention = "flex_attention" if way == "packed-flex" else "sdpa"
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            args.model, torch_dtype=torch.float32, attn_implementation=attention
+        ).cuda()
+        model.gradient_checkpointing_disable()
+        vocab = model.config.vocab_size
+        times = []
+        try:
+            for repeat in range(args.repeats + 1):
+                torch.cuda.synchronize()
+                started = time.perf_counter()
+                run(model, way, sizes, vocab)
+                model.zero_grad(set_to_none=True)
+                torch.cuda.synchronize()
+                if repeat:  # the first is warm-up (and compilation for flex)
+                    times.append(time.perf_counter() - started)
+            seconds = statistics.median(times)
+            results[way] = {
+                "seconds": seconds,
+                "tokens_per_s": sum(sizes) / seconds,
+                "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            }
+        except Exception as error:  # a way that does not run here is reported, not fatal
+            results[way] = {"error": f"{type(error).__name__}: {error}"[:300]}
+        print(json.dumps({way: results[way]}), flush=True)
+        del model
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
