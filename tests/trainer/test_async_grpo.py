@@ -56,13 +56,13 @@ def test_the_next_steps_rollouts_run_while_a_step_trains_and_never_while_weights
     by_step = {r["step"]: r for r in records(tmp_path / "out")}
     assert sorted(by_step) == list(range(1, steps + 1))
 
-    for step in range(1, steps):
-        trained, following = by_step[step], by_step[step + 1]
-        assert following["timeline/rollouts_started"] < trained["timeline/training_finished"], (
-            f"the rollouts of step {step + 1} started only after step {step} trained"
+    for step in range(1, steps - ahead + 1):  # step + ahead's rollouts are launched as step begins
+        trained, ahead_of_it = by_step[step], by_step[step + ahead]
+        assert ahead_of_it["timeline/rollouts_started"] < trained["timeline/training_finished"], (
+            f"the rollouts of step {step + ahead} started only after step {step} trained"
         )
-        assert following["timeline/rollouts_finished"] > trained["timeline/training_started"], (
-            f"the rollouts of step {step + 1} were done before step {step} began training"
+        assert ahead_of_it["timeline/rollouts_finished"] > trained["timeline/training_started"], (
+            f"the rollouts of step {step + ahead} were done before step {step} began training"
         )
     for push in by_step.values():
         for rollouts in by_step.values():
@@ -94,6 +94,11 @@ def test_a_trainer_killed_with_rollouts_drawn_ahead_resumes_on_the_prompts_of_an
     first.communicate()
     saved = max(step for step, _ in list_checkpoints(tmp_path / "checkpoints"))
     assert saved < steps
+    expected = expected_positions(tmp_path / "train.jsonl", job, steps)
+    checkpoint = json.loads((dict(list_checkpoints(tmp_path / "checkpoints"))[saved] / "meta.json").read_text())
+    assert (checkpoint["data_position"]["epoch"], checkpoint["data_position"]["index"]) == expected[saved - 1], (
+        "the checkpoint holds the position after the prompts drawn ahead, not after those it trained"
+    )
 
     second = grpojob("run", str(job), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
     out = finish(second, 600)
@@ -101,7 +106,4 @@ def test_a_trainer_killed_with_rollouts_drawn_ahead_resumes_on_the_prompts_of_an
     assert f"resumed from the checkpoint of step {saved}" in out
 
     trained = {r["step"]: (r["data/epoch"], r["data/index"]) for r in records(tmp_path / "out")}  # last wins
-    expected = expected_positions(tmp_path / "train.jsonl", job, steps)
     assert [trained[s] for s in range(1, steps + 1)] == expected, "the resumed run lost or repeated prompts"
-    checkpoint = json.loads((dict(list_checkpoints(tmp_path / "checkpoints"))[saved] / "meta.json").read_text())
-    assert (checkpoint["data_position"]["epoch"], checkpoint["data_position"]["index"]) == expected[saved - 1]
