@@ -14,7 +14,8 @@ Legs (each in a process of its own, so one engine's memory is gone before the ne
   Both legs sample identically (temperature 1, top-p 1, the sampled token's log-probability).
 - ``grpo-ours``: ``grpojob run`` of a GRPOJob with the model below and the arithmetic environment;
   policy and vLLM engine share GPU 0 (weights by CUDA IPC). ``grpo-ours-2gpu``: the same job with the
-  policy on one GPU and the engine on another (weights by NCCL broadcast).
+  policy on one GPU and the engine on another (weights by NCCL broadcast); ``grpo-ours-2gpu-async``: that
+  job with ``maxOffPolicySteps: 1`` (the next step's rollouts generated while a step trains).
 - ``grpo-trl``: TRL's `GRPOTrainer` (vLLM colocated, bf16) on the same model, rows, group size,
   completion length, micro-batch and one optimizer step per batch of generations: the anchor.
 
@@ -204,7 +205,7 @@ def send_chat_requests(
 # GRPO legs
 
 
-def job_yaml(out: Path, workload: Workload, name: str, colocated: bool) -> Path:
+def job_yaml(out: Path, workload: Workload, name: str, colocated: bool, ahead: int = 0) -> Path:
     model = model_dir(out, workload)
     data = dataset_path(out, workload)
     job = {
@@ -234,6 +235,7 @@ def job_yaml(out: Path, workload: Workload, name: str, colocated: bool) -> Path:
                 "generationsPerPrompt": workload.generations_per_prompt,
                 "maxSteps": workload.steps,
                 "rolloutConcurrency": workload.prompts_per_step * workload.generations_per_prompt,
+                "maxOffPolicySteps": ahead,
             },
             "checkpointing": {"path": str(out / f"{name}-checkpoints"), "interval": 1000},
         },
@@ -270,9 +272,9 @@ def training_flops_per_token(model: Path, mean_sequence: float) -> float:
     return 6 * parameter_count(model) + 6 * config["num_hidden_layers"] * config["hidden_size"] * mean_sequence
 
 
-def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1) -> dict[str, Any]:
-    name = "ours-colocated" if gpus == 1 else "ours-2gpu"
-    job = job_yaml(out, workload, name, colocated=gpus == 1)
+def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1, ahead: int = 0) -> dict[str, Any]:
+    name = "ours-colocated" if gpus == 1 else "ours-2gpu" if ahead == 0 else f"ours-2gpu-async{ahead}"
+    job = job_yaml(out, workload, name, colocated=gpus == 1, ahead=ahead)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(gpus))).split(",")
     if len(visible) < gpus:
         raise SystemExit(f"this leg needs {gpus} GPUs; CUDA_VISIBLE_DEVICES={','.join(visible)}")
@@ -308,6 +310,7 @@ def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1) -> dict[str, Any
         "prepare_seconds": median_after_warmup(rows, "time/prepare"),
         "training_seconds": median_after_warmup(rows, "time/training"),
         "weight_sync_seconds": median_after_warmup(rows, "time/weight_sync"),
+        "rollout_wait_seconds": median_after_warmup(rows, "time/rollout_wait"),
         "generated_tokens_per_s": median_after_warmup(rows, "throughput/generated_tokens_per_s"),
         "train_tokens_per_s": train_tps,
         "tokens_per_step": median_after_warmup(rows, "tokens"),
@@ -435,6 +438,7 @@ def table(out: Path) -> str:
     legs = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json") if p.stem in LEGS}
     raw, http = legs.get("generation-raw", {}), legs.get("generation-http", {})
     ours, trl, two = legs.get("grpo-ours", {}), legs.get("grpo-trl", {}), legs.get("grpo-ours-2gpu", {})
+    two_async = legs.get("grpo-ours-2gpu-async", {})
 
     def fmt(value: Any, digits: int = 3) -> str:
         return f"{value:.{digits}f}" if isinstance(value, float) else str(value if value is not None else "n/a")
@@ -461,6 +465,13 @@ def table(out: Path) -> str:
             f"| 2 GPUs (policy / engine): step s, weight sync ms (NCCL) | {fmt(two.get('step_seconds'))}, "
             f"{fmt((two.get('weight_sync_seconds') or 0) * 1000, 1)} | | |",
         ]
+    if two and two_async:
+        lines += [
+            f"| 2 GPUs, asynchronous (maxOffPolicySteps 1) vs synchronous: step s (waiting for rollouts s) | "
+            f"{fmt(two_async.get('step_seconds'))} ({fmt(two_async.get('rollout_wait_seconds'))}) | "
+            f"{fmt(two.get('step_seconds'))} ({fmt(two.get('rollout_wait_seconds'))}) | "
+            f"{ratio(two_async.get('step_seconds'), two.get('step_seconds'))} |",
+        ]
     lines.append("")
     lines.append("Versions: " + json.dumps(next((v["versions"] for v in legs.values() if "versions" in v), {})))
     return "\n".join(lines)
@@ -471,6 +482,7 @@ LEGS = {
     "generation-http": leg_generation_http,
     "grpo-ours": leg_grpo_ours,
     "grpo-ours-2gpu": lambda out, workload: leg_grpo_ours(out, workload, gpus=2),
+    "grpo-ours-2gpu-async": lambda out, workload: leg_grpo_ours(out, workload, gpus=2, ahead=1),
     "grpo-trl": leg_grpo_trl,
 }
 

@@ -65,8 +65,8 @@ def _local_gpus(spec: api.GRPOJobSpec) -> int:
 
 def _local_policy(spec: api.GRPOJobSpec, gpus: int) -> tuple[int, float]:
     """`grpojob run`'s policy: its ranks and each one's GPUs. Without GPUs, one gloo rank per
-    training replica; with one GPU, one rank sharing it with the engine; with more, one rank per GPU
-    asked for (`spec.training.ranks`), the engine on a GPU of its own."""
+    training replica; with one GPU, one rank sharing it with the engine (so no asynchronous GRPO); with
+    more, one rank per GPU asked for (`spec.training.ranks`), the engine on a GPU of its own."""
     training = spec.training
     if gpus == 0:
         return training.replicas, 0
@@ -74,6 +74,12 @@ def _local_policy(spec: api.GRPOJobSpec, gpus: int) -> tuple[int, float]:
     if gpus == 1:
         if world > 1:
             raise UsageError(f"spec.training: {world} policy ranks need {world + 1} GPUs here, this machine has 1")
+        if spec.grpo.max_off_policy_steps > 0:
+            raise UsageError(
+                f"spec.grpo.maxOffPolicySteps: {spec.grpo.max_off_policy_steps} overlaps generation with training, "
+                "which needs the engine on a GPU of its own; with one GPU `grpojob run` puts the engine and the "
+                "policy on the same one: set maxOffPolicySteps: 0 here, or run on 2 GPUs"
+            )
         return 1, 0.5
     if world + 1 > gpus:
         raise UsageError(

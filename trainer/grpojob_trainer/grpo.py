@@ -153,7 +153,9 @@ def importance_weights(
     The batch was sampled by the generation engine, whose numerics (kernels, precision, batching) make
     its probabilities differ from the trainer's; this per-token weight re-weights the samples towards the
     trainer's distribution, truncated at ``cap`` to bound the variance (Yao et al., "Your efficient RL
-    framework secretly brings you off-policy RL training"). ``cap=None`` disables the correction (all 1).
+    framework secretly brings you off-policy RL training"). With asynchronous GRPO the engine's weights are
+    also older than the trainer's (``spec.grpo.maxOffPolicySteps``): the same weight, against the engine's
+    log-probabilities, corrects for that staleness too. ``cap=None`` disables the correction (all 1).
 
     Args:
         old_logprobs: ``[B, T]`` the trainer's log-probabilities of the batch before the update.

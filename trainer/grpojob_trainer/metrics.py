@@ -29,6 +29,9 @@ Scalar = int | float | bool | str
 # The phases of a GRPO step, in order (`StepTimer` reports each as ``time/<phase>``).
 GENERATION = "generation"
 """Rollouts through the environment servers."""
+ROLLOUT_WAIT = "rollout_wait"
+"""Time the loop waited for rollouts: all of `GENERATION` on-policy, what training did not hide with
+``spec.grpo.maxOffPolicySteps`` >= 1."""
 PREPARE = "prepare"
 """Micro-batches, advantages and, with a KL penalty, the reference policy's log-probabilities."""
 TRAINING = "training"

@@ -30,6 +30,10 @@ class TrainingSample:
     """The last model call stopped at the token limit instead of ending naturally."""
     turns: int = 1
     """Model calls in the rollout."""
+    policy_version: int = 0
+    """The version of the policy weights that generated it (the driver counts one per trained step, from
+    the resumed checkpoint's step). Its staleness when trained is the trained policy's version minus this:
+    0 on-policy, at most ``spec.grpo.maxOffPolicySteps``."""
 
     def __post_init__(self) -> None:
         lengths = {len(self.token_ids), len(self.generated_mask), len(self.generation_log_probs)}

@@ -397,3 +397,32 @@ def test_grpojob_run_reads_yaml_as_kubectl_does(kubeconfig, tmp_path):
     assert {SCALARS[i]: ours.get(k) for i, k in enumerate(keys)} == {
         SCALARS[i]: sent.get(k) for i, k in enumerate(keys)
     }
+
+
+@pytest.mark.parametrize(
+    "grpo",
+    [
+        {"maxOffPolicySteps": 1},
+        {"maxOffPolicySteps": 16, "importanceSamplingCap": 5},
+        {"maxOffPolicySteps": 1, "importanceSamplingCap": None},
+        {"maxOffPolicySteps": 0, "importanceSamplingCap": None},
+        {"maxOffPolicySteps": 17},
+        {"maxOffPolicySteps": -1},
+        {"maxOffPolicySteps": "1"},
+    ],
+)
+def test_kubectl_apply_and_grpojob_run_judge_max_off_policy_steps_alike(custom, namespace, tmp_path, grpo):
+    """Asynchronous GRPO's field and its rule (stale rollouts need the importance-sampling cap), outside the
+    fuzzed corpus so that the corpus stays the one CI has judged."""
+    manifest = copy.deepcopy(BASE)
+    manifest["metadata"]["namespace"] = namespace
+    manifest["spec"]["grpo"] = grpo
+    admitted, refusal = api_server_verdict(custom, namespace, manifest)
+    job, model_refusal = model_verdict(manifest, tmp_path / "job.yaml")
+    assert (admitted is None) == (job is None), (
+        f"API server: {refusal or 'admitted'}; model: {model_refusal or 'admitted'}"
+    )
+    for verdict in (refusal, model_refusal):
+        assert verdict is None or "spec.grpo.maxOffPolicySteps" in verdict, verdict
+    if job is not None:
+        assert admitted["spec"]["grpo"]["maxOffPolicySteps"] == job.spec.grpo.max_off_policy_steps

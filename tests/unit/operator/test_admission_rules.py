@@ -105,6 +105,9 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ("environments.0.resources", {"requests": {"memory": "1.5m"}}, "whole bytes"),
         ("environments.0.resources", {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}, "must not exceed"),
         ("environments.0.resources", {"requests": {"nvidia.com/gpu": "1"}}, "the same limit"),
+        ("grpo", {"maxOffPolicySteps": 1, "importanceSamplingCap": None}, "spec.grpo.maxOffPolicySteps: rollouts"),
+        ("grpo.maxOffPolicySteps", 17, "spec.grpo.maxOffPolicySteps"),
+        ("grpo.maxOffPolicySteps", -1, "spec.grpo.maxOffPolicySteps"),
     ],
 )
 def test_what_the_trainer_or_operator_would_refuse_is_refused_naming_the_field(path, value, named):
@@ -128,6 +131,7 @@ def test_every_cross_field_rule_is_also_a_cel_rule():
     assert has_rule(f"{spec}.generation", "self.maxNewTokens < self.maxModelLen")
     assert has_rule(f"{spec}.generation", "self.backend != 'vllm' || self.gpusPerReplica >= 1")
     assert has_rule(f"{spec}.dataset", "has(self.path) != has(self.configMap)")
+    assert has_rule(f"{spec}.grpo", "self.maxOffPolicySteps == 0 || has(self.importanceSamplingCap)")
     assert has_rule(f"{spec}.environments[].env[]", "has(self.value) != has(self.secretKeyRef)")
     assert has_rule(f"{spec}.environments[].resources", "quantity(self.requests[k]).compareTo")
     for volume_path in (".model.pvc.path", ".dataset.pvc.path", ".checkpointing.path", ".checkpointing.pvc.path"):
