@@ -37,6 +37,10 @@ RAY_CLIENT_PORT = 10001
 """Ray Client on the head."""
 GENERATION_PORT = 8000
 """The OpenAI-compatible generation server on each `generation` worker, and the generation Service's port."""
+TRAINER_METRICS_PORT = 9090
+"""The trainer's Prometheus endpoint `/metrics` (its per-step training metrics), the container port `metrics`."""
+TENSORBOARD_PORT = 6006
+"""TensorBoard (`spec.logging.tensorboard`), and the `<job>-tensorboard` Service's port."""
 
 # ------------------------------------------------------------------------------------------------
 # Ray worker groups and resources
@@ -75,6 +79,7 @@ GRPOJOB_MODEL_PATH = "GRPOJOB_MODEL_PATH"
 GRPOJOB_DATASET_PATH = "GRPOJOB_DATASET_PATH"
 GRPOJOB_CHECKPOINT_DIR = "GRPOJOB_CHECKPOINT_DIR"
 GRPOJOB_LOG_DIR = "GRPOJOB_LOG_DIR"
+GRPOJOB_TRAINER_METRICS_PORT = "GRPOJOB_TRAINER_METRICS_PORT"
 POD_NAMESPACE = "POD_NAMESPACE"
 """The trainer: its namespace (the downward API's ``metadata.namespace``)."""
 
@@ -150,11 +155,13 @@ class TrainerEnv(_Contract):
     dataset_path: str = Field(alias=GRPOJOB_DATASET_PATH, min_length=1)
     checkpoint_dir: str = Field(alias=GRPOJOB_CHECKPOINT_DIR, min_length=1)
     log_dir: str = Field(default="/tmp/grpojob", alias=GRPOJOB_LOG_DIR, min_length=1)
-    """Metrics and TensorBoard logs (inside the pod)."""
+    """This attempt's run directory: `metrics.jsonl`, TensorBoard events, offline W&B runs (inside the pod)."""
+    metrics_port: int = Field(default=0, alias=GRPOJOB_TRAINER_METRICS_PORT, ge=0, le=65535)
+    """Port of the trainer's Prometheus endpoint (0: none)."""
 
     def env(self) -> list[dict[str, str]]:
         """The container's ``env`` entries."""
-        return [{"name": key, "value": value} for key, value in self.model_dump(by_alias=True).items()]
+        return [{"name": key, "value": str(value)} for key, value in self.model_dump(by_alias=True).items()]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> TrainerEnv:

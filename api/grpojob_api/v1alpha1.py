@@ -631,6 +631,72 @@ class CheckpointSpec(ApiModel):
     """Newest checkpoints kept."""
 
 
+class MlflowSpec(ApiModel):
+    """An MLflow tracking server: one run per trainer attempt, every step's metrics, the job's spec as
+    the run's parameters."""
+
+    tracking_uri: str = Field(min_length=1, max_length=2048)
+    """The tracking server (`http://mlflow.mlops:5000`), as `MLFLOW_TRACKING_URI` takes it."""
+    experiment: str | None = Field(default=None, min_length=1, max_length=256)
+    """Experiment of the runs (created when absent); default: the job's name."""
+    credentials_secret: str | None = Field(default=None, min_length=1, max_length=253)
+    """Secret in the job's namespace whose keys become the trainer's environment variables: MLflow's own
+    (`MLFLOW_TRACKING_USERNAME` and `MLFLOW_TRACKING_PASSWORD`, or `MLFLOW_TRACKING_TOKEN`)."""
+
+
+class WandbMode(StrEnum):
+    ONLINE = "online"
+    OFFLINE = "offline"
+
+
+_WANDB_ONLINE_NEEDS_KEY = "spec.logging.wandb.apiKeySecret is needed in online mode"
+
+
+class WandbSpec(ApiModel):
+    """Weights & Biases: one run per trainer attempt, every step's metrics, the job's spec as its config."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(_given("mode") + "self.mode != 'online' || has(self.apiKeySecret)", _WANDB_ONLINE_NEEDS_KEY)
+        )
+    )
+
+    project: str = Field(min_length=1, max_length=128)
+    """W&B project of the runs."""
+    entity: str | None = Field(default=None, min_length=1, max_length=128)
+    """W&B entity (user or team); default: the API key's."""
+    mode: WandbMode = WandbMode.ONLINE
+    """`online` sends the runs to W&B; `offline` writes them under the log directory (`wandb sync` uploads
+    them later)."""
+    api_key_secret: SecretKeyRef | None = None
+    """The Secret key holding `WANDB_API_KEY` (needed online)."""
+
+    @model_validator(mode="after")
+    def _online_needs_key(self) -> WandbSpec:
+        if self.mode == WandbMode.ONLINE and self.api_key_secret is None:
+            raise ValueError(_WANDB_ONLINE_NEEDS_KEY)
+        return self
+
+
+class LoggingSpec(ApiModel):
+    """Where the trainer's metrics go: TensorBoard events and `metrics.jsonl` on a claim, a TensorBoard
+    server, MLflow, W&B. Every trainer attempt writes a run directory `attempt-<n>` of its own; a retried
+    job resumes at its checkpoint's step, so the runs join into one curve."""
+
+    pvc: PvcSource | None = None
+    """Claim for the logs; default: the checkpoint claim (`spec.checkpointing.pvc`). Without either, the
+    logs stay in the trainer pod and go with it."""
+    path: VolumePath | None = Field(default=None, min_length=1)
+    """Directory inside the claim (without `..`); default `logs/<job name>`."""
+    tensorboard: bool = False
+    """Run a TensorBoard server over the logs (Deployment and Service `<job>-tensorboard`, port 6006); needs a
+    claim."""
+    mlflow: MlflowSpec | None = None
+    """Log to an MLflow tracking server too."""
+    wandb: WandbSpec | None = None
+    """Log to Weights & Biases too."""
+
+
 class ImagesSpec(ApiModel):
     """Container images; each defaults to the operator's setting."""
 
@@ -654,8 +720,24 @@ class CleanupPolicy(StrEnum):
     """Keep everything (for debugging; GPUs stay allocated)."""
 
 
+_TENSORBOARD_NEEDS_CLAIM = (
+    "spec.logging.tensorboard needs a claim for the logs: spec.logging.pvc or spec.checkpointing.pvc"
+)
+
+
 class GRPOJobSpec(ApiModel):
     """Desired state of a GRPOJob."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.logging) || !has(self.logging.tensorboard) || !self.logging.tensorboard || "
+                "has(self.logging.pvc) || (has(self.checkpointing) && has(self.checkpointing.pvc))",
+                _TENSORBOARD_NEEDS_CLAIM,
+                ".logging.tensorboard",
+            )
+        )
+    )
 
     model: ModelSpec
     """The policy model."""
@@ -676,6 +758,8 @@ class GRPOJobSpec(ApiModel):
     """The algorithm."""
     checkpointing: CheckpointSpec = Field(default_factory=CheckpointSpec)
     """Checkpoints."""
+    logging: LoggingSpec = Field(default_factory=LoggingSpec)
+    """Metrics: logs on a claim, TensorBoard, MLflow, W&B."""
     images: ImagesSpec = Field(default_factory=ImagesSpec)
     """Images, defaulted from operator settings."""
     suspend: bool = False
@@ -688,6 +772,12 @@ class GRPOJobSpec(ApiModel):
     """Delete the GRPOJob this long after it succeeds or fails."""
     cleanup_policy: CleanupPolicy = CleanupPolicy.DELETE_CLUSTER
     """What to delete when the job finishes."""
+
+    @model_validator(mode="after")
+    def _tensorboard_needs_claim(self) -> GRPOJobSpec:
+        if self.logging.tensorboard and log_claim(self) is None:
+            raise ValueError(_TENSORBOARD_NEEDS_CLAIM)
+        return self
 
     @field_validator("environments")
     @classmethod
@@ -784,6 +874,16 @@ class GRPOJob(ApiModel):
 def checkpoint_dir(job: GRPOJob) -> str:
     """The job's checkpoint directory, relative to the claim (or the working directory)."""
     return job.spec.checkpointing.path or f"checkpoints/{job.metadata.name}"
+
+
+def log_claim(spec: GRPOJobSpec) -> PvcSource | None:
+    """The claim the logs go to: `spec.logging.pvc`, else the checkpoint claim, else none (the pod's disk)."""
+    return spec.logging.pvc or spec.checkpointing.pvc
+
+
+def log_dir(job: GRPOJob) -> str:
+    """The job's log directory, relative to its claim: each trainer attempt writes `attempt-<n>/` in it."""
+    return job.spec.logging.path or f"logs/{job.metadata.name}"
 
 
 def parse_job(manifest: Any) -> GRPOJob:

@@ -20,6 +20,7 @@ CONFIG_MOUNT = "/etc/grpojob"
 DATASET_MOUNT = "/data/dataset"
 MODEL_MOUNT = "/data/model"
 CHECKPOINT_MOUNT = "/data/checkpoints"
+LOG_MOUNT = "/data/logs"
 NON_ROOT_UID = 1000
 # Ray 2.60 turns token authentication on by default, and KubeRay v1.5 cannot hand a token to the
 # pods it creates, so workers could not join the head: Ray's auth is off inside the job's cluster.
@@ -155,6 +156,24 @@ def checkpoint_volume(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest],
         mount["subPath"] = pvc.path
     inside = api.checkpoint_dir(job).lstrip("/")
     return [_pvc_volume("checkpoints", pvc, read_only=False)], [mount], f"{CHECKPOINT_MOUNT}/{inside}"
+
+
+def log_volume(job: api.GRPOJob, *, read_only: bool) -> tuple[list[Manifest], list[Manifest], str]:
+    """The log claim's volume and mount (`api.log_claim`), and the job's log directory as a pod sees it.
+    Without a claim the logs stay in the pod's /tmp."""
+    pvc = api.log_claim(job.spec)
+    if pvc is None:
+        return [], [], f"/tmp/{api.log_dir(job)}"
+    mount = {"name": "logs", "mountPath": LOG_MOUNT, "readOnly": read_only}
+    if pvc.path:
+        mount["subPath"] = pvc.path
+    inside = api.log_dir(job).lstrip("/")
+    return [_pvc_volume("logs", pvc, read_only=read_only)], [mount], f"{LOG_MOUNT}/{inside}"
+
+
+def attempt_log_dir(log_dir: str, attempt: int) -> str:
+    """The run directory of one trainer attempt inside the job's log directory (a TensorBoard run)."""
+    return f"{log_dir}/attempt-{attempt}"
 
 
 def _worker_group(
@@ -560,17 +579,20 @@ def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int
     model_volumes, model_mounts = _model_volumes(job)
     dataset_volumes, dataset_mounts, dataset_path = _dataset_volume(job)
     _, _, checkpoint_dir = checkpoint_volume(job)
+    log_volumes, log_mounts, log_dir = log_volume(job, read_only=False)
     volumes = [
         {"name": "config", "configMap": {"name": child.config}},
         {"name": "tmp", "emptyDir": {}},
         *model_volumes,
         *dataset_volumes,
+        *log_volumes,
     ]
     mounts = [
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
         *model_mounts,
         *dataset_mounts,
+        *log_mounts,
     ]
     volumes, mounts = share_claims(volumes, mounts)
     labels = {**_labels(job, "trainer"), **attempt_label}
@@ -592,7 +614,7 @@ def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int
                             "name": "trainer",
                             "image": job.spec.images.trainer or settings.default_trainer_image(),
                             "command": ["grpojob", "train", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
-                            "envFrom": _endpoints_env_from(job),
+                            "envFrom": [*_endpoints_env_from(job), *tracking_env_from(job)],
                             "env": [
                                 *RAY_ENV,
                                 *endpoints.TrainerEnv(
@@ -600,12 +622,16 @@ def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int
                                     model_path=model_path(job),
                                     dataset_path=dataset_path,
                                     checkpoint_dir=checkpoint_dir,
+                                    log_dir=attempt_log_dir(log_dir, attempt),
+                                    metrics_port=endpoints.TRAINER_METRICS_PORT,
                                 ).env(),
                                 {
                                     "name": endpoints.POD_NAMESPACE,
                                     "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
                                 },
+                                *tracking_env(job),
                             ],
+                            "ports": [{"name": "metrics", "containerPort": endpoints.TRAINER_METRICS_PORT}],
                             "resources": {
                                 "requests": {"cpu": "2", "memory": "8Gi"},
                                 "limits": {"memory": "8Gi"},
@@ -616,5 +642,84 @@ def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int
                     ],
                 },
             },
+        },
+    }
+
+
+def tracking_env(job: api.GRPOJob) -> list[Manifest]:
+    """The trainer's secret environment variables for W&B (`WANDB_API_KEY` from its Secret); the rest of
+    `spec.logging` the trainer reads from the job itself."""
+    wandb = job.spec.logging.wandb
+    if wandb is None or wandb.api_key_secret is None:
+        return []
+    ref = wandb.api_key_secret
+    return [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def tracking_env_from(job: api.GRPOJob) -> list[Manifest]:
+    """MLflow's credentials: every key of `spec.logging.mlflow.credentialsSecret` as an environment variable."""
+    mlflow = job.spec.logging.mlflow
+    if mlflow is None or mlflow.credentials_secret is None:
+        return []
+    return [{"secretRef": {"name": mlflow.credentials_secret}}]
+
+
+# ------------------------------------------------------------------------------------------------
+# TensorBoard
+
+
+def _tensorboard_selector(job: api.GRPOJob) -> dict[str, str]:
+    job_name, _ = _job_ref(job)
+    return {names.JOB_LABEL: job_name, names.COMPONENT_LABEL: "tensorboard"}
+
+
+def build_tensorboard_deployment(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
+    """TensorBoard over the job's log directory (every attempt's run), on the log claim mounted read-only,
+    from the trainer image (which has TensorBoard)."""
+    job_name, _ = _job_ref(job)
+    volumes, mounts, log_dir = log_volume(job, read_only=True)
+    selector = _tensorboard_selector(job)
+    port = endpoints.TENSORBOARD_PORT
+    container: Manifest = {
+        "name": "tensorboard",
+        "image": job.spec.images.trainer or settings.default_trainer_image(),
+        "command": ["tensorboard", f"--logdir={log_dir}", "--host=0.0.0.0", f"--port={port}"],
+        "ports": [{"name": "http", "containerPort": port}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 5},
+        "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "volumeMounts": [*mounts, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(job, names.ChildNames(job_name).tensorboard, "tensorboard"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": {**_labels(job, "tensorboard"), **selector}},
+                "spec": {
+                    "securityContext": pod_security_context(),
+                    "automountServiceAccountToken": False,
+                    "containers": [container],
+                    "volumes": [*volumes, {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def build_tensorboard_service(job: api.GRPOJob) -> Manifest:
+    """`<job>-tensorboard`: `kubectl port-forward svc/<job>-tensorboard 6006`."""
+    job_name, _ = _job_ref(job)
+    port = endpoints.TENSORBOARD_PORT
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, names.ChildNames(job_name).tensorboard, "tensorboard"),
+        "spec": {
+            "selector": _tensorboard_selector(job),
+            "ports": [{"name": "http", "port": port, "targetPort": port}],
         },
     }

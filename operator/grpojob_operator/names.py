@@ -64,6 +64,11 @@ class ChildNames:
         """The trainer Job, its ServiceAccount, Role and RoleBinding."""
         return f"{self.job}-trainer"
 
+    @property
+    def tensorboard(self) -> str:
+        """TensorBoard's Deployment and Service (`spec.logging.tensorboard`)."""
+        return f"{self.job}-tensorboard"
+
     def environment(self, environment: str) -> str:
         """Deployment and Service of one environment."""
         return f"{self.job}-env-{environment}"

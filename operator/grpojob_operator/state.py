@@ -202,6 +202,7 @@ def _child_deletions(job: api.GRPOJob, observed: Observed, *, trainer: bool) -> 
             candidates.append(Delete("v1", "ConfigMap", child.nemo_gym_config(env.name)))
     if trainer:
         candidates.append(Delete("batch/v1", "Job", child.trainer, "Foreground"))
+        candidates += _tensorboard_deletions(child)
     return [d for d in candidates if observed.has(d.kind, d.name) and not _deleting(observed.get(d.kind, d.name))]
 
 
@@ -266,6 +267,7 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     plan_.actions += _config_map_actions(manifests.build_config_map(job), observed)
     rest = [manifests.build_generation_service(job), manifests.build_progress(job), *manifests.build_trainer_rbac(job)]
     plan_.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
+    plan_.actions += _tensorboard_actions(job, observed, settings)
     _read_progress(status, observed.get("ConfigMap", child.progress))
     trainer: TrainerJobInfo | None = observed.get("Job", child.trainer)
     if trainer is not None:
@@ -339,6 +341,24 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
 
     # 5. The trainer.
     _advance_trainer(job, plan_, observed, settings, now)
+
+
+def _tensorboard_deletions(child: names.ChildNames) -> list[Delete]:
+    return [Delete("apps/v1", "Deployment", child.tensorboard), Delete("v1", "Service", child.tensorboard)]
+
+
+def _tensorboard_actions(job: api.GRPOJob, observed: Observed, settings: OperatorSettings) -> list[Action]:
+    """TensorBoard follows `spec.logging.tensorboard`: created when it is true (it needs no address, and
+    shows each attempt's run as it appears), deleted when it is turned off."""
+    child = names.ChildNames(job.metadata.name)
+    if not job.spec.logging.tensorboard:
+        return [
+            d
+            for d in _tensorboard_deletions(child)
+            if observed.has(d.kind, d.name) and not _deleting(observed.get(d.kind, d.name))
+        ]
+    wanted = [manifests.build_tensorboard_deployment(job, settings), manifests.build_tensorboard_service(job)]
+    return [Create(m) for m in wanted if not observed.has(m["kind"], m["metadata"]["name"])]
 
 
 def _nemo_gym_actions(

@@ -181,10 +181,12 @@ def test_a_claim_shared_by_model_dataset_and_checkpoints_is_one_volume_per_pod()
     policy = next(
         g for g in manifests.build_raycluster(j, SETTINGS)["spec"]["workerGroupSpecs"] if g["groupName"] == "policy"
     )["template"]["spec"]
-    for pod, read_only in ((trainer, True), (policy, False)):
+    # Both write to it: the policy its checkpoints, the trainer its logs (beside the checkpoints by default).
+    for pod in (trainer, policy):
         claims = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
-        assert [v["persistentVolumeClaim"] for v in claims] == [{"claimName": "grpo-data", "readOnly": read_only}]
+        assert [v["persistentVolumeClaim"] for v in claims] == [{"claimName": "grpo-data", "readOnly": False}]
         names = {v["name"] for v in pod["volumes"]}
         assert {m["name"] for m in pod["containers"][0]["volumeMounts"]} <= names
     mounts = {m["mountPath"]: m for m in trainer["containers"][0]["volumeMounts"]}
     assert mounts[manifests.MODEL_MOUNT]["readOnly"] and mounts[manifests.DATASET_MOUNT]["readOnly"]
+    assert not mounts[manifests.LOG_MOUNT]["readOnly"]
