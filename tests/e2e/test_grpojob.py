@@ -7,6 +7,7 @@ succeeds."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from grpojob_api.endpoints import GCS_PORT
+from grpojob_api.endpoints import GCS_PORT, TENSORBOARD_PORT, TRAINER_METRICS_PORT
 from grpojob_operator import names
 from grpojob_testing import build
 from grpojob_testing.cluster import wait_until
@@ -209,3 +210,79 @@ def test_killing_the_ray_head_mid_run_fails_the_attempt_and_the_retry_resumes_fr
     # Deleted while the operator still runs, which removes its finalizer.
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "headless")
     wait_until(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], "", 120)
+
+
+WATCHED_STEPS = 8
+
+
+def trainer_pod(core: client.CoreV1Api, namespace: str, job: str, attempt: int) -> str:
+    selector = f"{names.JOB_LABEL}={job},{names.COMPONENT_LABEL}=trainer,{names.ATTEMPT_LABEL}={attempt}"
+    (pod,) = core.list_namespaced_pod(namespace, label_selector=selector).items
+    return pod.metadata.name
+
+
+def scraped_step(core: client.CoreV1Api, namespace: str, pod: str, job: str) -> int | None:
+    """The step on the trainer pod's `/metrics`, read through the API server's proxy."""
+    where = f"{pod}:{TRAINER_METRICS_PORT}"
+    text = core.connect_get_namespaced_pod_proxy_with_path(where, namespace, "metrics", _preload_content=False)
+    text = text.data.decode()
+    found = re.search(rf'^grpojob_trainer_step{{grpojob="{job}"}} ([0-9.e+]+)$', text, re.MULTILINE)
+    return int(float(found.group(1))) if found else None
+
+
+def tensorboard_scalars(core: client.CoreV1Api, namespace: str, job: str) -> dict[str, Any]:
+    """The scalar tags of each run, as TensorBoard behind `<job>-tensorboard` lists them (via the API server)."""
+    service = f"{names.ChildNames(job).tensorboard}:{TENSORBOARD_PORT}"
+    try:
+        answer = core.connect_get_namespaced_service_proxy_with_path(
+            service, namespace, "data/plugin/scalars/tags", _preload_content=False
+        )
+    except client.ApiException:
+        return {}  # not up yet
+    return json.loads(answer.data)
+
+
+def test_a_watched_job_serves_its_metrics_and_tensorboard_during_the_run_and_leaves_its_events_on_its_claim(
+    api_client, namespace, grpo_data
+):
+    """`spec.logging` on the data claim with TensorBoard: while the job runs, the trainer's `/metrics` shows
+    the step `kubectl get grpojobs` shows and `<job>-tensorboard` lists the attempt's scalars; the trainer's
+    log has a line per step; the events stay on the claim."""
+    custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
+    manifest = tiny_job("watched", grpo_data, WATCHED_STEPS)
+    manifest["spec"]["logging"] = {"pvc": {"claimName": grpo_data}, "tensorboard": True}
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    running = watch_job(api_client, namespace, "watched", 900, until=lambda s: (s.get("step") or 0) >= 1)
+    pod = trainer_pod(core, namespace, "watched", 1)
+
+    def scrape_agrees_with_status() -> bool:
+        before = read_job(api_client, namespace, "watched")["status"].get("step")
+        scraped = scraped_step(core, namespace, pod, "watched")
+        after = read_job(api_client, namespace, "watched")["status"].get("step")
+        print(f"status step {before}/{after}, /metrics step {scraped}")
+        return before == scraped == after
+
+    wait_until(scrape_agrees_with_status, "the trainer's /metrics to show the status's step", 120)
+
+    def tensorboard_lists_the_reward() -> bool:
+        return "rollout/reward/mean" in tensorboard_scalars(core, namespace, "watched").get("attempt-1", {})
+
+    wait_until(tensorboard_lists_the_reward, "TensorBoard to list attempt-1's mean reward", 300)
+    during_the_run = read_job(api_client, namespace, "watched")["status"]
+    watched = watch_job(api_client, namespace, "watched", 900, watch=running)
+    assert during_the_run["phase"] == "Running", during_the_run
+    assert watched.status["phase"] == "Succeeded", watched.status
+
+    log = trainer_log(core, namespace, "watched", 1)
+    step_lines = re.findall(rf"step (\d+)/{WATCHED_STEPS} reward \S+ time \S+s .* failed rollouts \d+/64", log)
+    assert [int(s) for s in step_lines] == list(range(1, WATCHED_STEPS + 1)), log[-3000:]
+    claim = core.read_namespaced_persistent_volume_claim(grpo_data, namespace)
+    volume = core.read_persistent_volume(claim.spec.volume_name)
+    if volume.spec.host_path is not None:  # our real node (kind's volumes are inside its node container)
+        run_dir = Path(volume.spec.host_path.path) / "logs" / "watched" / "attempt-1"
+        assert list(run_dir.glob("events.out.tfevents.*")), sorted(p.name for p in run_dir.parent.rglob("*"))
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == list(range(1, WATCHED_STEPS + 1))
+    # After the run (cleanupPolicy DeleteCluster) TensorBoard still serves the finished curve from the claim.
+    assert "rollout/reward/mean" in tensorboard_scalars(core, namespace, "watched")["attempt-1"]
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "watched")
