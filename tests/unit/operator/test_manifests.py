@@ -190,3 +190,73 @@ def test_a_claim_shared_by_model_dataset_and_checkpoints_is_one_volume_per_pod()
     mounts = {m["mountPath"]: m for m in trainer["containers"][0]["volumeMounts"]}
     assert mounts[manifests.MODEL_MOUNT]["readOnly"] and mounts[manifests.DATASET_MOUNT]["readOnly"]
     assert not mounts[manifests.LOG_MOUNT]["readOnly"]
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def test_the_trainer_writes_each_attempts_logs_beside_the_checkpoints_on_their_claim():
+    j = job(checkpointing={"pvc": {"claimName": "runs", "path": "team"}})
+    (container,) = manifests.build_trainer_job(j, SETTINGS, 2)["spec"]["template"]["spec"]["containers"]
+    env = _env(container)
+    assert env["GRPOJOB_LOG_DIR"]["value"] == f"{manifests.LOG_MOUNT}/logs/demo/attempt-2"
+    assert env["GRPOJOB_CHECKPOINT_DIR"]["value"] == f"{manifests.CHECKPOINT_MOUNT}/checkpoints/demo"
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == manifests.LOG_MOUNT]
+    assert mount["subPath"] == "team" and not mount["readOnly"]
+
+
+def test_logs_go_to_their_own_claim_and_path_and_without_a_claim_stay_in_the_pod():
+    j = job(logging={"pvc": {"claimName": "logs"}, "path": "grpo/demo"})
+    pod = manifests.build_trainer_job(j, SETTINGS, 1)["spec"]["template"]["spec"]
+    assert {"name": "logs", "persistentVolumeClaim": {"claimName": "logs", "readOnly": False}} in pod["volumes"]
+    env = _env(pod["containers"][0])
+    assert env["GRPOJOB_LOG_DIR"]["value"] == f"{manifests.LOG_MOUNT}/grpo/demo/attempt-1"
+    (container,) = manifests.build_trainer_job(job(), SETTINGS, 1)["spec"]["template"]["spec"]["containers"]
+    assert _env(container)["GRPOJOB_LOG_DIR"]["value"] == "/tmp/logs/demo/attempt-1"
+
+
+def test_the_trainer_serves_its_metrics_on_a_named_port():
+    (container,) = manifests.build_trainer_job(job(), SETTINGS, 1)["spec"]["template"]["spec"]["containers"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9090}]
+    assert _env(container)["GRPOJOB_TRAINER_METRICS_PORT"]["value"] == "9090"
+
+
+def test_tracking_credentials_come_from_the_secrets_the_job_names():
+    j = job(
+        logging={
+            "mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "mlflow-auth"},
+            "wandb": {"project": "grpo", "apiKeySecret": {"name": "wandb", "key": "api-key"}},
+        }
+    )
+    (container,) = manifests.build_trainer_job(j, SETTINGS, 1)["spec"]["template"]["spec"]["containers"]
+    assert {"secretRef": {"name": "mlflow-auth"}} in container["envFrom"]
+    assert _env(container)["WANDB_API_KEY"] == {
+        "name": "WANDB_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}},
+    }
+    (plain,) = manifests.build_trainer_job(job(), SETTINGS, 1)["spec"]["template"]["spec"]["containers"]
+    assert "WANDB_API_KEY" not in _env(plain) and len(plain["envFrom"]) == 1
+
+
+def test_tensorboard_reads_every_attempt_of_the_job_read_only_behind_its_own_service():
+    j = job(logging={"pvc": {"claimName": "logs", "path": "team"}, "tensorboard": True})
+    deployment = manifests.build_tensorboard_deployment(j, SETTINGS)
+    service = manifests.build_tensorboard_service(j)
+    assert deployment["metadata"]["name"] == service["metadata"]["name"] == "demo-tensorboard"
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == j.metadata.uid
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "example/ray:1"  # the trainer image has TensorBoard
+    assert f"--logdir={manifests.LOG_MOUNT}/logs/demo" in container["command"]
+    (claim,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert claim["persistentVolumeClaim"] == {"claimName": "logs", "readOnly": True}
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == claim["name"]]
+    assert mount["readOnly"] and mount["subPath"] == "team"
+    assert container["securityContext"]["readOnlyRootFilesystem"] and not pod["automountServiceAccountToken"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    trainer_labels = manifests.build_trainer_job(j, SETTINGS, 1)["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= trainer_labels.items()
+    assert service["spec"]["ports"] == [{"name": "http", "port": 6006, "targetPort": 6006}]

@@ -318,3 +318,42 @@ def test_a_pod_the_scheduler_cannot_place_is_explained_without_failing_the_job()
     ready = state.condition(plan.status, state.ConditionType.RAY_CLUSTER_READY)
     assert plan.status.phase == "Initializing"
     assert ready is not None and ready.message.endswith("pod demo-head cannot be scheduled: 0/6 nodes")
+
+
+def watched_body(status: dict | None = None, **logging) -> dict:
+    body = job_body(status=status)
+    body["spec"]["logging"] = {"pvc": {"claimName": "logs"}, "tensorboard": True, **logging}
+    return body
+
+
+def test_tensorboard_starts_with_the_job_before_the_ray_head_is_up():
+    plan = run(watched_body(), base_children(head_ready=False))
+    created = kinds_and_names(plan)
+    assert ("Create", "Deployment", "demo-tensorboard") in created
+    assert ("Create", "Service", "demo-tensorboard") in created
+    assert not any(name == "demo-tensorboard" for _, _, name in kinds_and_names(run(job_body(), base_children())))
+
+
+def _with_tensorboard(children: dict) -> dict:
+    children.setdefault("Deployment", {})["demo-tensorboard"] = DeploymentInfo("demo-tensorboard", 1)
+    children["Service"]["demo-tensorboard"] = OtherInfo("demo-tensorboard", False)
+    return children
+
+
+def test_tensorboard_outlives_the_cluster_of_a_finished_job_unless_the_cleanup_deletes_all():
+    children = _with_tensorboard(with_endpoints(base_children()))
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, True, False, "", False)}
+    status = {"attempt": 1, "phase": "Succeeded", "completionTime": NOW.isoformat()}
+    kept = {(kind, name) for _, kind, name in kinds_and_names(run(watched_body(status), children))}
+    assert ("RayCluster", "demo") in kept and ("Deployment", "demo-tensorboard") not in kept
+    body = watched_body(status)
+    body["spec"]["cleanupPolicy"] = "DeleteAll"
+    deleted = {(kind, name) for _, kind, name in kinds_and_names(run(body, children))}
+    assert {("Deployment", "demo-tensorboard"), ("Service", "demo-tensorboard")} <= deleted
+
+
+def test_turning_tensorboard_off_removes_it():
+    children = _with_tensorboard(base_children())
+    body = watched_body(tensorboard=False)
+    deleted = [(kind, name) for verb, kind, name in kinds_and_names(run(body, children)) if verb == "Delete"]
+    assert deleted == [("Deployment", "demo-tensorboard"), ("Service", "demo-tensorboard")]
