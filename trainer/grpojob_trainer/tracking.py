@@ -111,6 +111,8 @@ class WandbSink:
             group=job.metadata.name,
             job_type="train",
             config=job_params(job),
+            # The trainer's output stays the process's own (`kubectl logs`), not wrapped by W&B.
+            settings=wandb.Settings(console="off"),
         )
         log.info("W&B: run %s (%s) in project %r", self.run.id, spec.mode.value, spec.project)
 
