@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
+from grpojob_api import v1alpha1 as api
+from grpojob_operator import manifests
 from grpojob_operator.settings import DEFAULT_ENVIRONMENT_IMAGE, DEFAULT_RAY_IMAGE, OperatorSettings
 from grpojob_testing import build
+from tests.unit.operator.conftest import job_body
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "grpojob"
@@ -46,7 +49,7 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 VARIANTS = {
     "defaults": (),
     "namespaced": ("--set", "operator.watchNamespaces={team-a,team-b}"),
-    "monitored": ("--set", "metrics.serviceMonitor.enabled=true"),
+    "monitored": ("--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.trainerPodMonitor.enabled=true"),
     "long-names": ("--set", "fullnameOverride=" + "f" * 70, "--set", "operator.watchNamespaces={" + "w" * 63 + "}"),
 }
 
@@ -184,6 +187,22 @@ def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_port(helm
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ops"]}
+
+
+def test_the_trainer_pod_monitor_is_off_by_default_and_scrapes_the_metrics_port_of_trainer_pods(helm: Path):
+    assert not by_kind(render(helm), "PodMonitor")
+    (monitor,) = by_kind(render(helm, "--set", "metrics.trainerPodMonitor.enabled=true"), "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    trainer = manifests.build_trainer_job(api.parse_job(job_body()), OperatorSettings(), 1)["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= trainer["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in [p["name"] for p in trainer["spec"]["containers"][0]["ports"]]
+    assert endpoint["path"] == "/metrics"
+    (namespaced,) = by_kind(
+        render(helm, "--set", "metrics.trainerPodMonitor.enabled=true", *VARIANTS["namespaced"]), "PodMonitor"
+    )
+    assert namespaced["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
 
 def test_every_value_is_documented():
