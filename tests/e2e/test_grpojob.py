@@ -224,8 +224,11 @@ def trainer_pod(core: client.CoreV1Api, namespace: str, job: str, attempt: int) 
 def scraped_step(core: client.CoreV1Api, namespace: str, pod: str, job: str) -> int | None:
     """The step on the trainer pod's `/metrics`, read through the API server's proxy."""
     where = f"{pod}:{TRAINER_METRICS_PORT}"
-    text = core.connect_get_namespaced_pod_proxy_with_path(where, namespace, "metrics", _preload_content=False)
-    text = text.data.decode()
+    try:
+        answer = core.connect_get_namespaced_pod_proxy_with_path(where, namespace, "metrics", _preload_content=False)
+    except client.ApiException:
+        return None
+    text = answer.data.decode()
     found = re.search(rf'^grpojob_trainer_step{{grpojob="{job}"}} ([0-9.e+]+)$', text, re.MULTILINE)
     return int(float(found.group(1))) if found else None
 
