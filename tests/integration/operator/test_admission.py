@@ -116,19 +116,6 @@ FIELDS: dict[Path_, list[Any]] = {
     ("spec", "dataset", "pvc", "path"): VOLUME_PATHS,
     ("spec", "dataset", "pvc"): [None, DELETE, {"claimName": "data", "path": "../etc"}],
     ("spec", "dataset", "configMap"): [{"name": "rows"}, {"name": "rows", "key": ""}, {}, None],
-    ("spec", "checkpointing", "pvc"): [None, DELETE, {"claimName": "ckpt"}, {}],
-    ("spec", "logging", "tensorboard"): BOOLEANS,
-    ("spec", "logging", "pvc"): [None, DELETE, {"claimName": "logs"}, {"claimName": "logs", "path": "a/../b"}],
-    ("spec", "logging", "path"): VOLUME_PATHS,
-    ("spec", "logging", "mlflow"): [None, DELETE, {"trackingUri": "http://mlflow:5000"}, {"trackingUri": ""}, {}],
-    ("spec", "logging", "wandb"): [
-        None,
-        DELETE,
-        {"project": "p"},
-        {"project": "p", "mode": "offline"},
-        {"project": "p", "apiKeySecret": {"name": "wandb", "key": "key"}},
-        {"project": "p", "mode": "sideways", "apiKeySecret": {"name": "wandb", "key": "key"}},
-    ],
     ("spec", "suspend"): BOOLEANS,
     ("spec", "backoffLimit"): INTEGERS,
     ("spec", "activeDeadlineSeconds"): INTEGERS,
@@ -385,6 +372,48 @@ def test_kubectl_apply_and_grpojob_run_judge_every_manifest_alike(custom, api_cl
     assert not unnamed, f"{len(unnamed)} refusals name no mutated field:\n{report}"
     assert not defaults, f"{len(defaults)} admitted specs default differently:\n{report}"
     assert not children, f"{len(children)} environment Deployments of admitted jobs refused:\n{report}"
+
+
+# spec.logging beside spec.checkpointing: its cross-field rules (TensorBoard needs a claim, W&B online a key)
+# and its paths, judged by both. Apart from the fuzzed corpus, whose draws a new field would reshuffle.
+CHECKPOINT_CLAIM = {"claimName": "ckpt"}
+WANDB_KEY = {"name": "wandb", "key": "api-key"}
+LOGGING_CASES: list[tuple[dict[str, Any], dict[str, Any] | None]] = [
+    ({"tensorboard": True}, None),
+    ({"tensorboard": True}, {"pvc": CHECKPOINT_CLAIM}),
+    ({"tensorboard": True, "pvc": {"claimName": "logs"}}, None),
+    ({"tensorboard": False}, None),
+    ({"tensorboard": "true", "pvc": {"claimName": "logs"}}, None),
+    ({"pvc": {"claimName": "logs", "path": "a/../b"}}, None),
+    ({"pvc": {"claimName": ""}}, None),
+    ({"path": "../x"}, None),
+    ({"path": ""}, None),
+    ({"path": "grpo/logs"}, {"pvc": CHECKPOINT_CLAIM}),
+    ({"mlflow": {"trackingUri": "http://mlflow:5000"}}, None),
+    ({"mlflow": {"trackingUri": "http://mlflow:5000", "experiment": "", "credentialsSecret": "auth"}}, None),
+    ({"mlflow": {}}, None),
+    ({"wandb": {"project": "p"}}, None),
+    ({"wandb": {"project": "p", "mode": "offline"}}, None),
+    ({"wandb": {"project": "p", "apiKeySecret": WANDB_KEY}}, None),
+    ({"wandb": {"project": "p", "mode": "sideways", "apiKeySecret": WANDB_KEY}}, None),
+    ({"wandb": {"project": "", "mode": "offline"}}, None),
+    ({"unknown": 1}, None),
+]
+
+
+def test_kubectl_apply_and_grpojob_run_judge_spec_logging_alike(custom, namespace, tmp_path):
+    for index, (logging, checkpointing) in enumerate(LOGGING_CASES):
+        manifest = copy.deepcopy(BASE)
+        manifest["metadata"] |= {"name": f"logging-{index}", "namespace": namespace}
+        manifest["spec"]["logging"] = logging
+        if checkpointing is not None:
+            manifest["spec"]["checkpointing"] = checkpointing
+        admitted, refusal = api_server_verdict(custom, namespace, manifest)
+        job, model_refusal = model_verdict(manifest, tmp_path / f"{index}.yaml")
+        case = f"logging {logging}, checkpointing {checkpointing}"
+        assert (admitted is None) == (job is None), f"{case}: API server {refusal}; model {model_refusal}"
+        for verdict in (refusal, model_refusal):
+            assert verdict is None or "logging" in verdict, f"{case}: {verdict}"
 
 
 # Plain scalars on which YAML 1.1 (PyYAML) and kubectl's YAML (go-yaml v2) disagree, and a few on which
