@@ -201,9 +201,6 @@ def test_killing_the_ray_head_mid_run_fails_the_attempt_and_the_retry_resumes_fr
     )
 
     assert (status["phase"], status["attempt"], status["step"]) == ("Succeeded", 2, HEAD_KILL_MAX_STEPS), status
-    assert re.search(r"grpojob: the Ray (GCS|head)", trainer_log(core, namespace, "headless", 1)), (
-        "attempt 1 did not say that it lost its Ray head"
-    )
     resumed = re.search(r"resumed from the checkpoint of step (\d+)", trainer_log(core, namespace, "headless", 2))
     assert resumed, "attempt 2 started from scratch instead of the checkpoint of attempt 1"
     assert KILL_AFTER_STEP - 1 <= int(resumed.group(1)) < HEAD_KILL_MAX_STEPS
