@@ -46,6 +46,14 @@ class OperatorSettings(BaseModel):
     pod_failure_grace_seconds: float = Field(default=120.0, ge=0)
     """How long a child pod may sit in ImagePullBackOff, ErrImagePull or CrashLoopBackOff before the job
     fails."""
+    leader_election_namespace: str | None = None
+    """Namespace of the Lease that elects the one replica that reconciles (the chart sets its own namespace);
+    unset, this process reconciles at once and alone."""
+    leader_election_lease: str = "grpojob-operator"
+    """Name of that Lease."""
+    lease_duration_seconds: float = Field(default=15.0, gt=0)
+    """How long a standby waits, after the leader's last renewal, before it takes over. The leader renews every
+    third of it and exits if it could not renew for two thirds of it, before any standby may take over."""
     exit_after_writes: int | None = Field(default=None, ge=1)
     """Fault injection for tests: exit abruptly right after this many API writes, as if killed."""
 
