@@ -142,6 +142,12 @@ def proc_memory(pid: int) -> dict[str, int]:
     return out
 
 
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far, in seconds (/proc/<pid>/stat utime and stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class RssSampler:
     """Peak VmRSS of some processes, sampled every 0.2 s in a thread."""
 
@@ -340,6 +346,8 @@ class Batch:
     kuberay_writes: Counter = field(default_factory=Counter)  # rest_client_requests_total by method
     apiserver_writes: Counter = field(default_factory=Counter)  # (resource, verb)
     memory_kib: dict[str, int] = field(default_factory=dict)  # VmHWM / peak sampled VmRSS
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of each process over the window
+    load: tuple[float, float] = (0.0, 0.0)  # the machine's 1-minute load average at the start and the end
 
 
 class Bench:
@@ -478,6 +486,8 @@ class Bench:
         try:
             with RssSampler(pids) as sampler:
                 before = self.snapshot()
+                cpu_before = {name: proc_cpu_seconds(pid) for name, pid in pids.items()}
+                load_before = os.getloadavg()[0]
                 started = time.monotonic()
 
                 def create(name: str) -> None:
@@ -506,6 +516,8 @@ class Bench:
                 finished = time.monotonic()
                 time.sleep(self.args.settle_seconds)
                 after = self.snapshot()
+                result.cpu_s = {name: proc_cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+                result.load = (load_before, os.getloadavg()[0])
                 result.window_s = time.monotonic() - started
                 result.memory_kib = {f"{name} peak sampled VmRSS": peak for name, peak in sampler.peak.items()}
             for name, pid in pids.items():
@@ -711,6 +723,23 @@ def report(batches: list[Batch]) -> str:
             f"| {n} | {gh / 1024:.0f} | {rh / 1024:.0f} | {ratio(gh, rh)} "
             f"| {g.memory_kib.get('operator peak sampled VmRSS', 0) / 1024:.0f} "
             f"| {r.memory_kib.get('kuberay peak sampled VmRSS', 0) / 1024:.0f} |"
+        )
+    lines += [
+        "",
+        "CPU seconds per job (user + system, over the batch's window) and the machine's load average:",
+        "",
+        "| N | grpojob operator | KubeRay during GRPOJob batch | KubeRay during RayJob batch | ratio grpojob / "
+        "KubeRay (RayJob batch) | load at start → end (GRPOJob · RayJob batch) |",
+        "| ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for n in counts:
+        g, r = by.get((GRPOJOB, n)), by.get((RAYJOB, n))
+        if not g or not r or not g.cpu_s or not r.cpu_s:
+            continue
+        op, kg, kr = g.cpu_s.get("operator", 0) / n, g.cpu_s.get("kuberay", 0) / n, r.cpu_s.get("kuberay", 0) / n
+        lines.append(
+            f"| {n} | {op:.3f} | {kg:.3f} | {kr:.3f} | {ratio(op, kr)} "
+            f"| {g.load[0]:.1f} → {g.load[1]:.1f} · {r.load[0]:.1f} → {r.load[1]:.1f} |"
         )
     lines += ["", "Write requests by resource and verb (per batch, totals, not per job):", ""]
     for b in batches:
