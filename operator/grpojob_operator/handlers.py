@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -220,7 +221,7 @@ async def _run_worker(memo: kopf.Memo, namespace: str, name: str, worker: JobWor
             cached = observed_from_indexes(memo.indexes, namespace, name, worker.uid)
             try:
                 plan = await loop.run_in_executor(
-                    None, reconcile, raw, cached, memo.settings, memo.kube, datetime.now(UTC), worker.unseen
+                    memo.executor, reconcile, raw, cached, memo.settings, memo.kube, datetime.now(UTC), worker.unseen
                 )
             except Exception:  # an API error: log it, back off, and try again (never crash the operator)
                 failures += 1
@@ -292,7 +293,8 @@ def new_memo(settings: OperatorSettings, leading: asyncio.Event | None = None) -
         leading.set()
     return kopf.Memo(
         settings=settings,
-        kube=Kube(new_api_client(), settings.exit_after_writes),
+        kube=Kube(new_api_client(settings.reconcile_workers), settings.exit_after_writes),
+        executor=ThreadPoolExecutor(settings.reconcile_workers, thread_name_prefix="reconcile"),
         workers={},
         indexes={},
         leading=leading,

@@ -52,13 +52,17 @@ RESOURCES: dict[str, Resource] = {
 EVENT_SOURCE = "grpojob-operator"
 
 
-def new_api_client() -> client.ApiClient:
-    """An API client from the in-cluster service account, or the kubeconfig outside a cluster."""
+def new_api_client(connections: int | None = None) -> client.ApiClient:
+    """An API client from the in-cluster service account, or the kubeconfig outside a cluster, keeping up to
+    ``connections`` connections open (the client's default without)."""
+    configuration = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+        config.load_kube_config(client_configuration=configuration)
+    if connections:
+        configuration.connection_pool_maxsize = connections
+    return client.ApiClient(configuration)
 
 
 class ApiError(Exception):

@@ -1,5 +1,6 @@
 """The GRPOJob state machine, in one place: from the job and what is observed of its children to the
-actions to take and the status to write. Pure: no API calls, no clock (``now`` is an argument).
+actions to take and the status to write. Pure: no API calls, no clock (``now`` is an argument); the
+one memo (`_config_map`) only saves recomputing.
 
     Pending ─▶ Initializing ─▶ Running ─▶ Succeeded
                    │   ▲          │
@@ -20,6 +21,8 @@ of those steps neither loses nor repeats an attempt.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -269,7 +272,7 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     cluster_manifest = manifests.build_raycluster(job, settings)
     if not observed.has("RayCluster", child.raycluster):
         plan_.actions.append(Create(cluster_manifest))
-    plan_.actions += _config_map_actions(manifests.build_config_map(job), observed)
+    plan_.actions += _config_map_actions(_config_map(job), observed)
     rest = [manifests.build_generation_service(job), manifests.build_progress(job), *manifests.build_trainer_rbac(job)]
     plan_.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
     plan_.actions += _tensorboard_actions(job, observed, settings)
@@ -386,6 +389,30 @@ def _nemo_gym_actions(
         patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
         actions.append(Patch("apps/v1", "Deployment", current.name, patch))
     return actions
+
+
+_CONFIG_MAPS: OrderedDict[tuple[str, ...], dict[str, Any]] = OrderedDict()
+_CONFIG_MAPS_LOCK = threading.Lock()
+_CONFIG_MAPS_KEPT = 4096
+
+
+def _config_map(job: api.GRPOJob) -> dict[str, Any]:
+    """`manifests.build_config_map`, remembered per job and spec: rendering the config as YAML is nine tenths
+    of a pass that changes nothing (PyYAML is pure Python), and passes run every few seconds per job.
+    The manifest returned is shared: never change it."""
+    meta = job.metadata
+    key = (meta.uid or "", meta.namespace or "", meta.name, job.spec.model_dump_json())
+    with _CONFIG_MAPS_LOCK:
+        known = _CONFIG_MAPS.get(key)
+        if known is not None:
+            _CONFIG_MAPS.move_to_end(key)
+            return known
+    manifest = manifests.build_config_map(job)
+    with _CONFIG_MAPS_LOCK:
+        _CONFIG_MAPS[key] = manifest
+        while len(_CONFIG_MAPS) > _CONFIG_MAPS_KEPT:
+            _CONFIG_MAPS.popitem(last=False)
+    return manifest
 
 
 def _config_map_actions(manifest: dict[str, Any], observed: Observed) -> list[Action]:
