@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -71,10 +71,13 @@ def reconcile(
     kube: Kube,
     now: datetime,
     unseen: Unseen | None = None,
+    pool: Executor | None = None,
 ) -> state.Plan | None:
     """One pass: plan, act in order, write the status if it changed (one patch with every change), post an
-    Event if the phase changed. None when a write found the caches stale (HTTP 404 or 409: a child deleted
-    or replaced meanwhile): nothing more is written, and the next pass decides again on fresher caches."""
+    Event if the phase changed. Independent writes go at once through ``pool`` (`write_groups`).
+
+    None when a write found the caches stale (HTTP 404 or 409: a child deleted or replaced meanwhile):
+    nothing more is written, and the next pass decides again on fresher caches."""
     unseen = unseen if unseen is not None else Unseen()
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -83,7 +86,7 @@ def reconcile(
     plan = state.plan(job, unseen.observed(cached), settings, now)
     where = f"{namespace}/{name}"
     try:
-        _carry_out(plan, kube, cached, unseen, namespace, name, where)
+        _carry_out(plan, kube, cached, unseen, namespace, name, where, pool)
     except ApiError as error:
         if error.is_transient():
             raise  # the loop retries with backoff
@@ -124,30 +127,73 @@ def _status_change(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> str:
     return f"phase {phase}" + (f"; {', '.join(changed)}" if changed else "")
 
 
+def write_groups(actions: list[state.Action]) -> list[list[state.Action]]:
+    """The plan's actions in the order given, grouped into writes that may be sent at once: creates go
+    together up to and including a ConfigMap write (pods read ConfigMaps, so whatever the plan puts after one
+    waits for it: the endpoints before the environments and the trainer); a delete or a patch goes alone."""
+    groups: list[list[state.Action]] = []
+    current: list[state.Action] = []
+    for action in actions:
+        if isinstance(action, state.Create | state.Replace):
+            current.append(action)
+            if action.manifest["kind"] == "ConfigMap":
+                groups.append(current)
+                current = []
+            continue
+        if current:
+            groups.append(current)
+            current = []
+        groups.append([action])
+    if current:
+        groups.append(current)
+    return groups
+
+
 def _carry_out(
-    plan: state.Plan, kube: Kube, cached: Observed, unseen: Unseen, namespace: str, name: str, where: str
+    plan: state.Plan,
+    kube: Kube,
+    cached: Observed,
+    unseen: Unseen,
+    namespace: str,
+    name: str,
+    where: str,
+    pool: Executor | None = None,
 ) -> None:
-    for action in plan.actions:
-        if isinstance(action, state.Create):
-            kind, child = action.manifest["kind"], action.manifest["metadata"]["name"]
-            if kube.create(action.manifest):
-                log.info("%s: created %s %s", where, kind, child)
-            unseen.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
-        elif isinstance(action, state.Replace):
-            kind, child = action.manifest["kind"], action.manifest["metadata"]["name"]
-            kube.replace_data(action.manifest, action.stale_keys)
-            log.info("%s: updated %s %s", where, kind, child)
-            unseen.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
-        elif isinstance(action, state.Patch):
-            kube.patch(action.kind, namespace, action.name, action.patch)
-            log.info("%s: patched %s %s", where, action.kind, action.name)
-        elif isinstance(action, state.Delete):
-            kube.delete(action.kind, namespace, action.name, action.propagation)
-            log.info("%s: deleted %s %s", where, action.kind, action.name)
-            unseen.deleted_child(action.kind, action.name, cached.get(action.kind, action.name))
-        elif isinstance(action, state.DeleteJob):
-            kube.delete(api.KIND, namespace, name)
-            log.info("%s: deleted (ttlSecondsAfterFinished)", where)
+    """The plan's actions in order, each group of independent writes at once when there is a ``pool``."""
+    for group in write_groups(plan.actions):
+        if pool is None or len(group) == 1:
+            for action in group:
+                _act(action, kube, cached, unseen, namespace, name, where)
+            continue
+        futures = [pool.submit(_act, action, kube, cached, unseen, namespace, name, where) for action in group]
+        errors = [error for error in (future.exception() for future in futures) if error is not None]
+        if errors:
+            raise errors[0]
+
+
+def _act(
+    action: state.Action, kube: Kube, cached: Observed, unseen: Unseen, namespace: str, name: str, where: str
+) -> None:
+    if isinstance(action, state.Create):
+        kind, child = action.manifest["kind"], action.manifest["metadata"]["name"]
+        if kube.create(action.manifest):
+            log.info("%s: created %s %s", where, kind, child)
+        unseen.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
+    elif isinstance(action, state.Replace):
+        kind, child = action.manifest["kind"], action.manifest["metadata"]["name"]
+        kube.replace_data(action.manifest, action.stale_keys)
+        log.info("%s: updated %s %s", where, kind, child)
+        unseen.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
+    elif isinstance(action, state.Patch):
+        kube.patch(action.kind, namespace, action.name, action.patch)
+        log.info("%s: patched %s %s", where, action.kind, action.name)
+    elif isinstance(action, state.Delete):
+        kube.delete(action.kind, namespace, action.name, action.propagation)
+        log.info("%s: deleted %s %s", where, action.kind, action.name)
+        unseen.deleted_child(action.kind, action.name, cached.get(action.kind, action.name))
+    elif isinstance(action, state.DeleteJob):
+        kube.delete(api.KIND, namespace, name)
+        log.info("%s: deleted (ttlSecondsAfterFinished)", where)
 
 
 @dataclass
@@ -221,7 +267,15 @@ async def _run_worker(memo: kopf.Memo, namespace: str, name: str, worker: JobWor
             cached = observed_from_indexes(memo.indexes, namespace, name, worker.uid)
             try:
                 plan = await loop.run_in_executor(
-                    memo.executor, reconcile, raw, cached, memo.settings, memo.kube, datetime.now(UTC), worker.unseen
+                    memo.executor,
+                    reconcile,
+                    raw,
+                    cached,
+                    memo.settings,
+                    memo.kube,
+                    datetime.now(UTC),
+                    worker.unseen,
+                    memo.write_pool,
                 )
             except Exception:  # an API error: log it, back off, and try again (never crash the operator)
                 failures += 1
@@ -293,8 +347,12 @@ def new_memo(settings: OperatorSettings, leading: asyncio.Event | None = None) -
         leading.set()
     return kopf.Memo(
         settings=settings,
-        kube=Kube(new_api_client(settings.reconcile_workers), settings.exit_after_writes),
+        kube=Kube(new_api_client(3 * settings.reconcile_workers), settings.exit_after_writes),
         executor=ThreadPoolExecutor(settings.reconcile_workers, thread_name_prefix="reconcile"),
+        # Fault injection (exit_after_writes) wants one write at a time, so that each exit falls between two.
+        write_pool=None
+        if settings.exit_after_writes
+        else ThreadPoolExecutor(2 * settings.reconcile_workers, thread_name_prefix="write"),
         workers={},
         indexes={},
         leading=leading,

@@ -44,8 +44,9 @@ class OperatorSettings(BaseModel):
     starts a pass at once; this interval catches what no event announces (deadlines, grace periods,
     TTLs). Reads come from watch caches, so a pass costs no API call unless something must change."""
     reconcile_workers: int = Field(default=16, ge=1, le=256)
-    """Reconcile passes that may run at once (threads, and the API client's connections). A pass spends most
-    of its time waiting for the API server's answers, so more than the cores."""
+    """Reconcile passes that may run at once (threads; twice as many for the writes they send at once, and
+    three times as many API connections). A pass spends most of its time waiting for the API server's answers,
+    so more than the cores."""
     pod_failure_grace_seconds: float = Field(default=120.0, ge=0)
     """How long a child pod may sit in ImagePullBackOff, ErrImagePull or CrashLoopBackOff before the job
     fails."""

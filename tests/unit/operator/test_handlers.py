@@ -1,8 +1,9 @@
-"""What a reconcile pass sees of a job's children."""
+"""What a reconcile pass sees of a job's children, and how it sends its writes."""
 
 from __future__ import annotations
 
-from grpojob_operator.handlers import WATCHED_CHILDREN, index_id, observed_from_indexes
+from grpojob_operator import state
+from grpojob_operator.handlers import WATCHED_CHILDREN, index_id, observed_from_indexes, write_groups
 from grpojob_operator.observe import OtherInfo
 
 
@@ -15,3 +16,23 @@ def test_children_of_an_earlier_job_with_the_same_name_are_ignored():
     observed = observed_from_indexes(indexes, "ns", "demo", "uid-new")
     assert observed.has("Service", "demo-env-math")
     assert not observed.has("Service", "demo-generation")
+
+
+def test_independent_writes_are_grouped_and_a_config_map_is_written_before_what_follows_it():
+    def create(kind: str, name: str) -> state.Create:
+        return state.Create({"kind": kind, "metadata": {"name": name}})
+
+    first_pass = [
+        create("RayCluster", "demo"),
+        create("ConfigMap", "demo-config"),
+        create("Service", "demo-generation"),
+        create("ConfigMap", "demo-progress"),
+        create("ServiceAccount", "demo-trainer"),
+        create("Role", "demo-trainer"),
+    ]
+    assert write_groups(first_pass) == [first_pass[:2], first_pass[2:4], first_pass[4:]]
+    head_ready = [create("ConfigMap", "demo-endpoints"), create("Deployment", "demo-env-a"), create("Job", "demo-t")]
+    assert write_groups(head_ready) == [head_ready[:1], head_ready[1:]]
+    delete = state.Delete("batch/v1", "Job", "demo-trainer", "Foreground")
+    retry = [state.Replace({"kind": "ConfigMap", "metadata": {"name": "demo-endpoints"}, "data": {}}), delete]
+    assert write_groups(retry) == [retry[:1], [delete]]
