@@ -100,12 +100,12 @@ def reconcile(
     document = status_document(plan.status)
     if document != status_document(old_status) or not job.get("status"):
         try:
-            kube.write_status(namespace, name, document)
+            version = kube.write_status(namespace, name, document)
         except ApiError as error:
             if error.status != 404:
                 raise
             return None  # the job is gone; its worker stops at the deletion event
-        unseen.wrote_status(meta.get("resourceVersion"), document)
+        unseen.wrote_status(meta.get("resourceVersion"), document, version)
         log.info("%s: status %s", where, _status_change(old_status, plan.status))
     for event in plan.events:
         try:

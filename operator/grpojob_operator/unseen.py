@@ -34,21 +34,28 @@ class _Child:
 class Unseen:
     """One job's writes not yet seen in the caches; used by that job's reconcile passes only."""
 
-    status_base: str | None = None
-    """The job's resourceVersion that the last status write was computed from."""
     status: dict[str, Any] | None = None
+    """The status last written."""
+    status_version: str = ""
+    """The job's resourceVersion that write made."""
+    own_versions: set[str] = field(default_factory=set)
+    """Versions of the job that are ours and older than `status_version`: the one the first unseen write was
+    computed from, and those each later write made. A cache that shows one of them has not caught up."""
     children: dict[tuple[str, str], _Child] = field(default_factory=dict)
 
     def job(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``body`` with the status last written, while the cache still shows the version it was based on."""
-        version = body.get("metadata", {}).get("resourceVersion")
-        if self.status is not None and version == self.status_base:
+        """``body`` with the status last written, while the cache shows one of our own older versions."""
+        version = body.get("metadata", {}).get("resourceVersion", "")
+        if self.status is not None and version in self.own_versions and version != self.status_version:
             return {**body, "status": self.status}
-        self.status_base = self.status = None
+        self.status, self.status_version, self.own_versions = None, "", set()  # caught up, or moved on
         return body
 
-    def wrote_status(self, base_version: str | None, status: dict[str, Any]) -> None:
-        self.status_base, self.status = base_version, status
+    def wrote_status(self, base_version: str | None, status: dict[str, Any], new_version: str = "") -> None:
+        if self.status is None:
+            self.own_versions = {base_version or ""}
+        self.own_versions.add(new_version)
+        self.status, self.status_version = status, new_version
 
     def observed(self, cached: Observed) -> Observed:
         """The cached children with this operator's unseen writes in place."""

@@ -33,11 +33,22 @@ def test_a_deleted_child_is_seen_as_being_deleted_or_gone():
     assert not seen.has("ConfigMap", "demo-endpoints")
 
 
-def test_the_status_written_stands_in_while_the_cached_job_is_the_version_it_was_computed_from():
+def test_the_status_written_stands_in_while_the_cached_job_is_one_of_our_older_versions():
     unseen = Unseen()
     body = {"metadata": {"resourceVersion": "7"}, "status": {"phase": "Pending"}}
-    unseen.wrote_status("7", {"phase": "Initializing"})
+    unseen.wrote_status("7", {"phase": "Initializing"}, "8")
     assert unseen.job(body)["status"] == {"phase": "Initializing"}
-    newer = {"metadata": {"resourceVersion": "8"}, "status": {"phase": "Initializing"}}
-    assert unseen.job(newer) is newer
-    assert unseen.job(body) is body, "forgotten once the cache moved"
+    # A second write before the cache showed the first: the first's version is ours and older too.
+    unseen.wrote_status("7", {"phase": "Running"}, "9")
+    first = {"metadata": {"resourceVersion": "8"}, "status": {"phase": "Initializing"}}
+    assert unseen.job(first)["status"] == {"phase": "Running"}
+    caught_up = {"metadata": {"resourceVersion": "9"}, "status": {"phase": "Running"}}
+    assert unseen.job(caught_up) is caught_up
+    assert unseen.job(body) is body, "forgotten once the cache caught up"
+
+
+def test_a_version_of_the_job_not_ours_wins_over_the_status_written():
+    unseen = Unseen()
+    unseen.wrote_status("7", {"phase": "Initializing"}, "8")
+    edited = {"metadata": {"resourceVersion": "12"}, "spec": {"suspend": True}, "status": {"phase": "Initializing"}}
+    assert unseen.job(edited) is edited
