@@ -591,8 +591,8 @@ class Bench:
 
     def _delete_jobs(self, kind: str, namespace: str) -> None:
         """Delete the batch's GRPOJobs or RayJobs and wait until they are gone, while the namespace is still
-        active. (Deleting the namespace first hangs: Kopf, watching one namespace, drops it as soon as it has a
-        deletionTimestamp, so the GRPOJobs' `grpo.dev/operator` finalizer is never removed.)"""
+        active. (Before issue 15 the GRPOJobs carried Kopf's finalizer, and deleting the namespace first hung:
+        Kopf, watching one namespace, drops it as soon as it has a deletionTimestamp.)"""
         from kubernetes import client
 
         from grpojob_testing.cluster import wait_until
@@ -816,10 +816,11 @@ NOTES = """What the numbers are:
   `JobDeploymentStatusInitializing`). *Job created*: `J-trainer` or the RayJob's submitter Job. The ratio is
   grpojob / KubeRay (below 1: grpojob faster).
 - **Writes** (POST, PUT, PATCH, DELETE) per job, counted from the first create to `--settle-seconds` after
-  the last milestone: *grpojob own* is the operator's `grpojob_api_writes_total`; *Kopf's* are the
-  requests of Kopf's own HTTP client (finalizer and `last-handled-configuration` patches, Kubernetes Events),
-  counted by the launcher in this script that wraps both HTTP clients of the operator process (its total
-  equals the operator's counter plus Kopf's). KubeRay's are the `rest_client_requests_total` of its one
+  the last milestone: *grpojob own* is the operator's `grpojob_api_writes_total` (children, status patches
+  and, since issue 15, its Events); *Kopf's* are the requests of Kopf's own HTTP client (before issue 15 its
+  finalizer patches and the Events it posted for the operator; now none), counted by the launcher in this
+  script that wraps both HTTP clients of the operator process (its total equals the operator's counter plus
+  Kopf's). KubeRay's are the `rest_client_requests_total` of its one
   process, which runs the RayCluster controller as well as the RayJob controller; the RayCluster
   controller's share is measured in the GRPOJob batch (where no RayJob exists) and subtracted to estimate
   the RayJob controller's writes. The last ratio compares all operator writes on each path: grpojob +
@@ -828,6 +829,9 @@ NOTES = """What the numbers are:
   the benchmark's own creates), so they show the whole system's work; the GRPOJob creates more children
   (config, progress and endpoints ConfigMaps, a Service, trainer RBAC, an environment Deployment and
   Service) than a RayJob (RayCluster and submitter Job), which is most of the difference.
+- **CPU**: user + system seconds of the operator process and of KubeRay's (`/proc/<pid>/stat`) over the
+  batch's window, per job; with the machine's 1-minute load average at the start and the end of the batch
+  (the machine is shared: read the latencies with it).
 - **Memory**: VmHWM from `/proc/<pid>/status` after the batch; the grpojob operator is started for each
   batch and KubeRay is restarted before each RayJob batch, so each high-water mark is that batch's. Also the
   peak of VmRSS sampled every 0.2 s. KubeRay's process includes its RayCluster and RayService controllers.
