@@ -355,7 +355,7 @@ class Bench:
         from grpojob_testing.cluster import Cluster, clusters_root
 
         self.args, self.work = args, work
-        self.cluster = Cluster(clusters_root() / CLUSTER_NAME)
+        self.cluster = Cluster(clusters_root() / args.cluster_name)
         self.cluster_started = False
         self.operator: subprocess.Popen | None = None
         self.operator_metrics_port = 0
@@ -366,7 +366,8 @@ class Bench:
     def up(self) -> None:
         self.cluster.load()
         if self.cluster.pids and any(self.cluster.running().values()):
-            raise RuntimeError(f"a cluster named {CLUSTER_NAME!r} already runs; stop it first (cluster down --name)")
+            name = self.args.cluster_name
+            raise RuntimeError(f"a cluster named {name!r} already runs; stop it first (cluster down --name)")
         self.cluster_started = True
         self.cluster.up(cpu_nodes=self.args.cpu_nodes, gpu_nodes=self.args.gpu_nodes)
         from kubernetes import client, config
@@ -852,6 +853,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-timeout-per-job", type=float, default=6.0)
     parser.add_argument("--doc", type=Path, help=f"write the section into this file (default {DOC} unless --quick)")
     parser.add_argument("--no-doc", action="store_true")
+    parser.add_argument("--cluster-name", default=CLUSTER_NAME, help="of the fresh test cluster (two runs at once)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the cluster's logs after `down`")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument("--serve-operator", metavar="NAMESPACE", help=argparse.SUPPRESS)
@@ -882,7 +884,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     work = Path(tempfile.mkdtemp(prefix="operator-scale-"))
-    print(f"operator logs in {work}; cluster {CLUSTER_NAME}: {args.cpu_nodes} CPU + {args.gpu_nodes} GPU nodes")
+    print(f"operator logs in {work}; cluster {args.cluster_name}: {args.cpu_nodes} CPU + {args.gpu_nodes} GPU nodes")
     bench = Bench(args, work)
     batches: list[Batch] = []
     started = time.monotonic()
@@ -917,8 +919,9 @@ def main(argv: list[str] | None = None) -> int:
                 command.strip(),
                 "```",
                 "",
-                f"- Cluster: one fresh `grpojob_testing.cluster` named `{CLUSTER_NAME}`, {args.cpu_nodes} kwok CPU "
-                f"nodes and {args.gpu_nodes} kwok GPU nodes (8 `nvidia.com/gpu` each); versions: {versions()}.",
+                f"- Cluster: one fresh `grpojob_testing.cluster` named `{args.cluster_name}`, "
+                f"{args.cpu_nodes} kwok CPU nodes and {args.gpu_nodes} kwok GPU nodes (8 `nvidia.com/gpu` each); "
+                f"versions: {versions()}.",
                 f"- Machine: {machine_facts()}.",
                 "",
                 NOTES,
