@@ -137,3 +137,10 @@ Name of the metrics Service: `<fullname>-metrics`, within 63 characters.
 {{- define "grpojob.metricsName" -}}
 {{- printf "%s-metrics" (include "grpojob.fullname" . | trunc 55 | trimSuffix "-") }}
 {{- end }}
+
+{{/*
+Name of the leader-election Role and RoleBinding: `<fullname>-leader`, within 63 characters.
+*/}}
+{{- define "grpojob.leaderName" -}}
+{{- printf "%s-leader" (include "grpojob.fullname" . | trunc 56 | trimSuffix "-") }}
+{{- end }}
