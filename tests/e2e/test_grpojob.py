@@ -204,7 +204,7 @@ def test_killing_the_ray_head_mid_run_fails_the_attempt_and_the_retry_resumes_fr
     resumed = re.search(r"resumed from the checkpoint of step (\d+)", trainer_log(core, namespace, "headless", 2))
     assert resumed, "attempt 2 started from scratch instead of the checkpoint of attempt 1"
     assert KILL_AFTER_STEP - 1 <= int(resumed.group(1)) < HEAD_KILL_MAX_STEPS
-    # Deleted while the operator still runs, which removes its finalizer.
+    # Deleted while the operator still runs (no finalizer holds it; its children are garbage-collected).
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "headless")
     wait_until(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], "", 120)
 
