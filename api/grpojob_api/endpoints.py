@@ -62,6 +62,17 @@ PENGUIN_ENV_URLS = "PENGUIN_ENV_URLS"
 GRPOJOB_NAME = "GRPOJOB_NAME"
 GRPOJOB_ATTEMPT = "GRPOJOB_ATTEMPT"
 
+# ------------------------------------------------------------------------------------------------
+# Ray token authentication
+
+RAY_AUTH_MODE = "RAY_AUTH_MODE"
+"""Ray's switch for token authentication; `token` in every pod of a job."""
+RAY_AUTH_MODE_TOKEN = "token"
+RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"
+"""The job's Ray token, from the Secret KubeRay creates for the RayCluster (named like it)."""
+RAY_AUTH_TOKEN_SECRET_KEY = "auth_token"
+"""The key of that Secret holding the token (KubeRay's `RAY_AUTH_TOKEN_SECRET_KEY`)."""
+
 PORT = "PORT"
 """Environment servers: the port to listen on."""
 HOST = "HOST"

@@ -725,6 +725,139 @@ _TENSORBOARD_NEEDS_CLAIM = (
 )
 
 
+# Label keys the operator sets on the pods, or that another controller reads from them: a role's own
+# labels may not use them (a copied Kueue queue name would have Kueue admit the pods a second time).
+RESERVED_LABEL_PREFIXES = ("grpo.dev/", "ray.io/", "kueue.x-k8s.io/", "app.kubernetes.io/managed-by")
+_RESERVED_LABELS = "must not use the keys the operator sets (" + ", ".join(RESERVED_LABEL_PREFIXES) + "...)"
+_TOLERATION_EXISTS = "operator Exists takes no value"
+_TOLERATION_NO_KEY = "an empty key needs operator Exists (it tolerates every taint)"
+_TOLERATION_SECONDS = "tolerationSeconds needs effect NoExecute"
+MAX_SCHEDULING_ENTRIES = 32
+MAX_LABEL_KEY_LENGTH = 317  # a DNS subdomain prefix (253), `/`, a name (63)
+MAX_ANNOTATION_VALUE_LENGTH = 4096
+
+
+class Toleration(ApiModel):
+    """A toleration of the role's pods (core/v1 Toleration)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                _TOLERATION_EXISTS,
+                ".value",
+            ),
+            cel(
+                "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+                _TOLERATION_NO_KEY,
+                ".operator",
+            ),
+            cel(
+                "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                _TOLERATION_SECONDS,
+                ".tolerationSeconds",
+            ),
+        )
+    )
+
+    key: str = Field(default="", max_length=MAX_LABEL_KEY_LENGTH)
+    """Taint key (empty with operator Exists: every taint)."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str = Field(default="", max_length=63)
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+    """Taint effect to tolerate (empty: every effect)."""
+    toleration_seconds: int | None = None
+    """With effect NoExecute: how long the pod stays on a node after the taint appears."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError(_TOLERATION_EXISTS)
+        if not self.key and self.operator != "Exists":
+            raise ValueError(_TOLERATION_NO_KEY)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(_TOLERATION_SECONDS)
+        return self
+
+
+FreeForm = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
+
+
+class Affinity(ApiModel):
+    """Pod affinity rules (core/v1 Affinity), kept as written; the API server checks them on the pods."""
+
+    node_affinity: FreeForm = Field(default_factory=dict)
+    pod_affinity: FreeForm = Field(default_factory=dict)
+    pod_anti_affinity: FreeForm = Field(default_factory=dict)
+
+    def to_pod(self) -> dict[str, Any]:
+        """The pod's `affinity`: the parts that are set."""
+        return {k: v for k, v in self.model_dump(by_alias=True).items() if v}
+
+
+def _no_reserved_keys(labels: dict[str, str]) -> dict[str, str]:
+    taken = sorted(k for k in labels if k.startswith(RESERVED_LABEL_PREFIXES))
+    if taken:
+        raise ValueError(f"{taken} {_RESERVED_LABELS}")
+    return labels
+
+
+LabelMap = Annotated[
+    dict[str, Annotated[str, Field(max_length=63)]],
+    Field(
+        max_length=MAX_SCHEDULING_ENTRIES,
+        json_schema_extra=cel_rules(
+            cel(
+                "self.all(k, " + " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES) + ")",
+                _RESERVED_LABELS,
+            )
+        ),
+    ),
+    AfterValidator(_no_reserved_keys),
+]
+
+
+class PodScheduling(ApiModel):
+    """Where and how one role's pods are scheduled: a small override of their pod template, as RayJob
+    users shape their pods. Applied to every pod of the role; the operator's own labels win."""
+
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=MAX_SCHEDULING_ENTRIES
+    )
+    """Node labels the pods must run on (a node pool)."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_SCHEDULING_ENTRIES)
+    """Taints the pods tolerate."""
+    affinity: Affinity | None = None
+    """Node and pod affinity and anti-affinity."""
+    priority_class_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+    )
+    """PriorityClass of the pods."""
+    scheduler_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """Scheduler of the pods (default: the cluster's default scheduler)."""
+    labels: LabelMap = Field(default_factory=dict)
+    """Extra labels on the pods."""
+    annotations: dict[str, Annotated[str, Field(max_length=MAX_ANNOTATION_VALUE_LENGTH)]] = Field(
+        default_factory=dict, max_length=MAX_SCHEDULING_ENTRIES
+    )
+    """Extra annotations on the pods."""
+
+
+class SchedulingSpec(ApiModel):
+    """Per-role scheduling of the job's pods."""
+
+    head: PodScheduling = Field(default_factory=PodScheduling)
+    """The Ray head pod."""
+    generation: PodScheduling = Field(default_factory=PodScheduling)
+    """The `generation` Ray workers (generation engines)."""
+    policy: PodScheduling = Field(default_factory=PodScheduling)
+    """The `policy` Ray workers (policy training)."""
+    environments: PodScheduling = Field(default_factory=PodScheduling)
+    """Every environment server pod (Penguin and NeMo Gym)."""
+    trainer: PodScheduling = Field(default_factory=PodScheduling)
+    """The trainer pod (the Ray driver)."""
+
+
 class GRPOJobSpec(ApiModel):
     """Desired state of a GRPOJob."""
 
@@ -772,6 +905,12 @@ class GRPOJobSpec(ApiModel):
     """Delete the GRPOJob this long after it succeeds or fails."""
     cleanup_policy: CleanupPolicy = CleanupPolicy.DELETE_CLUSTER
     """What to delete when the job finishes."""
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    """Node selectors, tolerations, affinity, priority class, scheduler, labels and annotations of each
+    role's pods (Ray head, generation and policy workers, environments, trainer)."""
+    progress_deadline_seconds: int | None = Field(default=None, ge=1)
+    """A Running job whose training step has not advanced for this long is stalled: the attempt fails
+    (condition `Stalled`) and is retried within `backoffLimit`. Unset: no stall detection."""
 
     @model_validator(mode="after")
     def _tensorboard_needs_claim(self) -> GRPOJobSpec:
@@ -815,6 +954,7 @@ class ConditionType(StrEnum):
     COMPLETE = "Complete"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
+    STALLED = "Stalled"
 
 
 class Condition(ApiModel):
@@ -842,6 +982,9 @@ class GRPOJobStatus(ApiModel):
     """Last finished training step, as the trainer reported it."""
     mean_reward: float | None = None
     """Mean reward of the last finished step."""
+    progress_time: datetime | None = None
+    """When the current attempt last made progress: its trainer started running, or the step advanced.
+    `spec.progressDeadlineSeconds` counts from here."""
     gcs_address: str | None = None
     """The Ray GCS address published in `<job>-endpoints`."""
     reason: str | None = None

@@ -39,6 +39,7 @@ WATCHED_CHILDREN = (
     ("Job", "batch", "v1", "jobs"),
     ("Role", "rbac.authorization.k8s.io", "v1", "roles"),
     ("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
     ("RayCluster", "ray.io", "v1", "rayclusters"),
 )
 

@@ -45,6 +45,7 @@ RESOURCES: dict[str, Resource] = {
     "Job": Resource("batch", "v1", "jobs"),
     "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "NetworkPolicy": Resource("networking.k8s.io", "v1", "networkpolicies"),
     "RayCluster": Resource("ray.io", "v1", "rayclusters"),
     api.KIND: Resource(api.GROUP, api.VERSION, api.PLURAL),
     "Event": Resource("", "v1", "events"),

@@ -43,6 +43,16 @@ class ChildNames:
         return f"{self.job}-head-svc"
 
     @property
+    def ray_token_secret(self) -> str:
+        """The Secret holding the job's Ray token, which KubeRay creates for the RayCluster (named like it)."""
+        return self.raycluster
+
+    @property
+    def network_policy(self) -> str:
+        """The NetworkPolicy that lets only the job's own pods reach them."""
+        return f"{self.job}-network"
+
+    @property
     def config(self) -> str:
         return f"{self.job}-config"
 

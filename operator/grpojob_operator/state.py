@@ -131,17 +131,27 @@ def transition_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Ev
     none, and a job reaches Running within its write budget (tests/integration/operator/test_writes.py)."""
     if old.phase == new.phase:
         return []
+    events = _stall_events(old, new)
     if new.attempt > old.attempt > 0:
         trainer = condition(new, ConditionType.TRAINER_RUNNING)
-        return [Event("Warning", "TrainerFailed", trainer.message if trainer else f"retrying (attempt {new.attempt})")]
+        message = trainer.message if trainer else f"retrying (attempt {new.attempt})"
+        return [*events, Event("Warning", "TrainerFailed", message)]
     message = f"phase {old.phase.value} → {new.phase.value}" + (f": {new.message}" if new.message else "")
     if new.phase == Phase.FAILED:
-        return [Event("Warning", "PhaseFailed", message)]
+        return [*events, Event("Warning", "PhaseFailed", message)]
     if new.phase in (Phase.SUCCEEDED, Phase.SUSPENDED):
         return [Event("Normal", f"Phase{new.phase.value}", message)]
     if old.phase == Phase.SUSPENDED:
         return [Event("Normal", "Resumed", f"phase {old.phase.value} → {new.phase.value}")]
-    return []
+    return events
+
+
+def _stall_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
+    """A Warning when the attempt has just been found stalled (condition Stalled turned True)."""
+    stalled, before = condition(new, ConditionType.STALLED), condition(old, ConditionType.STALLED)
+    if stalled is None or stalled.status != "True" or (before is not None and before.status == "True"):
+        return []
+    return [Event("Warning", "NoProgress", stalled.message)]
 
 
 def reject(plan: Plan, message: str, now: datetime) -> Plan:
@@ -269,6 +279,10 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
 
     # 1. The RayCluster and the children that need no address; the config follows the spec (which may
     # have changed while the job was suspended).
+    # The NetworkPolicy goes first: the job's pods are never reachable from outside the job.
+    policy = manifests.build_network_policy(job)
+    if not observed.has("NetworkPolicy", child.network_policy):
+        plan_.actions.append(Create(policy))
     cluster_manifest = manifests.build_raycluster(job, settings)
     if not observed.has("RayCluster", child.raycluster):
         plan_.actions.append(Create(cluster_manifest))
@@ -276,7 +290,7 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     rest = [manifests.build_generation_service(job), manifests.build_progress(job), *manifests.build_trainer_rbac(job)]
     plan_.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
     plan_.actions += _tensorboard_actions(job, observed, settings)
-    _read_progress(status, observed.get("ConfigMap", child.progress))
+    _read_progress(status, observed.get("ConfigMap", child.progress), now)
     trainer: TrainerJobInfo | None = observed.get("Job", child.trainer)
     if trainer is not None:
         status.attempt = max(status.attempt, trainer.attempt)  # a status rebuilt from scratch
@@ -459,21 +473,18 @@ def _advance_trainer(
         set_condition(status, ConditionType.COMPLETE, True, "Completed", status.message, now)
         return
     if trainer.failed:
-        cause = _trainer_failure(trainer, pods)
-        allowed = job.spec.backoff_limit + 1
-        if status.attempt < allowed:
-            message = f"attempt {status.attempt} of {allowed} failed: {cause}; retrying"
-            status.attempt += 1
-            set_condition(status, ConditionType.TRAINER_RUNNING, False, "TrainerFailed", message, now)
-            status.phase = Phase.INITIALIZING
-        else:
-            limit = job.spec.backoff_limit
-            message = f"the trainer failed {status.attempt} times (spec.backoffLimit is {limit}); last: {cause}"
-            _fail(plan_, "BackoffLimitExceeded", message, now)
+        _retry_or_fail(job, plan_, _trainer_failure(trainer, pods), now)
         return
     current = [p for p in pods if p.attempt == status.attempt and not p.deleting]
     running = [p for p in current if p.phase == "Running"]
     exited = [p for p in current if p.phase in ("Succeeded", "Failed")]
+    if running:
+        status.progress_time = status.progress_time or now  # the deadline counts from the trainer's start
+        stall = _stall(job, status, now)
+        if stall is not None:
+            set_condition(status, ConditionType.STALLED, True, "NoProgress", stall, now)
+            _retry_or_fail(job, plan_, stall, now)
+            return
     if running or exited:
         # A pod that has ended before the Job controller's verdict (complete or failed) keeps the job
         # running, not back to Initializing, until that verdict comes.
@@ -488,6 +499,37 @@ def _advance_trainer(
         waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
 
 
+def _retry_or_fail(job: api.GRPOJob, plan_: Plan, cause: str, now: datetime) -> None:
+    """The current attempt failed: start the next one (the next pass replaces the trainer Job), or fail
+    the job when `spec.backoffLimit` retries are used up."""
+    status = plan_.status
+    allowed = job.spec.backoff_limit + 1
+    if status.attempt < allowed:
+        message = f"attempt {status.attempt} of {allowed} failed: {cause}; retrying"
+        status.attempt += 1
+        status.progress_time = None
+        set_condition(status, ConditionType.TRAINER_RUNNING, False, "TrainerFailed", message, now)
+        status.phase = Phase.INITIALIZING
+    else:
+        limit = job.spec.backoff_limit
+        message = f"the trainer failed {status.attempt} times (spec.backoffLimit is {limit}); last: {cause}"
+        _fail(plan_, "BackoffLimitExceeded", message, now)
+
+
+def _stall(job: api.GRPOJob, status: api.GRPOJobStatus, now: datetime) -> str | None:
+    """Why the running attempt counts as stalled (its step has not advanced within
+    `spec.progressDeadlineSeconds`), or None."""
+    deadline = job.spec.progress_deadline_seconds
+    since = status.progress_time
+    if deadline is None or since is None or now < since + timedelta(seconds=deadline):
+        return None
+    last = "no step finished" if status.step is None else f"step {status.step} was the last"
+    return (
+        f"the trainer made no progress for {deadline}s (spec.progressDeadlineSeconds): {last}, "
+        f"last progress at {since.isoformat(timespec='seconds')}"
+    )
+
+
 def _trainer_failure(trainer: TrainerJobInfo, pods: list[PodInfo]) -> str:
     for pod in pods:
         if pod.attempt == trainer.attempt:
@@ -499,9 +541,14 @@ def _trainer_failure(trainer: TrainerJobInfo, pods: list[PodInfo]) -> str:
     return trainer.failure_message or "the trainer Job failed"
 
 
-def _read_progress(status: api.GRPOJobStatus, progress: ConfigMapInfo | None) -> None:
-    """Copy the trainer's reported step and mean reward into the status."""
+def _read_progress(status: api.GRPOJobStatus, progress: ConfigMapInfo | None, now: datetime) -> None:
+    """Copy the trainer's reported step and mean reward into the status; a new step is progress."""
     if progress is not None:
         report = parse_progress(progress.as_dict())
         if report is not None:
+            if report.step != status.step:
+                status.progress_time = now
+                stalled = condition(status, ConditionType.STALLED)
+                if stalled is not None and stalled.status == "True":
+                    set_condition(status, ConditionType.STALLED, False, "Progressing", f"step {report.step}", now)
             status.step, status.mean_reward = report.step, report.mean_reward

@@ -251,6 +251,9 @@ NOT_NEEDED = [
     ("create", "customresourcedefinitions", "apiextensions.k8s.io", ""),
     ("delete", "customresourcedefinitions", "apiextensions.k8s.io", ""),
     ("create", "rayjobs", "ray.io", ""),
+    # A job's NetworkPolicy is created once and goes with the job (owner reference): never changed.
+    ("update", "networkpolicies", "networking.k8s.io", ""),
+    ("delete", "networkpolicies", "networking.k8s.io", ""),
 ]
 
 
@@ -264,6 +267,7 @@ def test_the_charts_rbac_denies_what_the_operator_does_not_need(
             ("list", "grpojobs", "grpo.dev", ""),
             ("patch", "grpojobs", "grpo.dev", "status"),
             ("create", "rolebindings", "rbac.authorization.k8s.io", ""),
+            ("create", "networkpolicies", "networking.k8s.io", ""),
             ("list", "customresourcedefinitions", "apiextensions.k8s.io", ""),
         ]
         for verb, resource, group, sub in allowed:

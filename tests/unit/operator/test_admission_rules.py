@@ -112,6 +112,14 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ("logging.path", "logs/../../x", "spec.logging.path"),
         ("logging.wandb", {"project": "p"}, "spec.logging.wandb.apiKeySecret is needed in online mode"),
         ("logging.mlflow", {"experiment": "e"}, "spec.logging.mlflow.trackingUri"),
+        ("scheduling.trainer.labels", {"grpo.dev/job": "x"}, "spec.scheduling.trainer.labels"),
+        ("scheduling.head.labels", {"kueue.x-k8s.io/queue-name": "q"}, "must not use the keys the operator sets"),
+        ("scheduling.policy.tolerations", [{"operator": "Exists", "value": "x"}], "Exists takes no value"),
+        ("scheduling.policy.tolerations", [{"value": "x"}], "an empty key needs operator Exists"),
+        ("scheduling.generation.tolerations", [{"key": "k", "tolerationSeconds": 5}], "needs effect NoExecute"),
+        ("scheduling.environments.priorityClassName", "High", "spec.scheduling.environments.priorityClassName"),
+        ("scheduling.head.affinity", {"nodeAffinity": {}, "other": {}}, "spec.scheduling.head.affinity.other"),
+        ("progressDeadlineSeconds", 0, "spec.progressDeadlineSeconds"),
     ],
 )
 def test_what_the_trainer_or_operator_would_refuse_is_refused_naming_the_field(path, value, named):
@@ -152,6 +160,10 @@ def test_every_cross_field_rule_is_also_a_cel_rule():
     for volume_path in (*volume_paths, ".logging.path", ".logging.pvc.path"):
         assert has_rule(spec + volume_path, "[.][.]"), volume_path
     assert has_rule("", "metadata.name.matches")
+    for role in ("head", "generation", "policy", "environments", "trainer"):
+        assert has_rule(f"{spec}.scheduling.{role}.labels", "!k.startsWith('grpo.dev/')")
+        assert has_rule(f"{spec}.scheduling.{role}.tolerations[]", "self.operator != 'Exists'")
+        assert has_rule(f"{spec}.scheduling.{role}.tolerations[]", "self.effect == 'NoExecute'")
     environments = ROOT["properties"]["spec"]["properties"]["environments"]
     assert environments["x-kubernetes-list-type"] == "map" and environments["x-kubernetes-list-map-keys"] == ["name"]
 

@@ -65,6 +65,7 @@ def status_of(plan: state.Plan) -> dict:
 def test_a_new_job_gets_its_raycluster_and_config_but_no_endpoints_before_the_head_is_ready():
     plan = run(job_body(), {})
     assert kinds_and_names(plan) == [
+        ("Create", "NetworkPolicy", "demo-network"),  # before any pod of the job exists
         ("Create", "RayCluster", "demo"),
         ("Create", "ConfigMap", "demo-config"),
         ("Create", "Service", "demo-generation"),
@@ -357,3 +358,64 @@ def test_turning_tensorboard_off_removes_it():
     body = watched_body(tensorboard=False)
     deleted = [(kind, name) for verb, kind, name in kinds_and_names(run(body, children)) if verb == "Delete"]
     assert deleted == [("Deployment", "demo-tensorboard"), ("Service", "demo-tensorboard")]
+
+
+def _running_attempt(step: str, attempt: int = 1) -> dict:
+    children = with_endpoints(base_children(), attempt=attempt)
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", attempt, False, False, "", False)}
+    children["Pod"]["demo-trainer-x"] = pod("demo-trainer-x", "trainer", attempt=attempt)
+    children["ConfigMap"]["demo-progress"] = ConfigMapInfo("demo-progress", (("step", step),))
+    return children
+
+
+def _stalling_job(**status) -> dict:
+    body = job_body(status={"attempt": 1, "phase": "Running", **status})
+    body["spec"]["progressDeadlineSeconds"] = 60
+    return body
+
+
+def test_a_trainer_whose_step_does_not_advance_within_the_deadline_fails_its_attempt_as_stalled():
+    children = _running_attempt("4")
+    # The trainer started: the deadline counts from here.
+    started = run(_stalling_job(), children)
+    assert started.status.progress_time == NOW and started.status.phase == "Running"
+    # Step 4 was reported 59 s ago: still within the deadline.
+    recent = (NOW - timedelta(seconds=59)).isoformat()
+    assert run(_stalling_job(step=4, progressTime=recent), children).status.phase == "Running"
+    # 60 s without a new step: the attempt is stalled and retried, saying why.
+    stale = (NOW - timedelta(seconds=60)).isoformat()
+    plan = run(_stalling_job(step=4, progressTime=stale), children)
+    stalled = state.condition(plan.status, state.ConditionType.STALLED)
+    assert stalled is not None and stalled.status == "True" and stalled.reason == "NoProgress"
+    assert "step 4 was the last" in stalled.message and "60s (spec.progressDeadlineSeconds)" in stalled.message
+    assert plan.status.attempt == 2 and plan.status.phase == "Initializing" and plan.status.progress_time is None
+    assert any(e.type == "Warning" and e.reason == "NoProgress" for e in plan.events)
+    # The next pass replaces the stalled trainer Job like a failed one.
+    again = run({**_stalling_job(), "status": status_of(plan)}, children)
+    assert ("Delete", "Job", "demo-trainer") in kinds_and_names(again)
+
+
+def test_a_new_step_is_progress_and_clears_the_stall():
+    stale = (NOW - timedelta(seconds=600)).isoformat()
+    stalled = {"type": "Stalled", "status": "True", "reason": "NoProgress", "lastTransitionTime": stale}
+    plan = run(_stalling_job(step=4, progressTime=stale, attempt=2, conditions=[stalled]), _running_attempt("5", 2))
+    assert plan.status.phase == "Running" and plan.status.attempt == 2
+    assert plan.status.progress_time == NOW and plan.status.step == 5
+    assert state.condition(plan.status, state.ConditionType.STALLED).status == "False"
+
+
+def test_a_stall_on_the_last_allowed_attempt_fails_the_job():
+    stale = (NOW - timedelta(seconds=60)).isoformat()
+    body = _stalling_job(step=4, progressTime=stale, attempt=2)
+    body["spec"]["backoffLimit"] = 1
+    plan = run(body, _running_attempt("4", 2))
+    assert plan.status.phase == "Failed" and plan.status.reason == "BackoffLimitExceeded"
+    assert "made no progress for 60s" in plan.status.message
+
+
+def test_without_a_progress_deadline_a_quiet_trainer_runs_on():
+    stale = (NOW - timedelta(days=3)).isoformat()
+    plan = run(
+        job_body(status={"attempt": 1, "phase": "Running", "step": 4, "progressTime": stale}), _running_attempt("4")
+    )
+    assert plan.status.phase == "Running" and state.condition(plan.status, state.ConditionType.STALLED) is None
