@@ -23,6 +23,8 @@ from grpojob_api.endpoints import GCS_PORT, TENSORBOARD_PORT, TRAINER_METRICS_PO
 from grpojob_operator import names
 from grpojob_testing import build
 from grpojob_testing.cluster import wait_until
+from tests.e2e.cluster_setup import image_names
+from tests.e2e.conftest import wait_for_pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -114,6 +116,67 @@ def children(api_client, namespace: str, uid: str) -> list[str]:
     return found
 
 
+# Run by a pod of the job's namespace that is not one of the job's: it tries the job's dashboard (which
+# runs arbitrary jobs) and its GCS (`ray start --address`, as a node joins) without the job's token,
+# with a wrong one, and, to show the way is open to the token alone, with it.
+STRANGER_SCRIPT = """
+import json, os, subprocess, urllib.error, urllib.request
+head, token = os.environ["HEAD"], os.environ.pop("JOB_TOKEN")
+def dashboard(headers):
+    request = urllib.request.Request(f"http://{head}:8265/api/jobs/", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+def join(env):
+    command = ["ray", "start", f"--address={head}:6379", "--num-cpus=0", "--disable-usage-stats"]
+    try:
+        return subprocess.run(command, env={**os.environ, **env}, capture_output=True, timeout=90).returncode
+    except subprocess.TimeoutExpired:
+        return "no answer"
+results = {
+    "dashboard without a token": dashboard({}),
+    "dashboard with a wrong token": dashboard({"Authorization": "Bearer not-the-token"}),
+    "dashboard with the token": dashboard({"Authorization": "Bearer " + token}),
+    "gcs with auth disabled": join({"RAY_AUTH_MODE": "disabled"}),
+    "gcs with a wrong token": join({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "not-the-token"}),
+    "gcs with the token": join({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}),
+}
+subprocess.run(["ray", "stop", "--force"], capture_output=True)
+print("RESULTS " + json.dumps(results))
+"""
+
+
+def stranger_pod(job: str, namespace: str) -> dict[str, Any]:
+    """A pod of the Ray image in the job's namespace, without the job's labels, running STRANGER_SCRIPT
+    (given the job's token under another name, for the control that it is the token that opens)."""
+    secret = {"secretKeyRef": {"name": names.ChildNames(job).ray_token_secret, "key": "auth_token"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{job}-stranger"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "stranger",
+                    "image": image_names()["trainer-cpu"],
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-c", STRANGER_SCRIPT],
+                    "env": [
+                        {
+                            "name": "HEAD",
+                            "value": f"{names.ChildNames(job).head_service}.{namespace}.svc.cluster.local",
+                        },
+                        {"name": "JOB_TOKEN", "valueFrom": secret},
+                    ],
+                }
+            ],
+        },
+    }
+
+
 def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
     api_client, kubeconfig, namespace, grpo_data
 ):
@@ -124,7 +187,19 @@ def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
 
     running = watch_job(api_client, namespace, "tiny", 900, until=lambda s: (s.get("step") or 0) >= 2)
     table = kubectl(kubeconfig, "get", "grpojobs", "-n", namespace)
-    endpoints = client.CoreV1Api(api_client).read_namespaced_config_map(names.ChildNames("tiny").endpoints, namespace)
+    core = client.CoreV1Api(api_client)
+    endpoints = core.read_namespaced_config_map(names.ChildNames("tiny").endpoints, namespace)
+
+    # While it trains, a pod that is not the job's cannot drive its Ray cluster without the job's token.
+    core.create_namespaced_pod(namespace, stranger_pod("tiny", namespace))
+    stranger = wait_for_pod(core, namespace, "tiny-stranger", {"Succeeded", "Failed"}, 600)
+    log = core.read_namespaced_pod_log("tiny-stranger", namespace)
+    assert stranger.status.phase == "Succeeded", log
+    results = json.loads(log.split("RESULTS ", 1)[1])
+    print(f"a stranger to the job's Ray cluster: {results}")
+    assert (results["dashboard without a token"], results["dashboard with a wrong token"]) == (401, 403)
+    assert results["gcs with auth disabled"] != 0 and results["gcs with a wrong token"] != 0
+    assert (results["dashboard with the token"], results["gcs with the token"]) == (200, 0)
     watched = watch_job(api_client, namespace, "tiny", 1200, watch=running)
     print(f"GRPOJob tiny: {watched.phases} in {time.monotonic() - started:.0f}s; rewards by step {watched.rewards}")
     print(table)

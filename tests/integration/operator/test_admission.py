@@ -83,6 +83,7 @@ ENUMS: dict[Path_, list[Any]] = {
 }
 
 ENV = ("spec", "environments", 0)
+SCHEDULING = ("spec", "scheduling")
 FIELDS: dict[Path_, list[Any]] = {
     ("metadata", "name"): NAMES,
     ("spec", "generation", "replicas"): INTEGERS,
@@ -133,6 +134,41 @@ FIELDS: dict[Path_, list[Any]] = {
     (*ENV, "env", 0, "secretKeyRef"): [{"name": "s", "key": "k"}, {"name": "s"}, None],
     (*ENV, "env", 1, "secretKeyRef"): [None, DELETE, {"name": "", "key": "k"}],
     (*ENV, "env", 1, "name"): ["LEVEL", "OK_2", "bad name", "", "9X", None],
+    ("spec", "progressDeadlineSeconds"): INTEGERS,
+    (*SCHEDULING, "head", "nodeSelector"): [{"pool": "cpu"}, {"pool": 1}, {"pool": "x" * 64}, {}, None, "pool"],
+    (*SCHEDULING, "policy", "tolerations"): [
+        [{"key": "k", "operator": "Exists"}, {"key": "k", "value": "v", "effect": "NoSchedule"}],
+        [{"operator": "Exists"}],
+        [{"operator": "Exists", "value": "v"}],
+        [{"value": "v"}],
+        [{"key": "k", "tolerationSeconds": 5}],
+        [{"key": "k", "effect": "NoExecute", "tolerationSeconds": 5}],
+        [{"key": "k", "operator": "In"}],
+        [{"key": "k", "effect": "NoRun"}],
+        [],
+        None,
+        "k",
+    ],
+    (*SCHEDULING, "generation", "affinity"): [
+        {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
+        {"podAntiAffinity": {}},
+        {"nodeAffinity": "zone-a"},
+        None,
+        {},
+    ],
+    (*SCHEDULING, "environments", "priorityClassName"): ["high", "a.b-c", "High", "", None, 3],
+    (*SCHEDULING, "environments", "schedulerName"): ["gang", "", None],
+    (*SCHEDULING, "trainer", "labels"): [
+        {"team": "rl"},
+        {"grpo.dev/job": "x"},
+        {"kueue.x-k8s.io/queue-name": "q"},
+        {"app.kubernetes.io/managed-by": "me"},
+        {"team": 1},
+        {"team": "x" * 64},
+        None,
+        "team",
+    ],
+    (*SCHEDULING, "trainer", "annotations"): [{"note": "x"}, {"note": 1}, None],
 }
 for path, values in ENUMS.items():
     FIELDS[path] = values
