@@ -4,19 +4,23 @@ one memo (`_config_map`) only saves recomputing.
 
     Pending ─▶ Initializing ─▶ Running ─▶ Succeeded
                    │   ▲          │
-                   │   └─ retry ──┤ (trainer failed, attempt ≤ backoffLimit)
+                   │   └─ retry ──┤ (trainer failed or stalled, attempt ≤ backoffLimit)
                    ▼              ▼
                  Failed ◀──── Failed (InvalidSpec, DeadlineExceeded, a stuck pod, BackoffLimitExceeded)
     any non-terminal phase ◀─▶ Suspended (spec.suspend)
 
-Order of the children: RayCluster, `<job>-config`, `<job>-generation` (and the trainer's
-progress ConfigMap and RBAC) → wait for the RayCluster's HeadPodReady condition and a head pod with
-an IP → write `<job>-endpoints` → environment Deployments/Services and the trainer Job, which read
-the endpoints with envFrom. A NeMo Gym environment's config (`<job>-env-<name>-nemo-gym`) is written
-from the endpoints before its Deployment, and a new head rolls its pods (`_nemo_gym_actions`). A
-retry first records the new attempt in the status, then deletes the old trainer Job with foreground
-propagation (its pods go first), then creates the next one, so an operator restarted between any two
-of those steps neither loses nor repeats an attempt.
+A running attempt whose step has not advanced for `spec.progressDeadlineSeconds` (counted from its
+trainer's start, then from each new step) is stalled: condition Stalled, and it is retried as failed.
+
+Order of the children: the NetworkPolicy (before any pod of the job exists), RayCluster,
+`<job>-config`, `<job>-generation` (and the trainer's progress ConfigMap and RBAC) → wait for the
+RayCluster's HeadPodReady condition and a head pod with an IP → write `<job>-endpoints` →
+environment Deployments/Services and the trainer Job, which read the endpoints with envFrom. A NeMo
+Gym environment's config (`<job>-env-<name>-nemo-gym`) is written from the endpoints before its
+Deployment, and a new head rolls its pods (`_nemo_gym_actions`). A retry first records the new
+attempt in the status, then deletes the old trainer Job with foreground propagation (its pods go
+first), then creates the next one, so an operator restarted between any two of those steps neither
+loses nor repeats an attempt.
 """
 
 from __future__ import annotations
