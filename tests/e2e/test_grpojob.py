@@ -132,9 +132,12 @@ def dashboard(headers):
 def join(env):
     command = ["ray", "start", f"--address={head}:6379", "--num-cpus=0", "--disable-usage-stats"]
     try:
-        return subprocess.run(command, env={**os.environ, **env}, capture_output=True, timeout=90).returncode
+        run = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         return "no answer"
+    if run.returncode == 0:
+        return "joined"
+    return "refused: InvalidAuthToken" if "InvalidAuthToken" in run.stderr else run.stderr[-1500:]
 results = {
     "dashboard without a token": dashboard({}),
     "dashboard with a wrong token": dashboard({"Authorization": "Bearer not-the-token"}),
@@ -198,8 +201,9 @@ def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
     results = json.loads(log.split("RESULTS ", 1)[1])
     print(f"a stranger to the job's Ray cluster: {results}")
     assert (results["dashboard without a token"], results["dashboard with a wrong token"]) == (401, 403)
-    assert results["gcs with auth disabled"] != 0 and results["gcs with a wrong token"] != 0
-    assert (results["dashboard with the token"], results["gcs with the token"]) == (200, 0)
+    refused = "refused: InvalidAuthToken"
+    assert (results["gcs with auth disabled"], results["gcs with a wrong token"]) == (refused, refused)
+    assert (results["dashboard with the token"], results["gcs with the token"]) == (200, "joined")
     watched = watch_job(api_client, namespace, "tiny", 1200, watch=running)
     print(f"GRPOJob tiny: {watched.phases} in {time.monotonic() - started:.0f}s; rewards by step {watched.rewards}")
     print(table)
