@@ -248,6 +248,7 @@ def _suspend(job: api.GRPOJob, plan_: Plan, observed: Observed, now: datetime) -
     status.phase = Phase.SUSPENDED
     status.reason, status.message = "Suspended", "spec.suspend is true"
     status.start_time = None  # like a Kubernetes Job, activeDeadlineSeconds restarts on resume
+    status.progress_time = None  # and so does progressDeadlineSeconds, from the new trainer's start
     set_condition(status, ConditionType.SUSPENDED, True, "Suspended", "spec.suspend is true", now)
     set_condition(status, ConditionType.RAY_CLUSTER_READY, False, "Suspended", "the job is suspended", now)
     set_condition(status, ConditionType.ENDPOINTS_PUBLISHED, False, "Suspended", "the job is suspended", now)

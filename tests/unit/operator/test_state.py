@@ -419,3 +419,13 @@ def test_without_a_progress_deadline_a_quiet_trainer_runs_on():
         job_body(status={"attempt": 1, "phase": "Running", "step": 4, "progressTime": stale}), _running_attempt("4")
     )
     assert plan.status.phase == "Running" and state.condition(plan.status, state.ConditionType.STALLED) is None
+
+
+def test_a_suspended_job_counts_its_progress_deadline_afresh_when_it_resumes():
+    stale = (NOW - timedelta(days=1)).isoformat()
+    body = _stalling_job(step=4, progressTime=stale)
+    body["spec"]["suspend"] = True
+    suspended = run(body, _running_attempt("4"))
+    assert suspended.status.phase == "Suspended" and suspended.status.progress_time is None
+    resumed = run({**_stalling_job(), "status": status_of(suspended)}, _running_attempt("4"))
+    assert resumed.status.phase == "Running" and resumed.status.progress_time == NOW
