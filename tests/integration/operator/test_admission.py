@@ -297,12 +297,25 @@ def names_a_field(refusal: str, touched: list[Path_]) -> bool:
     return any(name in refusal for path in touched for name in field_names(path))
 
 
+def as_kubectl_sends(value: Any) -> Any:
+    """``value`` as kubectl's JSON carries it: Go writes a whole-number float64 below 1e21 without a
+    fraction (`3.0` as `3`), where Python's JSON keeps `3.0`, which the API server decodes as a float
+    and its CEL data adapter then refuses in an integer field that a rule reads."""
+    if isinstance(value, dict):
+        return {key: as_kubectl_sends(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [as_kubectl_sends(item) for item in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return int(value)
+    return value
+
+
 def api_server_verdict(custom: client.CustomObjectsApi, namespace: str, manifest: dict[str, Any]):
     """(admitted object, None) or (None, the API server's refusal), from a dry-run create as `kubectl
     apply` sends it (server-side field validation Strict)."""
     try:
         created = custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, manifest, dry_run="All", field_validation="Strict"
+            GROUP, VERSION, namespace, PLURAL, as_kubectl_sends(manifest), dry_run="All", field_validation="Strict"
         )
     except client.ApiException as error:
         if error.status is None or not 400 <= error.status < 500:
