@@ -763,7 +763,9 @@ class Toleration(ApiModel):
     key: str = Field(default="", max_length=MAX_LABEL_KEY_LENGTH)
     """Taint key (empty with operator Exists: every taint)."""
     operator: Literal["Exists", "Equal"] = "Equal"
+    """`Equal` tolerates the taint of this key and value; `Exists` any value (and no value is given)."""
     value: str = Field(default="", max_length=63)
+    """Taint value (with operator Equal)."""
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
     """Taint effect to tolerate (empty: every effect)."""
     toleration_seconds: int | None = None
@@ -787,8 +789,11 @@ class Affinity(ApiModel):
     """Pod affinity rules (core/v1 Affinity), kept as written; the API server checks them on the pods."""
 
     node_affinity: FreeForm = Field(default_factory=dict)
+    """core/v1 NodeAffinity: the nodes the pods must or should run on."""
     pod_affinity: FreeForm = Field(default_factory=dict)
+    """core/v1 PodAffinity: pods the role's pods must or should run beside."""
     pod_anti_affinity: FreeForm = Field(default_factory=dict)
+    """core/v1 PodAntiAffinity: pods the role's pods must or should keep away from."""
 
     def to_pod(self) -> dict[str, Any]:
         """The pod's `affinity`: the parts that are set."""
