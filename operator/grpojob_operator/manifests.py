@@ -385,7 +385,9 @@ def build_generation_service(job: api.GRPOJob) -> Manifest:
 def build_network_policy(job: api.GRPOJob) -> Manifest:
     """Only the job's own pods reach the job's pods: the Ray head's GCS, dashboard and client ports,
     Ray's ports between nodes, the generation servers and the environments. The job's pods select each
-    other by name and uid; traffic out of them is not restricted."""
+    other by name and uid; traffic out of them is not restricted. Open to anyone: the ports meant for
+    readers outside the job, the trainer's metrics (Prometheus) and TensorBoard (Ray listens on
+    neither)."""
     job_name, _ = _job_ref(job)
     own = owner_reference(job)
     pods = {names.JOB_LABEL: job_name, names.JOB_UID_LABEL: own["uid"]}
@@ -396,7 +398,10 @@ def build_network_policy(job: api.GRPOJob) -> Manifest:
         "spec": {
             "podSelector": {"matchLabels": pods},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": {"matchLabels": pods}}]}],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": pods}}]},
+                {"ports": [{"port": endpoints.TRAINER_METRICS_PORT}, {"port": endpoints.TENSORBOARD_PORT}]},
+            ],
         },
     }
 

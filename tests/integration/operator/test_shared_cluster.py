@@ -59,9 +59,10 @@ def test_the_jobs_ray_cluster_runs_with_token_auth_and_without_an_api_token(oper
     own = policy.spec.pod_selector.match_labels
     assert own == {"grpo.dev/job": "sealed", "grpo.dev/job-uid": jobs.get("sealed")["metadata"]["uid"]}
     assert policy.spec.policy_types == ["Ingress"]
-    (rule,) = policy.spec.ingress
+    rule, readers = policy.spec.ingress
     assert [peer.pod_selector.match_labels for peer in rule._from] == [own]
-    assert not rule._from[0].namespace_selector and not rule._from[0].ip_block
+    assert not rule._from[0].namespace_selector and not rule._from[0].ip_block and not rule.ports
+    assert sorted(p.port for p in readers.ports) == [6006, 9090] and not readers._from  # metrics, TensorBoard
     for pod in jobs.pods("grpo.dev/job=sealed"):
         assert own.items() <= pod.metadata.labels.items(), pod.metadata.name
 

@@ -174,7 +174,10 @@ def test_the_network_policy_admits_only_the_jobs_own_pods_to_them():
     own = {"grpo.dev/job": "demo", "grpo.dev/job-uid": j.metadata.uid}
     assert policy["spec"]["podSelector"] == {"matchLabels": own}
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": own}}]}]
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": {"matchLabels": own}}]},
+        {"ports": [{"port": 9090}, {"port": 6006}]},  # Prometheus and TensorBoard readers, from anywhere
+    ]
     # Every pod of the job is selected (and so may reach the others): they all carry both labels.
     cluster = manifests.build_raycluster(j, SETTINGS)["spec"]
     templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
