@@ -310,7 +310,8 @@ async def _wait_for_wake(worker: JobWorker, seconds: float) -> bool:
 
 def waits_on_the_clock(body: dict[str, Any], cached: Observed, unseen: Unseen) -> bool:
     """Whether a pass over unchanged inputs may still decide something new as time passes: a deadline
-    (spec.activeDeadlineSeconds), a pod stuck for its grace period, ttlSecondsAfterFinished, or an unseen
+    (spec.activeDeadlineSeconds, spec.progressDeadlineSeconds: a stalled trainer changes nothing that a
+    watch sees), a pod stuck for its grace period, ttlSecondsAfterFinished, or an unseen
     write's expiry. Otherwise the periodic pass of a job where nothing changed is skipped: at 1,000 jobs it
     was most of the operator's CPU."""
     spec = body.get("spec") or {}
@@ -318,6 +319,7 @@ def waits_on_the_clock(body: dict[str, Any], cached: Observed, unseen: Unseen) -
         return spec.get("ttlSecondsAfterFinished") is not None
     return (
         spec.get("activeDeadlineSeconds") is not None
+        or spec.get("progressDeadlineSeconds") is not None
         or any(pod.stuck for pod in cached.pods())
         or bool(unseen.children)
     )

@@ -49,6 +49,7 @@ def test_only_a_job_with_something_due_is_reconciled_again_when_nothing_changed(
     running = {"spec": {}, "status": {"phase": "Running"}}
     assert not waits_on_the_clock(running, Observed({}), Unseen())
     assert waits_on_the_clock({"spec": {"activeDeadlineSeconds": 60}, "status": {}}, Observed({}), Unseen())
+    assert waits_on_the_clock({"spec": {"progressDeadlineSeconds": 60}, "status": {}}, Observed({}), Unseen())
     finished = {"spec": {"ttlSecondsAfterFinished": 5, "activeDeadlineSeconds": 60}, "status": {"phase": "Failed"}}
     assert waits_on_the_clock(finished, Observed({}), Unseen())
     assert not waits_on_the_clock(
