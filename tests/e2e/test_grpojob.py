@@ -193,17 +193,6 @@ def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
     core = client.CoreV1Api(api_client)
     endpoints = core.read_namespaced_config_map(names.ChildNames("tiny").endpoints, namespace)
 
-    # While it trains, a pod that is not the job's cannot drive its Ray cluster without the job's token.
-    core.create_namespaced_pod(namespace, stranger_pod("tiny", namespace))
-    stranger = wait_for_pod(core, namespace, "tiny-stranger", {"Succeeded", "Failed"}, 600)
-    log = core.read_namespaced_pod_log("tiny-stranger", namespace)
-    assert stranger.status.phase == "Succeeded", log
-    results = json.loads(log.split("RESULTS ", 1)[1])
-    print(f"a stranger to the job's Ray cluster: {results}")
-    assert (results["dashboard without a token"], results["dashboard with a wrong token"]) == (401, 403)
-    refused = "refused: InvalidAuthToken"
-    assert (results["gcs with auth disabled"], results["gcs with a wrong token"]) == (refused, refused)
-    assert (results["dashboard with the token"], results["gcs with the token"]) == (200, "joined")
     watched = watch_job(api_client, namespace, "tiny", 1200, watch=running)
     print(f"GRPOJob tiny: {watched.phases} in {time.monotonic() - started:.0f}s; rewards by step {watched.rewards}")
     print(table)
@@ -219,6 +208,34 @@ def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
 
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "tiny")
     wait_until(lambda: children(api_client, namespace, uid) == [], "every child of the GRPOJob to be deleted", 180)
+
+
+GUARDED_STEPS = 100_000
+"""Steps of the job the stranger test probes: more than it can reach while probed, so its Ray cluster is
+up for the whole probe (the test deletes it after)."""
+
+
+def test_a_pod_without_the_jobs_ray_token_cannot_drive_its_ray_cluster(api_client, namespace, grpo_data):
+    """While a job trains, a pod that is not the job's is refused by its dashboard and its GCS without the
+    job's token or with a wrong one, and let in with it."""
+    custom = client.CustomObjectsApi(api_client)
+    core = client.CoreV1Api(api_client)
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, tiny_job("guarded", grpo_data, GUARDED_STEPS)
+    )
+    watch_job(api_client, namespace, "guarded", 900, until=lambda s: (s.get("step") or 0) >= 1)
+    core.create_namespaced_pod(namespace, stranger_pod("guarded", namespace))
+    stranger = wait_for_pod(core, namespace, "guarded-stranger", {"Succeeded", "Failed"}, 600)
+    log = core.read_namespaced_pod_log("guarded-stranger", namespace)
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "guarded")
+    assert stranger.status.phase == "Succeeded", log
+    results = json.loads(log.split("RESULTS ", 1)[1])
+    print(f"a stranger to the job's Ray cluster: {results}")
+    assert (results["dashboard without a token"], results["dashboard with a wrong token"]) == (401, 403)
+    refused = "refused: InvalidAuthToken"
+    assert (results["gcs with auth disabled"], results["gcs with a wrong token"]) == (refused, refused)
+    assert (results["dashboard with the token"], results["gcs with the token"]) == (200, "joined")
+    wait_until(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], "", 180)
 
 
 KILL_AFTER_STEP = 3
