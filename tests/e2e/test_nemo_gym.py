@@ -6,6 +6,8 @@ drivers; the rewards NeMo Gym's `/verify` gives reach the job's progress."""
 
 from __future__ import annotations
 
+import base64
+
 import json
 import time
 from pathlib import Path
@@ -51,10 +53,14 @@ def gym_job(name: str, claim: str, max_steps: int) -> dict[str, Any]:
     return job
 
 
-def ray_state(head_ip: str, resource: str) -> list[dict[str, Any]]:
+def ray_state(head_ip: str, resource: str, token: str) -> list[dict[str, Any]]:
     """One of the Ray state API's listings (what `ray list nodes` / `ray list jobs` print) from the head's
-    dashboard."""
-    response = httpx.get(f"http://{head_ip}:{contract.DASHBOARD_PORT}/api/v0/{resource}?limit=1000", timeout=30)
+    dashboard, which answers only with the job's Ray token."""
+    response = httpx.get(
+        f"http://{head_ip}:{contract.DASHBOARD_PORT}/api/v0/{resource}?limit=1000",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
     response.raise_for_status()
     return response.json()["data"]["result"]["result"]
 
@@ -81,8 +87,10 @@ def test_a_grpojob_with_a_nemo_gym_environment_trains_its_servers_joined_to_the_
     assert config["ray_head_node_address"] == endpoints["RAY_GCS_ADDRESS"]
     assert endpoints["RAY_GCS_ADDRESS"] == f"gym-head-svc.{namespace}.svc.cluster.local:{contract.GCS_PORT}"
     (gym_pod,) = core.list_namespaced_pod(namespace, label_selector="grpo.dev/environment=weather").items
-    nodes = ray_state(endpoints["RAY_HEAD_POD_IP"], "nodes")
-    drivers = ray_state(endpoints["RAY_HEAD_POD_IP"], "jobs")
+    secret = core.read_namespaced_secret(child.ray_token_secret, namespace)
+    token = base64.b64decode(secret.data["auth_token"]).decode()
+    nodes = ray_state(endpoints["RAY_HEAD_POD_IP"], "nodes", token)
+    drivers = ray_state(endpoints["RAY_HEAD_POD_IP"], "jobs", token)
     gym_node = [n for n in nodes if n["node_ip"] == gym_pod.status.pod_ip and n["state"] == "ALIVE"]
     gym_drivers = [d for d in drivers if (d.get("driver_info") or {}).get("node_ip_address") == gym_pod.status.pod_ip]
     print(f"Ray nodes: {[(n['node_ip'], n['state'], n.get('resources_total')) for n in nodes]}")
