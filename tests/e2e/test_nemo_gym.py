@@ -7,7 +7,6 @@ drivers; the rewards NeMo Gym's `/verify` gives reach the job's progress."""
 from __future__ import annotations
 
 import base64
-
 import json
 import time
 from pathlib import Path
