@@ -10,6 +10,7 @@ grpojob dataset NAME --out F  write an example environment's JSONL rows
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import logging
 import os
@@ -146,16 +147,18 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
                 bar.n = step
                 bar.set_postfix(reward=f"{metrics.get('rollout/reward/mean', float('nan')):.3f}", refresh=True)
 
-            result = run_loop(
-                job,
-                policy=policy,
-                engines=engines,
-                env_urls=env_urls,
-                dataset=dataset,
-                logger=logger,
-                progress=FileProgressPublisher(out / "progress.json"),
-                checkpoint_dir=Path(api.checkpoint_dir(job)),
-                on_step=on_step,
+            result = asyncio.run(
+                run_loop(
+                    job,
+                    policy=policy,
+                    engines=engines,
+                    env_urls=env_urls,
+                    dataset=dataset,
+                    logger=logger,
+                    progress=FileProgressPublisher(out / "progress.json"),
+                    checkpoint_dir=Path(api.checkpoint_dir(job)),
+                    on_step=on_step,
+                )
             )
             bar.close()
     finally:
@@ -226,16 +229,18 @@ def train_in_cluster(config_path: Path) -> int:
         sinks += tracking.tracking_sinks(job, endpoints.attempt, run_dir)
         log.info("logs of attempt %d in %s", endpoints.attempt, run_dir)
         with MetricsLogger(run_dir, sinks=sinks) as logger:
-            run_loop(
-                job,
-                policy=policy,
-                engines=engines,
-                env_urls=endpoints.environment_urls,
-                dataset=PromptDataset.from_jsonl(pod.dataset_path, spec.grpo.seed),
-                logger=logger,
-                progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),
-                checkpoint_dir=Path(pod.checkpoint_dir),
-                before_step=head.check,
+            asyncio.run(
+                run_loop(
+                    job,
+                    policy=policy,
+                    engines=engines,
+                    env_urls=endpoints.environment_urls,
+                    dataset=PromptDataset.from_jsonl(pod.dataset_path, spec.grpo.seed),
+                    logger=logger,
+                    progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),
+                    checkpoint_dir=Path(pod.checkpoint_dir),
+                    before_step=head.check,
+                )
             )
     finally:
         raycluster.disconnect()

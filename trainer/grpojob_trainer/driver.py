@@ -89,7 +89,7 @@ class LaunchedRollouts:
     """The batch and when (on the loop's clock) it finished."""
 
 
-def run_loop(
+async def run_loop(
     job: api.GRPOJob,
     *,
     policy: PolicyGroup,
@@ -102,37 +102,9 @@ def run_loop(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     before_step: Callable[[], None] | None = None,
 ) -> LoopResult:
-    """Train until ``spec.grpo.maxSteps``, resuming from the newest checkpoint in ``checkpoint_dir``.
-    ``before_step`` runs before each step (the cluster's health check: it raises to end the attempt)."""
-    return asyncio.run(
-        _run_loop(
-            job,
-            policy=policy,
-            engines=engines,
-            env_urls=env_urls,
-            dataset=dataset,
-            logger=logger,
-            progress=progress,
-            checkpoint_dir=checkpoint_dir,
-            on_step=on_step,
-            before_step=before_step,
-        )
-    )
-
-
-async def _run_loop(
-    job: api.GRPOJob,
-    *,
-    policy: PolicyGroup,
-    engines: list[Any],
-    env_urls: dict[str, str],
-    dataset: PromptDataset,
-    logger: MetricsLogger,
-    progress: ProgressPublisher,
-    checkpoint_dir: Path,
-    on_step: Callable[[int, dict[str, float]], None] | None,
-    before_step: Callable[[], None] | None,
-) -> LoopResult:
+    """Train until ``spec.grpo.maxSteps``, resuming from the newest checkpoint in ``checkpoint_dir``
+    (callers run it with ``asyncio.run``). ``before_step`` runs before each step (the cluster's health
+    check: it raises to end the attempt)."""
     spec = job.spec
     grpo, generation = spec.grpo, spec.generation
     resumed = policy.resume(str(checkpoint_dir))
