@@ -3,11 +3,14 @@
 //	grpojob-probe                 wait for SIGTERM or SIGINT, reaping children (the pod sandbox)
 //	grpojob-probe exit CODE       exit with CODE
 //	grpojob-probe serve ADDR TEXT answer every HTTP request on ADDR with TEXT
-//	grpojob-probe get URL         print the body of URL; fail unless the status is 200
+//	grpojob-probe get URL         print the body of URL; fail unless the status is 200 (a refused
+//	                              connection is retried for up to 20 s: kube-proxy programs a
+//	                              Service's rules a moment after its endpoints change)
 //	grpojob-probe lookup NAME     print the addresses NAME resolves to; fail if none
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -81,7 +84,12 @@ func serve(addr, text string) error {
 
 func get(url string) error {
 	client := http.Client{Timeout: 10 * time.Second}
+	deadline := time.Now().Add(20 * time.Second)
 	response, err := client.Get(url)
+	for err != nil && errors.Is(err, syscall.ECONNREFUSED) && time.Now().Before(deadline) {
+		time.Sleep(500 * time.Millisecond)
+		response, err = client.Get(url)
+	}
 	if err != nil {
 		return err
 	}

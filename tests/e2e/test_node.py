@@ -28,6 +28,20 @@ def probe_pod(name: str, node: str, args: list[str], labels: dict[str, str] | No
     }
 
 
+def ready_endpoints(api_client, namespace: str, service: str) -> list[str]:
+    """The addresses of ``service``'s ready endpoints, from its EndpointSlices (what kube-proxy reads)."""
+    slices = client.DiscoveryV1Api(api_client).list_namespaced_endpoint_slice(
+        namespace, label_selector=f"kubernetes.io/service-name={service}"
+    )
+    return [
+        address
+        for endpoint_slice in slices.items
+        for endpoint in endpoint_slice.endpoints or []
+        if endpoint.conditions and endpoint.conditions.ready
+        for address in endpoint.addresses
+    ]
+
+
 def exit_code(pod) -> int:
     return pod.status.container_statuses[0].state.terminated.exit_code
 
@@ -66,6 +80,7 @@ def test_a_pod_resolves_a_service_name_and_reaches_the_pod_behind_it(api_client,
         "the web pod to be ready",
         60,
     )
+    wait_until(lambda: ready_endpoints(api_client, namespace, "web"), "the web Service to list its ready pod", 60)
     name = f"web.{namespace}.svc.cluster.local"
 
     core.create_namespaced_pod(namespace, probe_pod("lookup", real_node, ["lookup", name]))
