@@ -137,16 +137,74 @@ class PvcSource(ApiModel):
     """Path inside the volume (relative, without `..`; empty for its root)."""
 
 
-class ModelSpec(ApiModel):
-    """The policy model: a Hugging Face model directory (weights, config, tokenizer, chat template)."""
+HUB_MODEL_ID = r"^[A-Za-z0-9][-_.A-Za-z0-9]*(/[A-Za-z0-9][-_.A-Za-z0-9]*)?$"
+"""A Hugging Face model id: `name` or `owner/name` (letters, digits, `-`, `_`, `.`)."""
+_ONE_MODEL_SOURCE = "spec.model: set exactly one of path (a model directory) or id (a Hugging Face model id)"
+_MODEL_PVC_NEEDS_PATH = "spec.model.pvc needs spec.model.path (the model directory inside the claim)"
+_HUB_FIELDS_NEED_ID = "spec.model: revision, tokenSecret, cache and offline go with id (a Hugging Face model id)"
 
-    path: str = Field(min_length=1)
-    """Local path of the model directory; with `pvc`, the path inside the claim. Never a hub id:
-    models load from local files only."""
+
+class ModelCacheSpec(ApiModel):
+    """The volume a Hugging Face model is downloaded into (in the hub's cache layout), once per job: a claim
+    the user names (shared by jobs, so a model is downloaded once), or one the job creates and deletes."""
+
+    claim_name: str | None = Field(default=None, min_length=1)
+    """An existing PersistentVolumeClaim to use as the cache (ReadWriteMany to share it between nodes). Without
+    it the job creates `<job>-model-cache`, which goes with the job."""
+    size: Quantity = "64Gi"
+    """Size of the claim the job creates (ignored with `claimName`)."""
+    storage_class_name: str | None = Field(default=None, min_length=1)
+    """StorageClass of the claim the job creates (the cluster's default without it)."""
+
+
+class ModelSpec(ApiModel):
+    """The policy model: a Hugging Face model directory (weights, config, tokenizer, chat template), named
+    one of three ways: a Hugging Face model `id` (downloaded once into a cache volume before any pod needs
+    it); a `path` (on a `pvc`) to a model directory; or a `path` to an earlier job's exported model or
+    checkpoint, to continue training from it."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("has(self.path) != has(self.id)", _ONE_MODEL_SOURCE),
+            cel("!has(self.pvc) || has(self.path)", _MODEL_PVC_NEEDS_PATH, ".pvc"),
+            cel(
+                "has(self.id) || !(has(self.revision) || has(self.tokenSecret) || has(self.cache) || "
+                "(has(self.offline) && self.offline))",
+                _HUB_FIELDS_NEED_ID,
+            ),
+        )
+    )
+
+    path: str | None = Field(default=None, min_length=1, max_length=MAX_PATH_LENGTH)
+    """Local path of the model directory (a Hugging Face model directory, an exported model or a checkpoint
+    of an earlier job); with `pvc`, the path inside the claim."""
     pvc: PvcSource | None = None
-    """Claim holding the model; mounted read-only into the Ray pods and the trainer."""
+    """Claim holding `path`; mounted read-only into the Ray pods and the trainer."""
+    id: str | None = Field(default=None, max_length=96, pattern=HUB_MODEL_ID)
+    """A Hugging Face model id (`Qwen/Qwen2.5-1.5B-Instruct`): the operator downloads it into `cache` before
+    the Ray pods start, and every pod loads that one revision from there, with `HF_HUB_OFFLINE=1`."""
+    revision: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[^\s]+$")
+    """Branch, tag or commit of `id` (default `main`); resolved to one commit by the download."""
+    token_secret: SecretKeyRef | None = None
+    """The Secret key holding a Hugging Face token (`HF_TOKEN`), for gated or private models."""
+    cache: ModelCacheSpec | None = None
+    """Where `id` is downloaded to (default: a claim the job creates)."""
+    offline: bool = False
+    """Take `id` from the cache only, never from the hub (a cache filled beforehand, an air-gapped
+    cluster): the download step fails with a clear reason when the cache does not hold it."""
     served_model_name: str = Field(default="policy", min_length=1, max_length=128)
     """Name the generation server answers to (`model` in OpenAI requests, `/v1/models`)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.path is None) == (self.id is None):
+            raise ValueError(_ONE_MODEL_SOURCE)
+        if self.pvc is not None and self.path is None:
+            raise ValueError(_MODEL_PVC_NEEDS_PATH)
+        hub_fields = self.revision or self.token_secret or self.cache or self.offline
+        if self.id is None and hub_fields:
+            raise ValueError(_HUB_FIELDS_NEED_ID)
+        return self
 
 
 class GenerationBackend(StrEnum):
@@ -631,6 +689,22 @@ class CheckpointSpec(ApiModel):
     """Newest checkpoints kept."""
 
 
+class OutputSpec(ApiModel):
+    """The trained policy as a Hugging Face model directory (`config.json`, safetensors, tokenizer files,
+    `generation_config.json`) that `vllm serve` and `transformers` load as they are: written at the end of
+    the job to `<path>/final` and, with `everyCheckpoint`, with each checkpoint to `<path>/step_<step>`."""
+
+    pvc: PvcSource | None = None
+    """Claim to write to (default: `spec.checkpointing.pvc`); without any, the model stays in the policy pod."""
+    path: VolumePath | None = Field(default=None, min_length=1)
+    """Directory: inside the claim on Kubernetes (without `..`), relative to the working directory (or
+    absolute) with `grpojob run`. Default `models/<job name>`."""
+    every_checkpoint: bool = False
+    """Also export the model with each checkpoint (the newest `spec.checkpointing.keep` of them kept)."""
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Data type of the exported weights (training keeps float32 master weights)."""
+
+
 class ImagesSpec(ApiModel):
     """Container images; each defaults to the operator's setting."""
 
@@ -676,6 +750,8 @@ class GRPOJobSpec(ApiModel):
     """The algorithm."""
     checkpointing: CheckpointSpec = Field(default_factory=CheckpointSpec)
     """Checkpoints."""
+    output: OutputSpec = Field(default_factory=OutputSpec)
+    """Where the trained model goes."""
     images: ImagesSpec = Field(default_factory=ImagesSpec)
     """Images, defaulted from operator settings."""
     suspend: bool = False
@@ -718,6 +794,7 @@ class Phase(StrEnum):
 
 
 class ConditionType(StrEnum):
+    MODEL_READY = "ModelReady"
     RAY_CLUSTER_READY = "RayClusterReady"
     ENDPOINTS_PUBLISHED = "EndpointsPublished"
     ENVIRONMENTS_READY = "EnvironmentsReady"
@@ -738,6 +815,17 @@ class Condition(ApiModel):
     observed_generation: int | None = None
 
 
+class OutputModelStatus(ApiModel):
+    """Where the newest exported model is: a `spec.model` `path` (and `pvc`) that serves or continues it."""
+
+    path: str
+    """Directory of the model: inside the claim, or in the policy pod (or, with `grpojob run`, locally)."""
+    claim_name: str | None = None
+    """The claim holding it (none: it is in the policy pod and goes with it)."""
+    step: int
+    """Training step the model was exported at."""
+
+
 class GRPOJobStatus(ApiModel):
     """Observed state of a GRPOJob, written only by the operator's status writer."""
 
@@ -752,6 +840,10 @@ class GRPOJobStatus(ApiModel):
     """Last finished training step, as the trainer reported it."""
     mean_reward: float | None = None
     """Mean reward of the last finished step."""
+    model_commit: str | None = None
+    """The commit of `spec.model.id` that the download resolved; every pod loads this one."""
+    output_model: OutputModelStatus | None = None
+    """The newest model the trainer exported (`spec.output`)."""
     gcs_address: str | None = None
     """The Ray GCS address published in `<job>-endpoints`."""
     reason: str | None = None
@@ -784,6 +876,26 @@ class GRPOJob(ApiModel):
 def checkpoint_dir(job: GRPOJob) -> str:
     """The job's checkpoint directory, relative to the claim (or the working directory)."""
     return job.spec.checkpointing.path or f"checkpoints/{job.metadata.name}"
+
+
+def output_dir(job: GRPOJob) -> str:
+    """The job's output directory (exported models), relative to the claim (or the working directory)."""
+    return job.spec.output.path or f"models/{job.metadata.name}"
+
+
+FINAL_MODEL_DIR = "final"
+"""The model exported at the end of the job: `<output dir>/final`."""
+
+
+def step_model_dir(step: int) -> str:
+    """The model exported with the checkpoint of ``step``: `<output dir>/step_<step:08d>`."""
+    return f"step_{step:08d}"
+
+
+def hub_snapshot_path(model_id: str, commit: str) -> str:
+    """Where the Hugging Face hub cache holds ``commit`` of ``model_id``, relative to the cache's root
+    (`HF_HUB_CACHE`): `models--<owner>--<name>/snapshots/<commit>` (the hub's layout)."""
+    return "models--" + model_id.replace("/", "--") + f"/snapshots/{commit}"
 
 
 def parse_job(manifest: Any) -> GRPOJob:
