@@ -155,6 +155,8 @@ class ModelCacheSpec(ApiModel):
     """Size of the claim the job creates (ignored with `claimName`)."""
     storage_class_name: str | None = Field(default=None, min_length=1)
     """StorageClass of the claim the job creates (the cluster's default without it)."""
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
+    """Access mode of the claim the job creates: ReadWriteMany when the Ray pods span several nodes."""
 
 
 class ModelSpec(ApiModel):

@@ -32,6 +32,7 @@ WATCHED_CHILDREN = (
     ("ConfigMap", "", "v1", "configmaps"),
     ("Service", "", "v1", "services"),
     ("ServiceAccount", "", "v1", "serviceaccounts"),
+    ("PersistentVolumeClaim", "", "v1", "persistentvolumeclaims"),
     ("Deployment", "apps", "v1", "deployments"),
     ("Job", "batch", "v1", "jobs"),
     ("Role", "rbac.authorization.k8s.io", "v1", "roles"),

@@ -64,6 +64,16 @@ class ChildNames:
         """The trainer Job, its ServiceAccount, Role and RoleBinding."""
         return f"{self.job}-trainer"
 
+    @property
+    def model_download(self) -> str:
+        """The Job that downloads a hub model (`spec.model.id`) into the cache before the Ray pods start."""
+        return f"{self.job}-model"
+
+    @property
+    def model_cache(self) -> str:
+        """The PersistentVolumeClaim the job creates as its hub cache when `spec.model.cache` names none."""
+        return f"{self.job}-model-cache"
+
     def environment(self, environment: str) -> str:
         """Deployment and Service of one environment."""
         return f"{self.job}-env-{environment}"
