@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from grpojob_api.quantity import parse_quantity
+from grpojob_api.quantity import held_as_int64, parse_quantity
 
 GROUP = "grpo.dev"
 VERSION = "v1alpha1"
@@ -503,7 +503,8 @@ class Resources(ApiModel):
         unknown = sorted(set(quantities) - set(RESOURCE_NAMES))
         if unknown:
             raise ValueError(f"{_KNOWN_RESOURCES}, not {', '.join(unknown)}")
-        fractional = sorted(k for k, v in quantities.items() if k != "cpu" and parse_quantity(v) % 1 != 0)
+        # As the API server's `isInteger()` judges it (`held_as_int64`): `1Pi` is whole, but not to it.
+        fractional = sorted(k for k, v in quantities.items() if k != "cpu" and not held_as_int64(v))
         if fractional:
             raise ValueError(f"{_WHOLE_RESOURCES}: {', '.join(fractional)}")
         return quantities
