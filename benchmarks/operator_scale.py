@@ -98,8 +98,8 @@ def resource_of(url: str) -> str:
 def serve_operator(namespace: str) -> None:
     """Run `python -m grpojob_operator --namespace NS` in this process, with every write request counted
     in `bench_operator_writes_total{client,verb,resource}` on the operator's own metrics endpoint: `kopf`
-    for Kopf's aiohttp session (finalizers, events, its annotations), `grpojob` for the kubernetes client
-    the operator writes children and status with. Nothing else changes."""
+    for Kopf's aiohttp session (nothing since issue 15; before, its finalizer and Events), `grpojob` for the
+    kubernetes client the operator writes children, status and Events with. Nothing else changes."""
     import aiohttp
     from kubernetes.client import rest
     from prometheus_client import Counter as PromCounter
@@ -140,6 +140,12 @@ def proc_memory(pid: int) -> dict[str, int]:
         if key in ("VmHWM", "VmRSS"):
             out[key] = int(value.split()[0])
     return out
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far, in seconds (/proc/<pid>/stat utime and stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class RssSampler:
@@ -340,6 +346,8 @@ class Batch:
     kuberay_writes: Counter = field(default_factory=Counter)  # rest_client_requests_total by method
     apiserver_writes: Counter = field(default_factory=Counter)  # (resource, verb)
     memory_kib: dict[str, int] = field(default_factory=dict)  # VmHWM / peak sampled VmRSS
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of each process over the window
+    load: tuple[float, float] = (0.0, 0.0)  # the machine's 1-minute load average at the start and the end
 
 
 class Bench:
@@ -347,7 +355,7 @@ class Bench:
         from grpojob_testing.cluster import Cluster, clusters_root
 
         self.args, self.work = args, work
-        self.cluster = Cluster(clusters_root() / CLUSTER_NAME)
+        self.cluster = Cluster(clusters_root() / args.cluster_name)
         self.cluster_started = False
         self.operator: subprocess.Popen | None = None
         self.operator_metrics_port = 0
@@ -358,7 +366,8 @@ class Bench:
     def up(self) -> None:
         self.cluster.load()
         if self.cluster.pids and any(self.cluster.running().values()):
-            raise RuntimeError(f"a cluster named {CLUSTER_NAME!r} already runs; stop it first (cluster down --name)")
+            name = self.args.cluster_name
+            raise RuntimeError(f"a cluster named {name!r} already runs; stop it first (cluster down --name)")
         self.cluster_started = True
         self.cluster.up(cpu_nodes=self.args.cpu_nodes, gpu_nodes=self.args.gpu_nodes)
         from kubernetes import client, config
@@ -478,6 +487,8 @@ class Bench:
         try:
             with RssSampler(pids) as sampler:
                 before = self.snapshot()
+                cpu_before = {name: proc_cpu_seconds(pid) for name, pid in pids.items()}
+                load_before = os.getloadavg()[0]
                 started = time.monotonic()
 
                 def create(name: str) -> None:
@@ -506,6 +517,8 @@ class Bench:
                 finished = time.monotonic()
                 time.sleep(self.args.settle_seconds)
                 after = self.snapshot()
+                result.cpu_s = {name: proc_cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+                result.load = (load_before, os.getloadavg()[0])
                 result.window_s = time.monotonic() - started
                 result.memory_kib = {f"{name} peak sampled VmRSS": peak for name, peak in sampler.peak.items()}
             for name, pid in pids.items():
@@ -579,8 +592,8 @@ class Bench:
 
     def _delete_jobs(self, kind: str, namespace: str) -> None:
         """Delete the batch's GRPOJobs or RayJobs and wait until they are gone, while the namespace is still
-        active. (Deleting the namespace first hangs: Kopf, watching one namespace, drops it as soon as it has a
-        deletionTimestamp, so the GRPOJobs' `grpo.dev/operator` finalizer is never removed.)"""
+        active. (Before issue 15 the GRPOJobs carried Kopf's finalizer, and deleting the namespace first hung:
+        Kopf, watching one namespace, drops it as soon as it has a deletionTimestamp.)"""
         from kubernetes import client
 
         from grpojob_testing.cluster import wait_until
@@ -712,6 +725,23 @@ def report(batches: list[Batch]) -> str:
             f"| {g.memory_kib.get('operator peak sampled VmRSS', 0) / 1024:.0f} "
             f"| {r.memory_kib.get('kuberay peak sampled VmRSS', 0) / 1024:.0f} |"
         )
+    lines += [
+        "",
+        "CPU seconds per job (user + system, over the batch's window) and the machine's load average:",
+        "",
+        "| N | grpojob operator | KubeRay during GRPOJob batch | KubeRay during RayJob batch | ratio grpojob / "
+        "KubeRay (RayJob batch) | load at start → end (GRPOJob · RayJob batch) |",
+        "| ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for n in counts:
+        g, r = by.get((GRPOJOB, n)), by.get((RAYJOB, n))
+        if not g or not r or not g.cpu_s or not r.cpu_s:
+            continue
+        op, kg, kr = g.cpu_s.get("operator", 0) / n, g.cpu_s.get("kuberay", 0) / n, r.cpu_s.get("kuberay", 0) / n
+        lines.append(
+            f"| {n} | {op:.3f} | {kg:.3f} | {kr:.3f} | {ratio(op, kr)} "
+            f"| {g.load[0]:.1f} → {g.load[1]:.1f} · {r.load[0]:.1f} → {r.load[1]:.1f} |"
+        )
     lines += ["", "Write requests by resource and verb (per batch, totals, not per job):", ""]
     for b in batches:
         if b.kind == GRPOJOB:
@@ -787,10 +817,11 @@ NOTES = """What the numbers are:
   `JobDeploymentStatusInitializing`). *Job created*: `J-trainer` or the RayJob's submitter Job. The ratio is
   grpojob / KubeRay (below 1: grpojob faster).
 - **Writes** (POST, PUT, PATCH, DELETE) per job, counted from the first create to `--settle-seconds` after
-  the last milestone: *grpojob own* is the operator's `grpojob_api_writes_total`; *Kopf's* are the
-  requests of Kopf's own HTTP client (finalizer and `last-handled-configuration` patches, Kubernetes Events),
-  counted by the launcher in this script that wraps both HTTP clients of the operator process (its total
-  equals the operator's counter plus Kopf's). KubeRay's are the `rest_client_requests_total` of its one
+  the last milestone: *grpojob own* is the operator's `grpojob_api_writes_total` (children, status patches
+  and, since issue 15, its Events); *Kopf's* are the requests of Kopf's own HTTP client (before issue 15 its
+  finalizer patches and the Events it posted for the operator; now none), counted by the launcher in this
+  script that wraps both HTTP clients of the operator process (its total equals the operator's counter plus
+  Kopf's). KubeRay's are the `rest_client_requests_total` of its one
   process, which runs the RayCluster controller as well as the RayJob controller; the RayCluster
   controller's share is measured in the GRPOJob batch (where no RayJob exists) and subtracted to estimate
   the RayJob controller's writes. The last ratio compares all operator writes on each path: grpojob +
@@ -799,6 +830,9 @@ NOTES = """What the numbers are:
   the benchmark's own creates), so they show the whole system's work; the GRPOJob creates more children
   (config, progress and endpoints ConfigMaps, a Service, trainer RBAC, an environment Deployment and
   Service) than a RayJob (RayCluster and submitter Job), which is most of the difference.
+- **CPU**: user + system seconds of the operator process and of KubeRay's (`/proc/<pid>/stat`) over the
+  batch's window, per job; with the machine's 1-minute load average at the start and the end of the batch
+  (the machine is shared: read the latencies with it).
 - **Memory**: VmHWM from `/proc/<pid>/status` after the batch; the grpojob operator is started for each
   batch and KubeRay is restarted before each RayJob batch, so each high-water mark is that batch's. Also the
   peak of VmRSS sampled every 0.2 s. KubeRay's process includes its RayCluster and RayService controllers.
@@ -819,6 +853,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-timeout-per-job", type=float, default=6.0)
     parser.add_argument("--doc", type=Path, help=f"write the section into this file (default {DOC} unless --quick)")
     parser.add_argument("--no-doc", action="store_true")
+    parser.add_argument("--cluster-name", default=CLUSTER_NAME, help="of the fresh test cluster (two runs at once)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the cluster's logs after `down`")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument("--serve-operator", metavar="NAMESPACE", help=argparse.SUPPRESS)
@@ -849,7 +884,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     work = Path(tempfile.mkdtemp(prefix="operator-scale-"))
-    print(f"operator logs in {work}; cluster {CLUSTER_NAME}: {args.cpu_nodes} CPU + {args.gpu_nodes} GPU nodes")
+    print(f"operator logs in {work}; cluster {args.cluster_name}: {args.cpu_nodes} CPU + {args.gpu_nodes} GPU nodes")
     bench = Bench(args, work)
     batches: list[Batch] = []
     started = time.monotonic()
@@ -884,8 +919,9 @@ def main(argv: list[str] | None = None) -> int:
                 command.strip(),
                 "```",
                 "",
-                f"- Cluster: one fresh `grpojob_testing.cluster` named `{CLUSTER_NAME}`, {args.cpu_nodes} kwok CPU "
-                f"nodes and {args.gpu_nodes} kwok GPU nodes (8 `nvidia.com/gpu` each); versions: {versions()}.",
+                f"- Cluster: one fresh `grpojob_testing.cluster` named `{args.cluster_name}`, "
+                f"{args.cpu_nodes} kwok CPU nodes and {args.gpu_nodes} kwok GPU nodes (8 `nvidia.com/gpu` each); "
+                f"versions: {versions()}.",
                 f"- Machine: {machine_facts()}.",
                 "",
                 NOTES,

@@ -37,6 +37,10 @@ RAY_CLIENT_PORT = 10001
 """Ray Client on the head."""
 GENERATION_PORT = 8000
 """The OpenAI-compatible generation server on each `generation` worker, and the generation Service's port."""
+TRAINER_METRICS_PORT = 9090
+"""The trainer's Prometheus endpoint `/metrics` (its per-step training metrics), the container port `metrics`."""
+TENSORBOARD_PORT = 6006
+"""TensorBoard (`spec.logging.tensorboard`), and the `<job>-tensorboard` Service's port."""
 
 # ------------------------------------------------------------------------------------------------
 # Ray worker groups and resources
@@ -57,6 +61,17 @@ POLICY_BASE_URL = "POLICY_BASE_URL"
 PENGUIN_ENV_URLS = "PENGUIN_ENV_URLS"
 GRPOJOB_NAME = "GRPOJOB_NAME"
 GRPOJOB_ATTEMPT = "GRPOJOB_ATTEMPT"
+
+# ------------------------------------------------------------------------------------------------
+# Ray token authentication
+
+RAY_AUTH_MODE = "RAY_AUTH_MODE"
+"""Ray's switch for token authentication; `token` in every pod of a job."""
+RAY_AUTH_MODE_TOKEN = "token"
+RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"
+"""The job's Ray token, from the Secret KubeRay creates for the RayCluster (named like it)."""
+RAY_AUTH_TOKEN_SECRET_KEY = "auth_token"
+"""The key of that Secret holding the token (KubeRay's `RAY_AUTH_TOKEN_SECRET_KEY`)."""
 
 PORT = "PORT"
 """Environment servers: the port to listen on."""
@@ -85,6 +100,7 @@ HF_HUB_CACHE = "HF_HUB_CACHE"
 """`huggingface_hub`'s cache directory: the mounted cache volume of a job whose model is a hub id."""
 HF_TOKEN = "HF_TOKEN"
 """The download step: the Hugging Face token, from `spec.model.tokenSecret`."""
+GRPOJOB_TRAINER_METRICS_PORT = "GRPOJOB_TRAINER_METRICS_PORT"
 POD_NAMESPACE = "POD_NAMESPACE"
 """The trainer: its namespace (the downward API's ``metadata.namespace``)."""
 
@@ -162,11 +178,13 @@ class TrainerEnv(_Contract):
     output_dir: str = Field(alias=GRPOJOB_OUTPUT_DIR, min_length=1)
     """Where the policy's ranks (on the `policy` workers) write the exported model."""
     log_dir: str = Field(default="/tmp/grpojob", alias=GRPOJOB_LOG_DIR, min_length=1)
-    """Metrics and TensorBoard logs (inside the pod)."""
+    """This attempt's run directory: `metrics.jsonl`, TensorBoard events, offline W&B runs (inside the pod)."""
+    metrics_port: int = Field(default=0, alias=GRPOJOB_TRAINER_METRICS_PORT, ge=0, le=65535)
+    """Port of the trainer's Prometheus endpoint (0: none)."""
 
     def env(self) -> list[dict[str, str]]:
         """The container's ``env`` entries."""
-        return [{"name": key, "value": value} for key, value in self.model_dump(by_alias=True).items()]
+        return [{"name": key, "value": str(value)} for key, value in self.model_dump(by_alias=True).items()]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> TrainerEnv:

@@ -708,6 +708,72 @@ class OutputSpec(ApiModel):
     """Data type of the exported weights (training keeps float32 master weights)."""
 
 
+class MlflowSpec(ApiModel):
+    """An MLflow tracking server: one run per trainer attempt, every step's metrics, the job's spec as
+    the run's parameters."""
+
+    tracking_uri: str = Field(min_length=1, max_length=2048)
+    """The tracking server (`http://mlflow.mlops:5000`), as `MLFLOW_TRACKING_URI` takes it."""
+    experiment: str | None = Field(default=None, min_length=1, max_length=256)
+    """Experiment of the runs (created when absent); default: the job's name."""
+    credentials_secret: str | None = Field(default=None, min_length=1, max_length=253)
+    """Secret in the job's namespace whose keys become the trainer's environment variables: MLflow's own
+    (`MLFLOW_TRACKING_USERNAME` and `MLFLOW_TRACKING_PASSWORD`, or `MLFLOW_TRACKING_TOKEN`)."""
+
+
+class WandbMode(StrEnum):
+    ONLINE = "online"
+    OFFLINE = "offline"
+
+
+_WANDB_ONLINE_NEEDS_KEY = "spec.logging.wandb.apiKeySecret is needed in online mode"
+
+
+class WandbSpec(ApiModel):
+    """Weights & Biases: one run per trainer attempt, every step's metrics, the job's spec as its config."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(_given("mode") + "self.mode != 'online' || has(self.apiKeySecret)", _WANDB_ONLINE_NEEDS_KEY)
+        )
+    )
+
+    project: str = Field(min_length=1, max_length=128)
+    """W&B project of the runs."""
+    entity: str | None = Field(default=None, min_length=1, max_length=128)
+    """W&B entity (user or team); default: the API key's."""
+    mode: WandbMode = WandbMode.ONLINE
+    """`online` sends the runs to W&B; `offline` writes them under the log directory (`wandb sync` uploads
+    them later)."""
+    api_key_secret: SecretKeyRef | None = None
+    """The Secret key holding `WANDB_API_KEY` (needed online)."""
+
+    @model_validator(mode="after")
+    def _online_needs_key(self) -> WandbSpec:
+        if self.mode == WandbMode.ONLINE and self.api_key_secret is None:
+            raise ValueError(_WANDB_ONLINE_NEEDS_KEY)
+        return self
+
+
+class LoggingSpec(ApiModel):
+    """Where the trainer's metrics go: TensorBoard events and `metrics.jsonl` on a claim, a TensorBoard
+    server, MLflow, W&B. Every trainer attempt writes a run directory `attempt-<n>` of its own; a retried
+    job resumes at its checkpoint's step, so the runs join into one curve."""
+
+    pvc: PvcSource | None = None
+    """Claim for the logs; default: the checkpoint claim (`spec.checkpointing.pvc`). Without either, the
+    logs stay in the trainer pod and go with it."""
+    path: VolumePath | None = Field(default=None, min_length=1)
+    """Directory inside the claim (without `..`); default `logs/<job name>`."""
+    tensorboard: bool = False
+    """Run a TensorBoard server over the logs (Deployment and Service `<job>-tensorboard`, port 6006); needs a
+    claim."""
+    mlflow: MlflowSpec | None = None
+    """Log to an MLflow tracking server too."""
+    wandb: WandbSpec | None = None
+    """Log to Weights & Biases too."""
+
+
 class ImagesSpec(ApiModel):
     """Container images; each defaults to the operator's setting."""
 
@@ -731,8 +797,162 @@ class CleanupPolicy(StrEnum):
     """Keep everything (for debugging; GPUs stay allocated)."""
 
 
+_TENSORBOARD_NEEDS_CLAIM = (
+    "spec.logging.tensorboard needs a claim for the logs: spec.logging.pvc or spec.checkpointing.pvc"
+)
+
+
+# Label keys the operator sets on the pods, or that another controller reads from them: a role's own
+# labels may not use them (a copied Kueue queue name would have Kueue admit the pods a second time).
+RESERVED_LABEL_PREFIXES = ("grpo.dev/", "ray.io/", "kueue.x-k8s.io/", "app.kubernetes.io/managed-by")
+_RESERVED_LABELS = "must not use the keys the operator sets (" + ", ".join(RESERVED_LABEL_PREFIXES) + "...)"
+_TOLERATION_EXISTS = "operator Exists takes no value"
+_TOLERATION_NO_KEY = "an empty key needs operator Exists (it tolerates every taint)"
+_TOLERATION_SECONDS = "tolerationSeconds needs effect NoExecute"
+MAX_SCHEDULING_ENTRIES = 32
+MAX_LABEL_KEY_LENGTH = 317  # a DNS subdomain prefix (253), `/`, a name (63)
+MAX_ANNOTATION_VALUE_LENGTH = 4096
+
+
+class Toleration(ApiModel):
+    """A toleration of the role's pods (core/v1 Toleration)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                _TOLERATION_EXISTS,
+                ".value",
+            ),
+            cel(
+                "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+                _TOLERATION_NO_KEY,
+                ".operator",
+            ),
+            cel(
+                "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                _TOLERATION_SECONDS,
+                ".tolerationSeconds",
+            ),
+        )
+    )
+
+    key: str = Field(default="", max_length=MAX_LABEL_KEY_LENGTH)
+    """Taint key (empty with operator Exists: every taint)."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """`Equal` tolerates the taint of this key and value; `Exists` any value (and no value is given)."""
+    value: str = Field(default="", max_length=63)
+    """Taint value (with operator Equal)."""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+    """Taint effect to tolerate (empty: every effect)."""
+    toleration_seconds: int | None = None
+    """With effect NoExecute: how long the pod stays on a node after the taint appears."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError(_TOLERATION_EXISTS)
+        if not self.key and self.operator != "Exists":
+            raise ValueError(_TOLERATION_NO_KEY)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(_TOLERATION_SECONDS)
+        return self
+
+
+FreeForm = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
+
+
+class Affinity(ApiModel):
+    """Pod affinity rules (core/v1 Affinity), kept as written; the API server checks them on the pods."""
+
+    node_affinity: FreeForm = Field(default_factory=dict)
+    """core/v1 NodeAffinity: the nodes the pods must or should run on."""
+    pod_affinity: FreeForm = Field(default_factory=dict)
+    """core/v1 PodAffinity: pods the role's pods must or should run beside."""
+    pod_anti_affinity: FreeForm = Field(default_factory=dict)
+    """core/v1 PodAntiAffinity: pods the role's pods must or should keep away from."""
+
+    def to_pod(self) -> dict[str, Any]:
+        """The pod's `affinity`: the parts that are set."""
+        return {k: v for k, v in self.model_dump(by_alias=True).items() if v}
+
+
+def _no_reserved_keys(labels: dict[str, str]) -> dict[str, str]:
+    taken = sorted(k for k in labels if k.startswith(RESERVED_LABEL_PREFIXES))
+    if taken:
+        raise ValueError(f"{taken} {_RESERVED_LABELS}")
+    return labels
+
+
+LabelMap = Annotated[
+    dict[str, Annotated[str, Field(max_length=63)]],
+    Field(
+        max_length=MAX_SCHEDULING_ENTRIES,
+        json_schema_extra=cel_rules(
+            cel(
+                "self.all(k, " + " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES) + ")",
+                _RESERVED_LABELS,
+            )
+        ),
+    ),
+    AfterValidator(_no_reserved_keys),
+]
+
+
+class PodScheduling(ApiModel):
+    """Where and how one role's pods are scheduled: a small override of their pod template, as RayJob
+    users shape their pods. Applied to every pod of the role; the operator's own labels win."""
+
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=MAX_SCHEDULING_ENTRIES
+    )
+    """Node labels the pods must run on (a node pool)."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_SCHEDULING_ENTRIES)
+    """Taints the pods tolerate."""
+    affinity: Affinity | None = None
+    """Node and pod affinity and anti-affinity."""
+    priority_class_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+    )
+    """PriorityClass of the pods."""
+    scheduler_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """Scheduler of the pods (default: the cluster's default scheduler)."""
+    labels: LabelMap = Field(default_factory=dict)
+    """Extra labels on the pods."""
+    annotations: dict[str, Annotated[str, Field(max_length=MAX_ANNOTATION_VALUE_LENGTH)]] = Field(
+        default_factory=dict, max_length=MAX_SCHEDULING_ENTRIES
+    )
+    """Extra annotations on the pods."""
+
+
+class SchedulingSpec(ApiModel):
+    """Per-role scheduling of the job's pods."""
+
+    head: PodScheduling = Field(default_factory=PodScheduling)
+    """The Ray head pod."""
+    generation: PodScheduling = Field(default_factory=PodScheduling)
+    """The `generation` Ray workers (generation engines)."""
+    policy: PodScheduling = Field(default_factory=PodScheduling)
+    """The `policy` Ray workers (policy training)."""
+    environments: PodScheduling = Field(default_factory=PodScheduling)
+    """Every environment server pod (Penguin and NeMo Gym)."""
+    trainer: PodScheduling = Field(default_factory=PodScheduling)
+    """The trainer pod (the Ray driver), and the download of a hub model (`spec.model.id`)."""
+
+
 class GRPOJobSpec(ApiModel):
     """Desired state of a GRPOJob."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.logging) || !has(self.logging.tensorboard) || !self.logging.tensorboard || "
+                "has(self.logging.pvc) || (has(self.checkpointing) && has(self.checkpointing.pvc))",
+                _TENSORBOARD_NEEDS_CLAIM,
+                ".logging.tensorboard",
+            )
+        )
+    )
 
     model: ModelSpec
     """The policy model."""
@@ -755,6 +975,8 @@ class GRPOJobSpec(ApiModel):
     """Checkpoints."""
     output: OutputSpec = Field(default_factory=OutputSpec)
     """Where the trained model goes."""
+    logging: LoggingSpec = Field(default_factory=LoggingSpec)
+    """Metrics: logs on a claim, TensorBoard, MLflow, W&B."""
     images: ImagesSpec = Field(default_factory=ImagesSpec)
     """Images, defaulted from operator settings."""
     suspend: bool = False
@@ -767,6 +989,18 @@ class GRPOJobSpec(ApiModel):
     """Delete the GRPOJob this long after it succeeds or fails."""
     cleanup_policy: CleanupPolicy = CleanupPolicy.DELETE_CLUSTER
     """What to delete when the job finishes."""
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    """Node selectors, tolerations, affinity, priority class, scheduler, labels and annotations of each
+    role's pods (Ray head, generation and policy workers, environments, trainer)."""
+    progress_deadline_seconds: int | None = Field(default=None, ge=1)
+    """A Running job whose training step has not advanced for this long is stalled: the attempt fails
+    (condition `Stalled`) and is retried within `backoffLimit`. Unset: no stall detection."""
+
+    @model_validator(mode="after")
+    def _tensorboard_needs_claim(self) -> GRPOJobSpec:
+        if self.logging.tensorboard and log_claim(self) is None:
+            raise ValueError(_TENSORBOARD_NEEDS_CLAIM)
+        return self
 
     @field_validator("environments")
     @classmethod
@@ -805,6 +1039,7 @@ class ConditionType(StrEnum):
     COMPLETE = "Complete"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
+    STALLED = "Stalled"
 
 
 class Condition(ApiModel):
@@ -847,6 +1082,9 @@ class GRPOJobStatus(ApiModel):
     """The commit of `spec.model.id` that the download resolved; every pod loads this one."""
     output_model: OutputModelStatus | None = None
     """The newest model the trainer exported (`spec.output`)."""
+    progress_time: datetime | None = None
+    """When the current attempt last made progress: its trainer started running, or the step advanced.
+    `spec.progressDeadlineSeconds` counts from here."""
     gcs_address: str | None = None
     """The Ray GCS address published in `<job>-endpoints`."""
     reason: str | None = None
@@ -899,6 +1137,16 @@ def hub_snapshot_path(model_id: str, commit: str) -> str:
     """Where the Hugging Face hub cache holds ``commit`` of ``model_id``, relative to the cache's root
     (`HF_HUB_CACHE`): `models--<owner>--<name>/snapshots/<commit>` (the hub's layout)."""
     return "models--" + model_id.replace("/", "--") + f"/snapshots/{commit}"
+
+
+def log_claim(spec: GRPOJobSpec) -> PvcSource | None:
+    """The claim the logs go to: `spec.logging.pvc`, else the checkpoint claim, else none (the pod's disk)."""
+    return spec.logging.pvc or spec.checkpointing.pvc
+
+
+def log_dir(job: GRPOJob) -> str:
+    """The job's log directory, relative to its claim: each trainer attempt writes `attempt-<n>/` in it."""
+    return job.spec.logging.path or f"logs/{job.metadata.name}"
 
 
 def parse_job(manifest: Any) -> GRPOJob:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +25,7 @@ from grpojob_operator import metrics, names, state
 from grpojob_operator.kube import ApiError, Kube, new_api_client
 from grpojob_operator.observe import Observed, summarize
 from grpojob_operator.settings import OperatorSettings
+from grpojob_operator.unseen import Unseen
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,7 @@ WATCHED_CHILDREN = (
     ("Job", "batch", "v1", "jobs"),
     ("Role", "rbac.authorization.k8s.io", "v1", "roles"),
     ("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
     ("RayCluster", "ray.io", "v1", "rayclusters"),
 )
 
@@ -62,96 +66,178 @@ def status_document(status: api.GRPOJobStatus) -> dict[str, Any]:
 
 
 def reconcile(
-    body: dict[str, Any], observed: Observed, settings: OperatorSettings, kube: Kube, now: datetime
-) -> state.Plan:
-    """One pass: plan, act in order, write the status if it changed. The caller posts the plan's events
-    (Kopf posts them from its event loop, and this runs in a worker thread)."""
+    body: dict[str, Any],
+    cached: Observed,
+    settings: OperatorSettings,
+    kube: Kube,
+    now: datetime,
+    unseen: Unseen | None = None,
+    pool: Executor | None = None,
+) -> state.Plan | None:
+    """One pass: plan, act in order, write the status if it changed (one patch with every change), post an
+    Event if the phase changed. Independent writes go at once through ``pool`` (`write_groups`).
+
+    None when a write found the caches stale (HTTP 404 or 409: a child deleted or replaced meanwhile):
+    nothing more is written, and the next pass decides again on fresher caches."""
+    unseen = unseen if unseen is not None else Unseen()
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    plan = state.plan(body, observed, settings, now)
+    job = unseen.job(body)
+    old_status = state.current_status(job)
+    plan = state.plan(job, unseen.observed(cached), settings, now)
     where = f"{namespace}/{name}"
     try:
-        _carry_out(plan, kube, namespace, name, where)
+        _carry_out(plan, kube, cached, unseen, namespace, name, where, pool)
     except ApiError as error:
-        if not 400 <= error.status < 500 or error.status in (408, 429):
-            raise  # transient: the daemon retries with backoff
+        if error.is_transient():
+            raise  # the loop retries with backoff
+        if error.is_stale_cache():
+            log.info("%s: the caches were behind (%s); the next pass decides again", where, error)
+            return None
         # The API refused a child as built from this spec (a quota, an admission webhook, a bad path):
         # retrying cannot help, so the job fails with the API's answer.
         state.reject(plan, f"the API server refused a child of this job: {error}", now)
+        plan.events = state.transition_events(old_status, plan.status)
     document = status_document(plan.status)
-    if document != status_document(state.current_status(body)) or not body.get("status"):
-        kube.write_status(namespace, name, document)
+    if document != status_document(old_status) or not job.get("status"):
+        try:
+            version = kube.write_status(namespace, name, document)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            return None  # the job is gone; its worker stops at the deletion event
+        unseen.wrote_status(meta.get("resourceVersion"), document, version)
+        log.info("%s: status %s", where, _status_change(old_status, plan.status))
+    for event in plan.events:
+        try:
+            kube.post_event(body, event.type, event.reason, event.message, now)
+        except ApiError as error:  # an Event is worth no retry of the pass
+            log.warning("%s: event %s not posted: %s", where, event.reason, error)
     return plan
 
 
-def _carry_out(plan: state.Plan, kube: Kube, namespace: str, name: str, where: str) -> None:
-    for action in plan.actions:
-        if isinstance(action, state.Create):
-            if kube.create(action.manifest):
-                log.info(
-                    "%s/%s: created %s %s",
-                    namespace,
-                    name,
-                    action.manifest["kind"],
-                    action.manifest["metadata"]["name"],
-                )
-        elif isinstance(action, state.Replace):
-            kube.replace_data(action.manifest, action.stale_keys)
-            log.info(
-                "%s/%s: updated %s %s", namespace, name, action.manifest["kind"], action.manifest["metadata"]["name"]
-            )
-        elif isinstance(action, state.Patch):
-            kube.patch(action.kind, namespace, action.name, action.patch)
-            log.info("%s: patched %s %s", where, action.kind, action.name)
-        elif isinstance(action, state.Delete):
-            kube.delete(action.kind, namespace, action.name, action.propagation)
-            log.info("%s: deleted %s %s", where, action.kind, action.name)
-        elif isinstance(action, state.DeleteJob):
-            kube.delete(api.KIND, namespace, name)
-            log.info("%s: deleted (ttlSecondsAfterFinished)", where)
+def _status_change(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> str:
+    """What a status write changes, for the log: the phase, and each condition that changed."""
+    before = {c.type: (c.status, c.reason, c.message) for c in old.conditions}
+    changed = [
+        f"{c.type}={c.status} ({c.reason}: {c.message})"
+        for c in new.conditions
+        if before.get(c.type) != (c.status, c.reason, c.message)
+    ]
+    phase = new.phase.value if old.phase == new.phase else f"{old.phase.value} → {new.phase.value}"
+    return f"phase {phase}" + (f"; {', '.join(changed)}" if changed else "")
+
+
+def write_groups(actions: list[state.Action]) -> list[list[state.Action]]:
+    """The plan's actions in the order given, grouped into writes that may be sent at once: creates go
+    together up to and including a ConfigMap or PersistentVolumeClaim write (pods read ConfigMaps and mount
+    claims, so whatever the plan puts after one waits for it: the endpoints before the environments and the
+    trainer, a hub model's cache claim before its download Job); a delete or a patch goes alone."""
+    groups: list[list[state.Action]] = []
+    current: list[state.Action] = []
+    for action in actions:
+        if isinstance(action, state.Create | state.Replace):
+            current.append(action)
+            if action.manifest["kind"] in ("ConfigMap", "PersistentVolumeClaim"):
+                groups.append(current)
+                current = []
+            continue
+        if current:
+            groups.append(current)
+            current = []
+        groups.append([action])
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _carry_out(
+    plan: state.Plan,
+    kube: Kube,
+    cached: Observed,
+    unseen: Unseen,
+    namespace: str,
+    name: str,
+    where: str,
+    pool: Executor | None = None,
+) -> None:
+    """The plan's actions in order, each group of independent writes at once when there is a ``pool``."""
+    for group in write_groups(plan.actions):
+        if pool is None or len(group) == 1:
+            for action in group:
+                _act(action, kube, cached, unseen, namespace, name, where)
+            continue
+        futures = [pool.submit(_act, action, kube, cached, unseen, namespace, name, where) for action in group]
+        errors = [error for error in (future.exception() for future in futures) if error is not None]
+        if errors:
+            raise errors[0]
+
+
+def _act(
+    action: state.Action, kube: Kube, cached: Observed, unseen: Unseen, namespace: str, name: str, where: str
+) -> None:
+    if isinstance(action, state.Create):
+        kind, child = action.manifest["kind"], action.manifest["metadata"]["name"]
+        if kube.create(action.manifest):
+            log.info("%s: created %s %s", where, kind, child)
+        unseen.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
+    elif isinstance(action, state.Replace):
+        kind, child = action.manifest["kind"], action.manifest["metadata"]["name"]
+        kube.replace_data(action.manifest, action.stale_keys)
+        log.info("%s: updated %s %s", where, kind, child)
+        unseen.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
+    elif isinstance(action, state.Patch):
+        kube.patch(action.kind, namespace, action.name, action.patch)
+        log.info("%s: patched %s %s", where, action.kind, action.name)
+    elif isinstance(action, state.Delete):
+        kube.delete(action.kind, namespace, action.name, action.propagation)
+        log.info("%s: deleted %s %s", where, action.kind, action.name)
+        unseen.deleted_child(action.kind, action.name, cached.get(action.kind, action.name))
+    elif isinstance(action, state.DeleteJob):
+        kube.delete(api.KIND, namespace, name)
+        log.info("%s: deleted (ttlSecondsAfterFinished)", where)
+
+
+@dataclass
+class JobWorker:
+    """One GRPOJob's reconcile loop: the job as last seen, what wakes the loop, its unseen writes."""
+
+    uid: str
+    body: dict[str, Any]
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    unseen: Unseen = field(default_factory=Unseen)
+    task: asyncio.Task[None] | None = None
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
-    """Register the indexes, the per-job reconcile daemon and what wakes it, login, settings, probe."""
+    """Register the indexes, what starts and wakes each job's reconcile loop, login, settings, probe.
+
+    Each job is reconciled by an asyncio task of ours, not a Kopf daemon: Kopf puts a finalizer on every
+    object with a daemon (two writes per job, and a deletion that waits for the operator). Nothing here
+    needs one: ownerReferences garbage-collect the children, and the loop stops at the deletion event."""
     operator_settings = settings
     for kind, group, version, plural in WATCHED_CHILDREN:
         _register_index(registry, kind, group, version, plural)
 
-    @kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, id="reconcile", cancellation_timeout=30, registry=registry)
-    async def reconcile_job(
-        body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **kwargs: Any
+    @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, id="track", registry=registry)
+    async def track(
+        type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **kwargs: Any
     ) -> None:
+        memo.indexes = {index_id(kind): kwargs[index_id(kind)] for kind, *_ in WATCHED_CHILDREN}
         key = (namespace, name)
-        wake = memo.wakeups.setdefault(key, asyncio.Event())
-        loop = asyncio.get_running_loop()
-        failures = 0
-        try:
-            while not stopped:
-                wake.clear()
-                started = time.monotonic()
-                raw = dict(body)  # Kopf keeps a daemon's body current
-                observed = observed_from_indexes(kwargs, namespace, name, raw["metadata"].get("uid", ""))
-                try:
-                    plan = await loop.run_in_executor(
-                        None, reconcile, raw, observed, memo.settings, memo.kube, datetime.now(UTC)
-                    )
-                except Exception:  # an API error: log it, back off, and try again (never crash the operator)
-                    failures += 1
-                    log.exception("%s/%s: reconcile failed (%d in a row)", namespace, name, failures)
-                    await _wait_any([stopped.wait()], min(60.0, 2.0**failures))  # changes do not cut it short
-                    continue
-                failures = 0
-                for event in plan.events:
-                    kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-                metrics.observe_pass(raw, plan.status, time.monotonic() - started)
-                await _wait_any([wake.wait(), stopped.wait()], memo.settings.reconcile_interval_seconds)
-        finally:
-            memo.wakeups.pop(key, None)
-            metrics.forget(namespace, name)
-
-    @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, id="wake-on-change", registry=registry)
-    async def wake_on_change(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-        wake_job(memo, namespace, name)
+        worker = memo.workers.get(key)
+        uid = body.get("metadata", {}).get("uid", "")
+        if worker is not None and (type == "DELETED" or worker.uid != uid):
+            stop_worker(memo, key)
+            worker = None
+        if type == "DELETED":
+            return
+        raw = dict(body)
+        if worker is None:
+            worker = memo.workers[key] = JobWorker(uid, raw)
+            worker.task = asyncio.create_task(_run_worker(memo, namespace, name, worker))
+        worker.body = raw
+        worker.wake.set()
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -161,26 +247,97 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     def configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings, namespaced=bool(operator_settings.namespaces))
 
+    @kopf.on.cleanup(registry=registry)
+    async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
+        for key in list(memo.workers):
+            stop_worker(memo, key)
+
     @kopf.on.probe(id="jobs", registry=registry)
     def jobs_probe(**_: Any) -> int:
         return metrics.known_jobs()
 
 
+async def _run_worker(memo: kopf.Memo, namespace: str, name: str, worker: JobWorker) -> None:
+    loop = asyncio.get_running_loop()
+    failures = 0
+    settled: tuple[Any, Observed] | None = None  # the inputs of the last pass, when it changed nothing
+    woken = True
+    try:
+        while True:
+            await memo.leading.wait()  # a standby replica reconciles nothing
+            worker.wake.clear()
+            started = time.monotonic()
+            raw = worker.body
+            cached = observed_from_indexes(memo.indexes, namespace, name, worker.uid)
+            inputs = (raw.get("metadata", {}).get("resourceVersion"), cached)
+            if not woken and inputs == settled and not waits_on_the_clock(raw, cached, worker.unseen):
+                woken = await _wait_for_wake(worker, memo.settings.reconcile_interval_seconds)
+                continue  # nothing changed and nothing is due: the pass would change nothing either
+            try:
+                plan = await loop.run_in_executor(
+                    memo.executor,
+                    reconcile,
+                    raw,
+                    cached,
+                    memo.settings,
+                    memo.kube,
+                    datetime.now(UTC),
+                    worker.unseen,
+                    memo.write_pool,
+                )
+            except Exception:  # an API error: log it, back off, and try again (never crash the operator)
+                failures += 1
+                log.exception("%s/%s: reconcile failed (%d in a row)", namespace, name, failures)
+                await asyncio.sleep(min(60.0, 2.0**failures))  # changes do not cut it short
+                continue
+            failures = 0
+            settled = None
+            if plan is not None:
+                metrics.observe_pass(raw, plan.status, time.monotonic() - started)
+                if not plan.actions and not plan.events and plan.status == state.current_status(raw):
+                    settled = inputs
+            woken = await _wait_for_wake(worker, memo.settings.reconcile_interval_seconds)
+    finally:
+        metrics.forget(namespace, name)
+
+
+async def _wait_for_wake(worker: JobWorker, seconds: float) -> bool:
+    """Wait for a change of the job or its children, at most ``seconds``; whether one came."""
+    try:
+        await asyncio.wait_for(worker.wake.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+def waits_on_the_clock(body: dict[str, Any], cached: Observed, unseen: Unseen) -> bool:
+    """Whether a pass over unchanged inputs may still decide something new as time passes: a deadline
+    (spec.activeDeadlineSeconds, spec.progressDeadlineSeconds: a stalled trainer changes nothing that a
+    watch sees), a pod stuck for its grace period, ttlSecondsAfterFinished, or an unseen
+    write's expiry. Otherwise the periodic pass of a job where nothing changed is skipped: at 1,000 jobs it
+    was most of the operator's CPU."""
+    spec = body.get("spec") or {}
+    if (body.get("status") or {}).get("phase") in (api.Phase.SUCCEEDED.value, api.Phase.FAILED.value):
+        return spec.get("ttlSecondsAfterFinished") is not None
+    return (
+        spec.get("activeDeadlineSeconds") is not None
+        or spec.get("progressDeadlineSeconds") is not None
+        or any(pod.stuck for pod in cached.pods())
+        or bool(unseen.children)
+    )
+
+
+def stop_worker(memo: kopf.Memo, key: tuple[str, str]) -> None:
+    worker = memo.workers.pop(key, None)
+    if worker is not None and worker.task is not None:
+        worker.task.cancel()
+
+
 def wake_job(memo: kopf.Memo, namespace: str, job: str) -> None:
     """Start the job's next reconcile pass now instead of at its next interval."""
-    event = memo.wakeups.get((namespace, job))
-    if event is not None:
-        event.set()
-
-
-async def _wait_any(awaitables: list[Any], seconds: float) -> None:
-    """Wait ``seconds``, or less if one of ``awaitables`` (a wake-up, the daemon's stop) finishes first."""
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    try:
-        await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
+    worker = memo.workers.get((namespace, job))
+    if worker is not None:
+        worker.wake.set()
 
 
 def _register_index(registry: kopf.OperatorRegistry, kind: str, group: str, version: str, plural: str) -> None:
@@ -203,22 +360,36 @@ def _register_index(registry: kopf.OperatorRegistry, kind: str, group: str, vers
 
 
 def configure(kopf_settings: kopf.OperatorSettings, *, namespaced: bool) -> None:
-    """Kopf's own settings: standalone (no peering CRDs), our finalizer name, quiet event posting.
+    """Kopf's own settings: standalone (no peering CRDs; a Lease elects the active replica, see
+    `leader`), no Events of its own (the operator posts one per phase change itself).
 
     With a fixed list of namespaces there is nothing to discover, so Kopf does not scan (which would
-    need the right to list namespaces and stalls for a minute without it). Timers are polled every
-    second when cancelled, so a job the reconcile daemon itself deletes (ttlSecondsAfterFinished)
-    loses its finalizer at once instead of after Kopf's default 60 seconds.
+    need the right to list namespaces and stalls for a minute without it). The finalizer name is the
+    one earlier versions put on jobs (with a daemon per job): Kopf removes it from them, once.
     """
     kopf_settings.peering.standalone = True
     kopf_settings.scanning.disabled = namespaced
-    kopf_settings.background.cancellation_polling = 1
     kopf_settings.persistence.finalizer = "grpo.dev/operator"
-    kopf_settings.posting.level = logging.INFO
+    kopf_settings.posting.enabled = False
     kopf_settings.watching.server_timeout = 300
     kopf_settings.networking.request_timeout = 60
 
 
-def new_memo(settings: OperatorSettings) -> kopf.Memo:
-    """Runtime state shared by the handlers: settings, the API writer, and each job's wake-up event."""
-    return kopf.Memo(settings=settings, kube=Kube(new_api_client(), settings.exit_after_writes), wakeups={})
+def new_memo(settings: OperatorSettings, leading: asyncio.Event | None = None) -> kopf.Memo:
+    """Runtime state shared by the handlers: settings, the API writer, each job's worker, the indexes, and
+    whether this replica leads (set from the start without leader election)."""
+    if leading is None:
+        leading = asyncio.Event()
+        leading.set()
+    return kopf.Memo(
+        settings=settings,
+        kube=Kube(new_api_client(3 * settings.reconcile_workers), settings.exit_after_writes),
+        executor=ThreadPoolExecutor(settings.reconcile_workers, thread_name_prefix="reconcile"),
+        # Fault injection (exit_after_writes) wants one write at a time, so that each exit falls between two.
+        write_pool=None
+        if settings.exit_after_writes
+        else ThreadPoolExecutor(2 * settings.reconcile_workers, thread_name_prefix="write"),
+        workers={},
+        indexes={},
+        leading=leading,
+    )

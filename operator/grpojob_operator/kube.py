@@ -1,4 +1,6 @@
-"""The operator's writes to the Kubernetes API: create, replace and delete children, write the status.
+"""The operator's writes to the Kubernetes API: create, replace and delete children, write the status,
+post Events. Every write of the operator goes through `Kube` and is counted in `grpojob_api_writes_total`
+(Kopf itself writes nothing: no finalizer, no annotations, no Events).
 
 Thin and generic over kinds: the paths come from `RESOURCES`. A create that finds the object already
 there (HTTP 409) and a delete that finds it gone (404) are successes, which makes every pass
@@ -11,6 +13,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from kubernetes import client, config
@@ -43,18 +46,25 @@ RESOURCES: dict[str, Resource] = {
     "Job": Resource("batch", "v1", "jobs"),
     "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "NetworkPolicy": Resource("networking.k8s.io", "v1", "networkpolicies"),
     "RayCluster": Resource("ray.io", "v1", "rayclusters"),
     api.KIND: Resource(api.GROUP, api.VERSION, api.PLURAL),
+    "Event": Resource("", "v1", "events"),
 }
+EVENT_SOURCE = "grpojob-operator"
 
 
-def new_api_client() -> client.ApiClient:
-    """An API client from the in-cluster service account, or the kubeconfig outside a cluster."""
+def new_api_client(connections: int | None = None) -> client.ApiClient:
+    """An API client from the in-cluster service account, or the kubeconfig outside a cluster, keeping up to
+    ``connections`` connections open (the client's default without)."""
+    configuration = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+        config.load_kube_config(client_configuration=configuration)
+    if connections:
+        configuration.connection_pool_maxsize = connections
+    return client.ApiClient(configuration)
 
 
 class ApiError(Exception):
@@ -63,6 +73,15 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+
+    def is_stale_cache(self) -> bool:
+        """The object is not as the watch caches said: deleted (404) or created or replaced (409) meanwhile.
+        The next pass, on fresher caches, decides again."""
+        return self.status in (404, 409)
+
+    def is_transient(self) -> bool:
+        """Worth retrying as it is: the server's own trouble, a timeout, or throttling."""
+        return not 400 <= self.status < 500 or self.status in (408, 429)
 
 
 class Kube:
@@ -73,9 +92,11 @@ class Kube:
         self.writes = 0
         self.exit_after_writes = exit_after_writes
 
-    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    def _call(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json", kind: str = ""
+    ) -> Any:
         self.writes += 1
-        metrics.API_WRITES.labels(verb=method).inc()
+        metrics.API_WRITES.labels(verb=method, kind=kind).inc()
         request = self.api.param_serialize(
             method,
             path,
@@ -96,7 +117,9 @@ class Kube:
         """Create a child; False when it already exists."""
         meta = manifest["metadata"]
         try:
-            self._call("POST", RESOURCES[manifest["kind"]].collection(meta["namespace"]), manifest)
+            self._call(
+                "POST", RESOURCES[manifest["kind"]].collection(meta["namespace"]), manifest, kind=manifest["kind"]
+            )
         except ApiError as error:
             if error.status == 409:
                 return False
@@ -109,25 +132,54 @@ class Kube:
         meta = manifest["metadata"]
         path = f"{RESOURCES[manifest['kind']].collection(meta['namespace'])}/{meta['name']}"
         data: dict[str, Any] = {**dict.fromkeys(stale_keys), **manifest["data"]}
-        self._call("PATCH", path, {"data": data}, "application/merge-patch+json")
+        self._call("PATCH", path, {"data": data}, "application/merge-patch+json", manifest["kind"])
 
     def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge-patch a child: only the fields in ``patch`` change."""
         path = f"{RESOURCES[kind].collection(namespace)}/{name}"
-        self._call("PATCH", path, patch, "application/merge-patch+json")
+        self._call("PATCH", path, patch, "application/merge-patch+json", kind)
 
     def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> bool:
         """Delete a child; False when it was already gone."""
         path = f"{RESOURCES[kind].collection(namespace)}/{name}"
         try:
-            self._call("DELETE", path, {"propagationPolicy": propagation})
+            self._call("DELETE", path, {"propagationPolicy": propagation}, kind=kind)
         except ApiError as error:
             if error.status == 404:
                 return False
             raise
         return True
 
-    def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """The only status write of the operator (merge patch of the status subresource)."""
+    def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> str:
+        """The only status write of the operator (merge patch of the status subresource); returns the job's
+        new resourceVersion."""
         path = f"{RESOURCES[api.KIND].collection(namespace)}/{name}/status"
-        self._call("PATCH", path, {"status": status}, "application/merge-patch+json")
+        written = self._call("PATCH", path, {"status": status}, "application/merge-patch+json", f"{api.KIND}/status")
+        return str(((written or {}).get("metadata") or {}).get("resourceVersion", ""))
+
+    def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str, now: datetime) -> None:
+        """A Kubernetes Event about the GRPOJob ``job`` (its metadata as read)."""
+        meta = job["metadata"]
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": f"{api.GROUP}/{api.VERSION}",
+                "kind": api.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": EVENT_SOURCE},
+            "reportingComponent": EVENT_SOURCE,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self._call("POST", RESOURCES["Event"].collection(meta["namespace"]), event, kind="Event")

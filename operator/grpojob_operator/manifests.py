@@ -23,10 +23,9 @@ HUB_CACHE_MOUNT = "/data/hf-cache"
 CHECKPOINT_MOUNT = "/data/checkpoints"
 OUTPUT_MOUNT = "/data/output"
 TERMINATION_LOG = "/dev/termination-log"
+LOG_MOUNT = "/data/logs"
 NON_ROOT_UID = 1000
-# Ray 2.60 turns token authentication on by default, and KubeRay v1.5 cannot hand a token to the
-# pods it creates, so workers could not join the head: Ray's auth is off inside the job's cluster.
-RAY_ENV = [{"name": "RAY_AUTH_MODE", "value": "disabled"}]
+RAY_TMP_MOUNT = "/tmp"  # Ray's session directory (/tmp/ray) and the images' HOME and caches
 
 Manifest = dict[str, Any]
 
@@ -80,8 +79,50 @@ def container_security_context() -> Manifest:
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
+def read_only_container_security_context() -> Manifest:
+    """A container that writes only to its volumes (every image keeps HOME and caches under /tmp)."""
+    return {**container_security_context(), "readOnlyRootFilesystem": True}
+
+
+def ray_auth_env(job: api.GRPOJob) -> list[Manifest]:
+    """Every process of the job's Ray cluster (the Ray pods, the trainer, NeMo Gym pods that join it)
+    runs with token authentication and the job's token, from the Secret KubeRay creates for the
+    RayCluster. KubeRay would add the same to its own pods; they carry it explicitly so every pod reads
+    alike."""
+    job_name, _ = _job_ref(job)
+    secret = {"name": names.ChildNames(job_name).ray_token_secret, "key": endpoints.RAY_AUTH_TOKEN_SECRET_KEY}
+    return [
+        {"name": endpoints.RAY_AUTH_MODE, "value": endpoints.RAY_AUTH_MODE_TOKEN},
+        {"name": endpoints.RAY_AUTH_TOKEN, "valueFrom": {"secretKeyRef": secret}},
+    ]
+
+
 def service_dns(service: str, namespace: str, settings: OperatorSettings) -> str:
     return f"{service}.{namespace}.svc.{settings.cluster_domain}"
+
+
+def scheduled(template: Manifest, scheduling: api.PodScheduling) -> Manifest:
+    """A pod template with one role's scheduling (`spec.scheduling.<role>`) applied: node selector,
+    tolerations, affinity, priority class, scheduler, and extra labels and annotations under the
+    template's own (the operator's labels win)."""
+    metadata = dict(template.get("metadata", {}))
+    spec = dict(template["spec"])
+    if scheduling.labels:
+        metadata["labels"] = {**scheduling.labels, **metadata.get("labels", {})}
+    if scheduling.annotations:
+        metadata["annotations"] = {**scheduling.annotations, **metadata.get("annotations", {})}
+    if scheduling.node_selector:
+        spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **scheduling.node_selector}
+    if scheduling.tolerations:
+        own = [t.model_dump(by_alias=True, exclude_defaults=True) for t in scheduling.tolerations]
+        spec["tolerations"] = [*spec.get("tolerations", []), *own]
+    if scheduling.affinity is not None and scheduling.affinity.to_pod():
+        spec["affinity"] = scheduling.affinity.to_pod()
+    if scheduling.priority_class_name:
+        spec["priorityClassName"] = scheduling.priority_class_name
+    if scheduling.scheduler_name:
+        spec["schedulerName"] = scheduling.scheduler_name
+    return {**template, "metadata": metadata, "spec": spec}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -230,34 +271,38 @@ def build_model_download_job(job: api.GRPOJob, settings: OperatorSettings) -> Ma
         "metadata": _metadata(job, names.ChildNames(job_name).model_download, "model-download"),
         "spec": {
             "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "automountServiceAccountToken": False,
-                    "securityContext": pod_security_context(),
-                    "volumes": [
-                        {"name": "cache", "persistentVolumeClaim": {"claimName": model_cache_claim(job)}},
-                        {"name": "tmp", "emptyDir": {}},
-                    ],
-                    "containers": [
-                        {
-                            "name": "download",
-                            "image": job.spec.images.trainer or settings.default_trainer_image(),
-                            "command": command,
-                            "env": env,
-                            "terminationMessagePath": TERMINATION_LOG,
-                            "terminationMessagePolicy": "FallbackToLogsOnError",
-                            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
-                            "volumeMounts": [
-                                {"name": "cache", "mountPath": HUB_CACHE_MOUNT},
-                                {"name": "tmp", "mountPath": "/tmp"},
-                            ],
-                            "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
-                        }
-                    ],
+            # The download pod is placed as the trainer pod is (a CPU pod of the same image).
+            "template": scheduled(
+                {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "automountServiceAccountToken": False,
+                        "securityContext": pod_security_context(),
+                        "volumes": [
+                            {"name": "cache", "persistentVolumeClaim": {"claimName": model_cache_claim(job)}},
+                            {"name": "tmp", "emptyDir": {}},
+                        ],
+                        "containers": [
+                            {
+                                "name": "download",
+                                "image": job.spec.images.trainer or settings.default_trainer_image(),
+                                "command": command,
+                                "env": env,
+                                "terminationMessagePath": TERMINATION_LOG,
+                                "terminationMessagePolicy": "FallbackToLogsOnError",
+                                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+                                "volumeMounts": [
+                                    {"name": "cache", "mountPath": HUB_CACHE_MOUNT},
+                                    {"name": "tmp", "mountPath": "/tmp"},
+                                ],
+                                "securityContext": read_only_container_security_context(),
+                            }
+                        ],
+                    },
                 },
-            },
+                job.spec.scheduling.trainer,
+            ),
         },
     }
 
@@ -292,6 +337,34 @@ def checkpoint_volume(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest],
     return [_pvc_volume("checkpoints", pvc, read_only=False)], [mount], f"{CHECKPOINT_MOUNT}/{inside}"
 
 
+def log_volume(job: api.GRPOJob, *, read_only: bool) -> tuple[list[Manifest], list[Manifest], str]:
+    """The log claim's volume and mount (`api.log_claim`), and the job's log directory as a pod sees it.
+    Without a claim the logs stay in the pod's /tmp."""
+    pvc = api.log_claim(job.spec)
+    if pvc is None:
+        return [], [], f"/tmp/{api.log_dir(job)}"
+    mount = {"name": "logs", "mountPath": LOG_MOUNT, "readOnly": read_only}
+    if pvc.path:
+        mount["subPath"] = pvc.path
+    inside = api.log_dir(job).lstrip("/")
+    return [_pvc_volume("logs", pvc, read_only=read_only)], [mount], f"{LOG_MOUNT}/{inside}"
+
+
+def attempt_log_dir(log_dir: str, attempt: int) -> str:
+    """The run directory of one trainer attempt inside the job's log directory (a TensorBoard run)."""
+    return f"{log_dir}/attempt-{attempt}"
+
+
+def _ray_scratch_volumes() -> list[Manifest]:
+    return [{"name": "tmp", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}}]
+
+
+def _ray_scratch_mounts() -> list[Manifest]:
+    """Where a Ray container writes, its root filesystem being read-only: /tmp (Ray's session
+    directory /tmp/ray, HOME and caches) and /dev/shm (the object store)."""
+    return [{"name": "tmp", "mountPath": RAY_TMP_MOUNT}, {"name": "shm", "mountPath": "/dev/shm"}]
+
+
 def _worker_group(
     job: api.GRPOJob, group: str, replicas: int, gpus: int, image: str, ports: list[Manifest]
 ) -> Manifest:
@@ -313,25 +386,33 @@ def _worker_group(
         # A custom Ray resource per group lets the trainer place its actors on the right pods. KubeRay
         # pastes the value into a shell command line, so it is single-quoted, as KubeRay quotes its own.
         "rayStartParams": {"resources": f"'{json.dumps({group: resource_units})}'"},
-        "template": {
-            "metadata": {"labels": labels},
-            "spec": {
-                "securityContext": pod_security_context(),
-                "volumes": [*volumes, {"name": "shm", "emptyDir": {"medium": "Memory"}}],
-                "containers": [
-                    {
-                        "name": "ray-worker",
-                        "image": image,
-                        "env": [*RAY_ENV, *hub_env(job)],
-                        "resources": _worker_resources(gpus),
-                        "ports": ports,
-                        "volumeMounts": [*mounts, {"name": "shm", "mountPath": "/dev/shm"}],
-                        "securityContext": container_security_context(),
-                    }
-                ],
+        "template": scheduled(
+            {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "securityContext": pod_security_context(),
+                    "automountServiceAccountToken": False,
+                    "volumes": [*volumes, *_ray_scratch_volumes()],
+                    "containers": [
+                        {
+                            "name": "ray-worker",
+                            "image": image,
+                            "env": [*ray_auth_env(job), *hub_env(job)],
+                            "resources": _worker_resources(gpus),
+                            "ports": ports,
+                            "volumeMounts": [*mounts, *_ray_scratch_mounts()],
+                            "securityContext": read_only_container_security_context(),
+                        }
+                    ],
+                },
             },
-        },
+            _role_scheduling(job, group),
+        ),
     }
+
+
+def _role_scheduling(job: api.GRPOJob, group: str) -> api.PodScheduling:
+    return job.spec.scheduling.generation if group == endpoints.GENERATION_GROUP else job.spec.scheduling.policy
 
 
 def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
@@ -347,33 +428,43 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
         "metadata": _metadata(job, names_.raycluster, "ray"),
         "spec": {
             "rayVersion": settings.ray_version,
+            # KubeRay creates the Secret `names.ChildNames.ray_token_secret` with a random token and hands
+            # it to the Ray pods; the operator hands it to the trainer and the NeMo Gym pods.
+            "authOptions": {"mode": "token"},
             "enableInTreeAutoscaling": False,
             "headGroupSpec": {
                 "serviceType": "ClusterIP",
                 "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
-                "template": {
-                    "metadata": {"labels": _labels(job, "ray-head")},
-                    "spec": {
-                        "securityContext": pod_security_context(),
-                        "containers": [
-                            {
-                                "name": "ray-head",
-                                "image": image,
-                                "env": [*RAY_ENV, *hub_env(job)],
-                                "resources": {
-                                    "requests": {"cpu": "2", "memory": "8Gi"},
-                                    "limits": {"memory": "8Gi"},
-                                },
-                                "ports": [
-                                    {"name": "gcs", "containerPort": endpoints.GCS_PORT},
-                                    {"name": "dashboard", "containerPort": endpoints.DASHBOARD_PORT},
-                                    {"name": "client", "containerPort": endpoints.RAY_CLIENT_PORT},
-                                ],
-                                "securityContext": container_security_context(),
-                            }
-                        ],
+                "template": scheduled(
+                    {
+                        "metadata": {"labels": _labels(job, "ray-head")},
+                        "spec": {
+                            "securityContext": pod_security_context(),
+                            # Ray pods need no Kubernetes API token (no autoscaler): none is mounted.
+                            "automountServiceAccountToken": False,
+                            "volumes": _ray_scratch_volumes(),
+                            "containers": [
+                                {
+                                    "name": "ray-head",
+                                    "image": image,
+                                    "env": [*ray_auth_env(job), *hub_env(job)],
+                                    "resources": {
+                                        "requests": {"cpu": "2", "memory": "8Gi"},
+                                        "limits": {"memory": "8Gi"},
+                                    },
+                                    "ports": [
+                                        {"name": "gcs", "containerPort": endpoints.GCS_PORT},
+                                        {"name": "dashboard", "containerPort": endpoints.DASHBOARD_PORT},
+                                        {"name": "client", "containerPort": endpoints.RAY_CLIENT_PORT},
+                                    ],
+                                    "volumeMounts": _ray_scratch_mounts(),
+                                    "securityContext": read_only_container_security_context(),
+                                }
+                            ],
+                        },
                     },
-                },
+                    job.spec.scheduling.head,
+                ),
             },
             "workerGroupSpecs": [
                 _worker_group(
@@ -430,6 +521,30 @@ def build_generation_service(job: api.GRPOJob) -> Manifest:
             "selector": {names.RAY_CLUSTER_LABEL: job_name, names.RAY_GROUP_LABEL: endpoints.GENERATION_GROUP},
             "ports": [{"name": "http", "port": endpoints.GENERATION_PORT, "targetPort": endpoints.GENERATION_PORT}],
             "publishNotReadyAddresses": False,
+        },
+    }
+
+
+def build_network_policy(job: api.GRPOJob) -> Manifest:
+    """Only the job's own pods reach the job's pods: the Ray head's GCS, dashboard and client ports,
+    Ray's ports between nodes, the generation servers and the environments. The job's pods select each
+    other by name and uid; traffic out of them is not restricted. Open to anyone: the ports meant for
+    readers outside the job, the trainer's metrics (Prometheus) and TensorBoard (Ray listens on
+    neither)."""
+    job_name, _ = _job_ref(job)
+    own = owner_reference(job)
+    pods = {names.JOB_LABEL: job_name, names.JOB_UID_LABEL: own["uid"]}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, names.ChildNames(job_name).network_policy, "network"),
+        "spec": {
+            "podSelector": {"matchLabels": pods},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": pods}}]},
+                {"ports": [{"port": endpoints.TRAINER_METRICS_PORT}, {"port": endpoints.TENSORBOARD_PORT}]},
+            ],
         },
     }
 
@@ -529,7 +644,7 @@ def build_environment_deployment(job: api.GRPOJob, env: api.EnvironmentSpec, set
         "ports": [{"name": "http", "containerPort": env.port}],
         "readinessProbe": {"httpGet": {"path": "/", "port": env.port}, "periodSeconds": 5},
         "resources": env.resources.model_dump(exclude_defaults=False),
-        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "securityContext": read_only_container_security_context(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     if env.command:
@@ -543,15 +658,18 @@ def build_environment_deployment(job: api.GRPOJob, env: api.EnvironmentSpec, set
         "spec": {
             "replicas": env.replicas,
             "selector": {"matchLabels": selector},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "securityContext": pod_security_context(),
-                    "automountServiceAccountToken": False,
-                    "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+            "template": scheduled(
+                {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "securityContext": pod_security_context(),
+                        "automountServiceAccountToken": False,
+                        "containers": [container],
+                        "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    },
                 },
-            },
+                job.spec.scheduling.environments,
+            ),
         },
     }
 
@@ -585,7 +703,7 @@ def build_nemo_gym_deployment(
         "command": nemo_gym.COMMAND,
         "workingDir": nemo_gym.WORK_DIR,
         "env": [
-            *RAY_ENV,
+            *ray_auth_env(job),
             {"name": "HOME", "value": nemo_gym.WORK_DIR},
             {"name": "PORT", "value": str(env.port)},
             {"name": "POLICY_MODEL_NAME", "value": job.spec.model.served_model_name},
@@ -595,7 +713,7 @@ def build_nemo_gym_deployment(
         "ports": [{"name": "http", "containerPort": env.port}],
         "readinessProbe": {"httpGet": {"path": "/", "port": env.port}, "periodSeconds": 5},
         "resources": env.resources.model_dump(exclude_defaults=False),
-        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "securityContext": read_only_container_security_context(),
         "volumeMounts": [
             {"name": "config", "mountPath": nemo_gym.CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": nemo_gym.WORK_DIR},
@@ -610,19 +728,22 @@ def build_nemo_gym_deployment(
         "spec": {
             "replicas": env.replicas,
             "selector": {"matchLabels": selector},
-            "template": {
-                "metadata": {"labels": {**_labels(job, "environment"), **selector}, "annotations": annotations},
-                "spec": {
-                    "securityContext": pod_security_context(),
-                    "automountServiceAccountToken": False,
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "config", "configMap": {"name": child.nemo_gym_config(env.name)}},
-                        {"name": "tmp", "emptyDir": {}},
-                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": nemo_gym.SHM_SIZE}},
-                    ],
+            "template": scheduled(
+                {
+                    "metadata": {"labels": {**_labels(job, "environment"), **selector}, "annotations": annotations},
+                    "spec": {
+                        "securityContext": pod_security_context(),
+                        "automountServiceAccountToken": False,
+                        "containers": [container],
+                        "volumes": [
+                            {"name": "config", "configMap": {"name": child.nemo_gym_config(env.name)}},
+                            {"name": "tmp", "emptyDir": {}},
+                            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": nemo_gym.SHM_SIZE}},
+                        ],
+                    },
                 },
-            },
+                job.spec.scheduling.environments,
+            ),
         },
     }
 
@@ -703,17 +824,20 @@ def build_trainer_job(
     dataset_volumes, dataset_mounts, dataset_path = _dataset_volume(job)
     _, _, checkpoint_dir = checkpoint_volume(job)
     _, _, output_dir = output_volume(job)
+    log_volumes, log_mounts, log_dir = log_volume(job, read_only=False)
     volumes = [
         {"name": "config", "configMap": {"name": child.config}},
         {"name": "tmp", "emptyDir": {}},
         *model_volumes,
         *dataset_volumes,
+        *log_volumes,
     ]
     mounts = [
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
         *model_mounts,
         *dataset_mounts,
+        *log_mounts,
     ]
     volumes, mounts = share_claims(volumes, mounts)
     labels = {**_labels(job, "trainer"), **attempt_label}
@@ -723,43 +847,129 @@ def build_trainer_job(
         "metadata": _metadata(job, child.trainer, "trainer", attempt_label),
         "spec": {
             "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "serviceAccountName": child.trainer,
-                    "securityContext": pod_security_context(),
-                    "volumes": volumes,
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": job.spec.images.trainer or settings.default_trainer_image(),
-                            "command": ["grpojob", "train", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
-                            "envFrom": _endpoints_env_from(job),
-                            "env": [
-                                *RAY_ENV,
-                                *hub_env(job),
-                                *endpoints.TrainerEnv(
-                                    progress_config_map=child.progress,
-                                    model_path=model_path(job, model_commit),
-                                    dataset_path=dataset_path,
-                                    checkpoint_dir=checkpoint_dir,
-                                    output_dir=output_dir,
-                                ).env(),
-                                {
-                                    "name": endpoints.POD_NAMESPACE,
-                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            "template": scheduled(
+                {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "serviceAccountName": child.trainer,
+                        "securityContext": pod_security_context(),
+                        "volumes": volumes,
+                        "containers": [
+                            {
+                                "name": "trainer",
+                                "image": job.spec.images.trainer or settings.default_trainer_image(),
+                                "command": ["grpojob", "train", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+                                "envFrom": [*_endpoints_env_from(job), *tracking_env_from(job)],
+                                "env": [
+                                    *ray_auth_env(job),
+                                    *hub_env(job),
+                                    *endpoints.TrainerEnv(
+                                        progress_config_map=child.progress,
+                                        model_path=model_path(job, model_commit),
+                                        dataset_path=dataset_path,
+                                        checkpoint_dir=checkpoint_dir,
+                                        output_dir=output_dir,
+                                        log_dir=attempt_log_dir(log_dir, attempt),
+                                        metrics_port=endpoints.TRAINER_METRICS_PORT,
+                                    ).env(),
+                                    {
+                                        "name": endpoints.POD_NAMESPACE,
+                                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+                                    },
+                                    *tracking_env(job),
+                                ],
+                                "ports": [{"name": "metrics", "containerPort": endpoints.TRAINER_METRICS_PORT}],
+                                "resources": {
+                                    "requests": {"cpu": "2", "memory": "8Gi"},
+                                    "limits": {"memory": "8Gi"},
                                 },
-                            ],
-                            "resources": {
-                                "requests": {"cpu": "2", "memory": "8Gi"},
-                                "limits": {"memory": "8Gi"},
-                            },
-                            "volumeMounts": mounts,
-                            "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
-                        }
-                    ],
+                                "volumeMounts": mounts,
+                                "securityContext": read_only_container_security_context(),
+                            }
+                        ],
+                    },
+                },
+                job.spec.scheduling.trainer,
+            ),
+        },
+    }
+
+
+def tracking_env(job: api.GRPOJob) -> list[Manifest]:
+    """The trainer's secret environment variables for W&B (`WANDB_API_KEY` from its Secret); the rest of
+    `spec.logging` the trainer reads from the job itself."""
+    wandb = job.spec.logging.wandb
+    if wandb is None or wandb.api_key_secret is None:
+        return []
+    ref = wandb.api_key_secret
+    return [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def tracking_env_from(job: api.GRPOJob) -> list[Manifest]:
+    """MLflow's credentials: every key of `spec.logging.mlflow.credentialsSecret` as an environment variable."""
+    mlflow = job.spec.logging.mlflow
+    if mlflow is None or mlflow.credentials_secret is None:
+        return []
+    return [{"secretRef": {"name": mlflow.credentials_secret}}]
+
+
+# ------------------------------------------------------------------------------------------------
+# TensorBoard
+
+
+def _tensorboard_selector(job: api.GRPOJob) -> dict[str, str]:
+    job_name, _ = _job_ref(job)
+    return {names.JOB_LABEL: job_name, names.COMPONENT_LABEL: "tensorboard"}
+
+
+def build_tensorboard_deployment(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
+    """TensorBoard over the job's log directory (every attempt's run), on the log claim mounted read-only,
+    from the trainer image (which has TensorBoard)."""
+    job_name, _ = _job_ref(job)
+    volumes, mounts, log_dir = log_volume(job, read_only=True)
+    selector = _tensorboard_selector(job)
+    port = endpoints.TENSORBOARD_PORT
+    container: Manifest = {
+        "name": "tensorboard",
+        "image": job.spec.images.trainer or settings.default_trainer_image(),
+        "command": ["tensorboard", f"--logdir={log_dir}", "--host=0.0.0.0", f"--port={port}"],
+        "ports": [{"name": "http", "containerPort": port}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 5},
+        "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "volumeMounts": [*mounts, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(job, names.ChildNames(job_name).tensorboard, "tensorboard"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": {**_labels(job, "tensorboard"), **selector}},
+                "spec": {
+                    "securityContext": pod_security_context(),
+                    "automountServiceAccountToken": False,
+                    "containers": [container],
+                    "volumes": [*volumes, {"name": "tmp", "emptyDir": {}}],
                 },
             },
+        },
+    }
+
+
+def build_tensorboard_service(job: api.GRPOJob) -> Manifest:
+    """`<job>-tensorboard`: `kubectl port-forward svc/<job>-tensorboard 6006`."""
+    job_name, _ = _job_ref(job)
+    port = endpoints.TENSORBOARD_PORT
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, names.ChildNames(job_name).tensorboard, "tensorboard"),
+        "spec": {
+            "selector": _tensorboard_selector(job),
+            "ports": [{"name": "http", "port": port, "targetPort": port}],
         },
     }

@@ -22,7 +22,12 @@ HEAD_READY_SECONDS = Histogram(
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
 )
 
-API_WRITES = Counter("grpojob_api_writes_total", "API requests of the operator that write (not Kopf's own)", ["verb"])
+API_WRITES = Counter(
+    "grpojob_api_writes_total",
+    "API requests of the operator that write, by verb and kind (`GRPOJob/status`, `Event`, a child's kind); "
+    "Kopf itself writes nothing",
+    ["verb", "kind"],
+)
 
 _phases: dict[tuple[str, str], Phase] = {}
 _head_ready_seen: set[tuple[str, str]] = set()

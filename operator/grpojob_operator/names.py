@@ -43,6 +43,16 @@ class ChildNames:
         return f"{self.job}-head-svc"
 
     @property
+    def ray_token_secret(self) -> str:
+        """The Secret holding the job's Ray token, which KubeRay creates for the RayCluster (named like it)."""
+        return self.raycluster
+
+    @property
+    def network_policy(self) -> str:
+        """The NetworkPolicy that lets only the job's own pods reach them."""
+        return f"{self.job}-network"
+
+    @property
     def config(self) -> str:
         return f"{self.job}-config"
 
@@ -73,6 +83,11 @@ class ChildNames:
     def model_cache(self) -> str:
         """The PersistentVolumeClaim the job creates as its hub cache when `spec.model.cache` names none."""
         return f"{self.job}-model-cache"
+
+    @property
+    def tensorboard(self) -> str:
+        """TensorBoard's Deployment and Service (`spec.logging.tensorboard`)."""
+        return f"{self.job}-tensorboard"
 
     def environment(self, environment: str) -> str:
         """Deployment and Service of one environment."""

@@ -43,9 +43,21 @@ class OperatorSettings(BaseModel):
     """Longest time between two reconcile passes of a job. A change of the job or of any of its children
     starts a pass at once; this interval catches what no event announces (deadlines, grace periods,
     TTLs). Reads come from watch caches, so a pass costs no API call unless something must change."""
+    reconcile_workers: int = Field(default=16, ge=1, le=256)
+    """Reconcile passes that may run at once (threads; twice as many for the writes they send at once, and
+    three times as many API connections). A pass spends most of its time waiting for the API server's answers,
+    so more than the cores."""
     pod_failure_grace_seconds: float = Field(default=120.0, ge=0)
     """How long a child pod may sit in ImagePullBackOff, ErrImagePull or CrashLoopBackOff before the job
     fails."""
+    leader_election_namespace: str | None = None
+    """Namespace of the Lease that elects the one replica that reconciles (the chart sets its own namespace);
+    unset, this process reconciles at once and alone."""
+    leader_election_lease: str = "grpojob-operator"
+    """Name of that Lease."""
+    lease_duration_seconds: float = Field(default=15.0, gt=0)
+    """How long a standby waits, after the leader's last renewal, before it takes over. The leader renews every
+    third of it and exits if it could not renew for two thirds of it, before any standby may take over."""
     exit_after_writes: int | None = Field(default=None, ge=1)
     """Fault injection for tests: exit abruptly right after this many API writes, as if killed."""
 

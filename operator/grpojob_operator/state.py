@@ -1,30 +1,37 @@
 """The GRPOJob state machine, in one place: from the job and what is observed of its children to the
-actions to take and the status to write. Pure: no API calls, no clock (``now`` is an argument).
+actions to take and the status to write. Pure: no API calls, no clock (``now`` is an argument); the
+one memo (`_config_map`) only saves recomputing.
 
     Pending ─▶ Initializing ─▶ Running ─▶ Succeeded
                    │   ▲          │
-                   │   └─ retry ──┤ (trainer failed, attempt ≤ backoffLimit)
+                   │   └─ retry ──┤ (trainer failed or stalled, attempt ≤ backoffLimit)
                    ▼              ▼
                  Failed ◀──── Failed (InvalidSpec, DeadlineExceeded, a stuck pod, BackoffLimitExceeded)
     any non-terminal phase ◀─▶ Suspended (spec.suspend)
 
-Order of the children: for a hub model (`spec.model.id`), first its cache claim (unless the spec
-names one) and the download Job `<job>-model`, whose pod reports the commit it resolved (kept in
-`status.modelCommit`; ModelReady); nothing else starts before it, and a failed download (an unknown
-id, a missing token) fails the job with the download's reason (ModelNotFound, ModelAccessDenied, ...).
-Then the RayCluster, `<job>-config`, `<job>-generation` (and the trainer's progress ConfigMap and
-RBAC) → wait for the RayCluster's HeadPodReady condition and a head pod with an IP → write
-`<job>-endpoints` → environment Deployments/Services and the trainer Job, which read the endpoints
-with envFrom. A NeMo Gym environment's config (`<job>-env-<name>-nemo-gym`) is written
-from the endpoints before its Deployment, and a new head rolls its pods (`_nemo_gym_actions`). A
-retry first records the new attempt in the status, then deletes the old trainer Job with foreground
-propagation (its pods go first), then creates the next one, so an operator restarted between any two
-of those steps neither loses nor repeats an attempt.
+A running attempt whose step has not advanced for `spec.progressDeadlineSeconds` (counted from its
+trainer's start, then from each new step) is stalled: condition Stalled, and it is retried as failed.
+
+Order of the children: the NetworkPolicy (before any pod of the job exists); for a hub model
+(`spec.model.id`), its cache claim (unless the spec names one) and the download Job `<job>-model`,
+whose pod reports the commit it resolved (kept in `status.modelCommit`; ModelReady); nothing else
+starts before it, and a failed download (an unknown id, a missing token) fails the job with the
+download's reason (ModelNotFound, ModelAccessDenied, ...). Then the RayCluster, `<job>-config`,
+`<job>-generation` (and the trainer's progress ConfigMap and RBAC) → wait for the RayCluster's
+HeadPodReady condition and a head pod with an IP → write `<job>-endpoints` → environment
+Deployments/Services and the trainer Job, which read the endpoints with envFrom. A NeMo Gym
+environment's config (`<job>-env-<name>-nemo-gym`) is written from the endpoints before its
+Deployment, and a new head rolls its pods (`_nemo_gym_actions`). A retry first records the new
+attempt in the status, then deletes the old trainer Job with foreground propagation (its pods go
+first), then creates the next one, so an operator restarted between any two of those steps neither
+loses nor repeats an attempt.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -125,20 +132,35 @@ def condition(status: api.GRPOJobStatus, kind: ConditionType) -> api.Condition |
 
 
 def transition_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
-    """One Event for each condition that changed status or reason, and for each phase change."""
-    events = []
-    before = {c.type: (c.status, c.reason) for c in old.conditions}
-    for c in new.conditions:
-        if before.get(c.type) != (c.status, c.reason):
-            bad = (c.type == ConditionType.FAILED.value and c.status == "True") or c.reason in _WARNING_REASONS
-            events.append(Event("Warning" if bad else "Normal", c.reason, f"{c.type} is {c.status}: {c.message}"))
-    if old.phase != new.phase:
-        kind = "Warning" if new.phase == Phase.FAILED else "Normal"
-        events.append(Event(kind, f"Phase{new.phase.value}", f"phase {old.phase.value} → {new.phase.value}"))
+    """An Event when a run ends, breaks or is paused: the job succeeded or failed (``Phase<phase>``), the
+    trainer failed and is retried (a Warning ``TrainerFailed``), the job was suspended or resumed.
+
+    Each Event is an API write, and the way to Running (Initializing, the head ready, the endpoints, the
+    trainer) is in the status already, one condition each with its lastTransitionTime; so that way posts
+    none, and a job reaches Running within its write budget (tests/integration/operator/test_writes.py)."""
+    if old.phase == new.phase:
+        return []
+    events = _stall_events(old, new)
+    if new.attempt > old.attempt > 0:
+        trainer = condition(new, ConditionType.TRAINER_RUNNING)
+        message = trainer.message if trainer else f"retrying (attempt {new.attempt})"
+        return [*events, Event("Warning", "TrainerFailed", message)]
+    message = f"phase {old.phase.value} → {new.phase.value}" + (f": {new.message}" if new.message else "")
+    if new.phase == Phase.FAILED:
+        return [*events, Event("Warning", "PhaseFailed", message)]
+    if new.phase in (Phase.SUCCEEDED, Phase.SUSPENDED):
+        return [Event("Normal", f"Phase{new.phase.value}", message)]
+    if old.phase == Phase.SUSPENDED:
+        return [Event("Normal", "Resumed", f"phase {old.phase.value} → {new.phase.value}")]
     return events
 
 
-_WARNING_REASONS = {"TrainerFailed", "HeadPodNotReady"}
+def _stall_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
+    """A Warning when the attempt has just been found stalled (condition Stalled turned True)."""
+    stalled, before = condition(new, ConditionType.STALLED), condition(old, ConditionType.STALLED)
+    if stalled is None or stalled.status != "True" or (before is not None and before.status == "True"):
+        return []
+    return [Event("Warning", "NoProgress", stalled.message)]
 
 
 def reject(plan: Plan, message: str, now: datetime) -> Plan:
@@ -178,7 +200,7 @@ def plan(body: dict[str, Any], observed: Observed, settings: OperatorSettings, n
             _suspend(job, result, observed, now)
         else:
             _advance(job, result, observed, settings, now)
-    result.events = transition_events(old, status) + result.events
+    result.events = transition_events(old, status)
     return result
 
 
@@ -207,6 +229,7 @@ def _child_deletions(job: api.GRPOJob, observed: Observed, *, trainer: bool) -> 
             candidates.append(Delete("v1", "ConfigMap", child.nemo_gym_config(env.name)))
     if trainer:
         candidates.append(Delete("batch/v1", "Job", child.trainer, "Foreground"))
+        candidates += _tensorboard_deletions(child)
     return [d for d in candidates if observed.has(d.kind, d.name) and not _deleting(observed.get(d.kind, d.name))]
 
 
@@ -230,6 +253,7 @@ def _suspend(job: api.GRPOJob, plan_: Plan, observed: Observed, now: datetime) -
     status.phase = Phase.SUSPENDED
     status.reason, status.message = "Suspended", "spec.suspend is true"
     status.start_time = None  # like a Kubernetes Job, activeDeadlineSeconds restarts on resume
+    status.progress_time = None  # and so does progressDeadlineSeconds, from the new trainer's start
     set_condition(status, ConditionType.SUSPENDED, True, "Suspended", "spec.suspend is true", now)
     set_condition(status, ConditionType.RAY_CLUSTER_READY, False, "Suspended", "the job is suspended", now)
     set_condition(status, ConditionType.ENDPOINTS_PUBLISHED, False, "Suspended", "the job is suspended", now)
@@ -263,6 +287,11 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
         _fail(plan_, *stuck, now)
         return
 
+    # The NetworkPolicy goes first: the job's pods are never reachable from outside the job.
+    policy = manifests.build_network_policy(job)
+    if not observed.has("NetworkPolicy", child.network_policy):
+        plan_.actions.append(Create(policy))
+
     # 0. A hub model is downloaded before any pod that loads it starts.
     if not _model_ready(job, plan_, observed, settings, now):
         return
@@ -272,10 +301,11 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     cluster_manifest = manifests.build_raycluster(job, settings)
     if not observed.has("RayCluster", child.raycluster):
         plan_.actions.append(Create(cluster_manifest))
-    plan_.actions += _config_map_actions(manifests.build_config_map(job), observed)
+    plan_.actions += _config_map_actions(_config_map(job), observed)
     rest = [manifests.build_generation_service(job), manifests.build_progress(job), *manifests.build_trainer_rbac(job)]
     plan_.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
-    _read_progress(job, status, observed.get("ConfigMap", child.progress))
+    plan_.actions += _tensorboard_actions(job, observed, settings)
+    _read_progress(job, status, observed.get("ConfigMap", child.progress), now)
     trainer: TrainerJobInfo | None = observed.get("Job", child.trainer)
     if trainer is not None:
         status.attempt = max(status.attempt, trainer.attempt)  # a status rebuilt from scratch
@@ -289,8 +319,9 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
         cluster = None
     head = observed.head_pod()
     if cluster is None or not cluster.head_pod_ready or head is None:
-        reason = "WaitingForRayCluster" if cluster is None else "HeadPodNotReady"
-        message = "waiting for the Ray head pod"
+        # One reason from the RayCluster's creation to its ready head, so that its progress through KubeRay's
+        # states costs no status write; only what the user must see (a pod that cannot be placed) does.
+        reason, message = "WaitingForRayHead", "waiting for the Ray head pod"
         unplaced = [p for p in observed.pods() if p.unschedulable and not p.deleting]
         if unplaced:
             # Not a failure (capacity may come: an autoscaler, a queue), but the user should see why.
@@ -300,10 +331,8 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
         if not (trainer_running and trainer_running.status == "True"):
             status.phase = Phase.INITIALIZING
         return
-    workers = f"{cluster.ready_workers}/{cluster.desired_workers} workers ready"
-    set_condition(
-        status, ConditionType.RAY_CLUSTER_READY, True, "HeadPodReady", f"head pod {head.name}; {workers}", now
-    )
+    # The workers' count is not in the message: each worker's start would be a status write.
+    set_condition(status, ConditionType.RAY_CLUSTER_READY, True, "HeadPodReady", f"head pod {head.name}", now)
 
     # 3. Publish the endpoints (again, when the head pod or the attempt changed).
     status.attempt = max(status.attempt, 1)
@@ -350,6 +379,24 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     _advance_trainer(job, plan_, observed, settings, now)
 
 
+def _tensorboard_deletions(child: names.ChildNames) -> list[Delete]:
+    return [Delete("apps/v1", "Deployment", child.tensorboard), Delete("v1", "Service", child.tensorboard)]
+
+
+def _tensorboard_actions(job: api.GRPOJob, observed: Observed, settings: OperatorSettings) -> list[Action]:
+    """TensorBoard follows `spec.logging.tensorboard`: created when it is true (it needs no address, and
+    shows each attempt's run as it appears), deleted when it is turned off."""
+    child = names.ChildNames(job.metadata.name)
+    if not job.spec.logging.tensorboard:
+        return [
+            d
+            for d in _tensorboard_deletions(child)
+            if observed.has(d.kind, d.name) and not _deleting(observed.get(d.kind, d.name))
+        ]
+    wanted = [manifests.build_tensorboard_deployment(job, settings), manifests.build_tensorboard_service(job)]
+    return [Create(m) for m in wanted if not observed.has(m["kind"], m["metadata"]["name"])]
+
+
 def _nemo_gym_actions(
     job: api.GRPOJob,
     env: api.EnvironmentSpec,
@@ -371,6 +418,30 @@ def _nemo_gym_actions(
         patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
         actions.append(Patch("apps/v1", "Deployment", current.name, patch))
     return actions
+
+
+_CONFIG_MAPS: OrderedDict[tuple[str, ...], dict[str, Any]] = OrderedDict()
+_CONFIG_MAPS_LOCK = threading.Lock()
+_CONFIG_MAPS_KEPT = 4096
+
+
+def _config_map(job: api.GRPOJob) -> dict[str, Any]:
+    """`manifests.build_config_map`, remembered per job and spec: rendering the config as YAML is nine tenths
+    of a pass that changes nothing (PyYAML is pure Python), and passes run every few seconds per job.
+    The manifest returned is shared: never change it."""
+    meta = job.metadata
+    key = (meta.uid or "", meta.namespace or "", meta.name, job.spec.model_dump_json())
+    with _CONFIG_MAPS_LOCK:
+        known = _CONFIG_MAPS.get(key)
+        if known is not None:
+            _CONFIG_MAPS.move_to_end(key)
+            return known
+    manifest = manifests.build_config_map(job)
+    with _CONFIG_MAPS_LOCK:
+        _CONFIG_MAPS[key] = manifest
+        while len(_CONFIG_MAPS) > _CONFIG_MAPS_KEPT:
+            _CONFIG_MAPS.popitem(last=False)
+    return manifest
 
 
 def _config_map_actions(manifest: dict[str, Any], observed: Observed) -> list[Action]:
@@ -407,7 +478,7 @@ def _advance_trainer(
             waiting("RestartingTrainer", f"waiting for pods of the previous attempt to go: {', '.join(leftovers)}")
             return
         plan_.actions.append(Create(manifests.build_trainer_job(job, settings, status.attempt, status.model_commit)))
-        waiting("TrainerCreated", f"created {child.trainer} (attempt {status.attempt})")
+        waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
         return
     if trainer.complete:
         status.phase = Phase.SUCCEEDED
@@ -417,21 +488,18 @@ def _advance_trainer(
         set_condition(status, ConditionType.COMPLETE, True, "Completed", status.message, now)
         return
     if trainer.failed:
-        cause = _trainer_failure(trainer, pods)
-        allowed = job.spec.backoff_limit + 1
-        if status.attempt < allowed:
-            message = f"attempt {status.attempt} of {allowed} failed: {cause}; retrying"
-            status.attempt += 1
-            set_condition(status, ConditionType.TRAINER_RUNNING, False, "TrainerFailed", message, now)
-            status.phase = Phase.INITIALIZING
-        else:
-            limit = job.spec.backoff_limit
-            message = f"the trainer failed {status.attempt} times (spec.backoffLimit is {limit}); last: {cause}"
-            _fail(plan_, "BackoffLimitExceeded", message, now)
+        _retry_or_fail(job, plan_, _trainer_failure(trainer, pods), now)
         return
     current = [p for p in pods if p.attempt == status.attempt and not p.deleting]
     running = [p for p in current if p.phase == "Running"]
     exited = [p for p in current if p.phase in ("Succeeded", "Failed")]
+    if running:
+        status.progress_time = status.progress_time or now  # the deadline counts from the trainer's start
+        stall = _stall(job, status, now)
+        if stall is not None:
+            set_condition(status, ConditionType.STALLED, True, "NoProgress", stall, now)
+            _retry_or_fail(job, plan_, stall, now)
+            return
     if running or exited:
         # A pod that has ended before the Job controller's verdict (complete or failed) keeps the job
         # running, not back to Initializing, until that verdict comes.
@@ -446,6 +514,37 @@ def _advance_trainer(
         waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
 
 
+def _retry_or_fail(job: api.GRPOJob, plan_: Plan, cause: str, now: datetime) -> None:
+    """The current attempt failed: start the next one (the next pass replaces the trainer Job), or fail
+    the job when `spec.backoffLimit` retries are used up."""
+    status = plan_.status
+    allowed = job.spec.backoff_limit + 1
+    if status.attempt < allowed:
+        message = f"attempt {status.attempt} of {allowed} failed: {cause}; retrying"
+        status.attempt += 1
+        status.progress_time = None
+        set_condition(status, ConditionType.TRAINER_RUNNING, False, "TrainerFailed", message, now)
+        status.phase = Phase.INITIALIZING
+    else:
+        limit = job.spec.backoff_limit
+        message = f"the trainer failed {status.attempt} times (spec.backoffLimit is {limit}); last: {cause}"
+        _fail(plan_, "BackoffLimitExceeded", message, now)
+
+
+def _stall(job: api.GRPOJob, status: api.GRPOJobStatus, now: datetime) -> str | None:
+    """Why the running attempt counts as stalled (its step has not advanced within
+    `spec.progressDeadlineSeconds`), or None."""
+    deadline = job.spec.progress_deadline_seconds
+    since = status.progress_time
+    if deadline is None or since is None or now < since + timedelta(seconds=deadline):
+        return None
+    last = "no step finished" if status.step is None else f"step {status.step} was the last"
+    return (
+        f"the trainer made no progress for {deadline}s (spec.progressDeadlineSeconds): {last}, "
+        f"last progress at {since.isoformat(timespec='seconds')}"
+    )
+
+
 def _trainer_failure(trainer: TrainerJobInfo, pods: list[PodInfo]) -> str:
     for pod in pods:
         if pod.attempt == trainer.attempt:
@@ -457,11 +556,17 @@ def _trainer_failure(trainer: TrainerJobInfo, pods: list[PodInfo]) -> str:
     return trainer.failure_message or "the trainer Job failed"
 
 
-def _read_progress(job: api.GRPOJob, status: api.GRPOJobStatus, progress: ConfigMapInfo | None) -> None:
-    """Copy the trainer's reported step, mean reward and exported model into the status."""
+def _read_progress(job: api.GRPOJob, status: api.GRPOJobStatus, progress: ConfigMapInfo | None, now: datetime) -> None:
+    """Copy the trainer's reported step, mean reward and exported model into the status; a new step is
+    progress."""
     if progress is not None:
         report = parse_progress(progress.as_dict())
         if report is not None:
+            if report.step != status.step:
+                status.progress_time = now
+                stalled = condition(status, ConditionType.STALLED)
+                if stalled is not None and stalled.status == "True":
+                    set_condition(status, ConditionType.STALLED, False, "Progressing", f"step {report.step}", now)
             status.step, status.mean_reward = report.step, report.mean_reward
             if report.output_model is not None and report.output_model_step is not None:
                 status.output_model = manifests.output_model_status(job, report.output_model, report.output_model_step)

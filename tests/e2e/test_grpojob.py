@@ -7,6 +7,7 @@ succeeds."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -18,10 +19,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from grpojob_api.endpoints import GCS_PORT
+from grpojob_api.endpoints import GCS_PORT, TENSORBOARD_PORT, TRAINER_METRICS_PORT
 from grpojob_operator import names
 from grpojob_testing import build
 from grpojob_testing.cluster import wait_until
+from tests.e2e.cluster_setup import image_names
+from tests.e2e.conftest import wait_for_pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -113,6 +116,70 @@ def children(api_client, namespace: str, uid: str) -> list[str]:
     return found
 
 
+# Run by a pod of the job's namespace that is not one of the job's: it tries the job's dashboard (which
+# runs arbitrary jobs) and its GCS (`ray start --address`, as a node joins) without the job's token,
+# with a wrong one, and, to show the way is open to the token alone, with it.
+STRANGER_SCRIPT = """
+import json, os, subprocess, urllib.error, urllib.request
+head, token = os.environ["HEAD"], os.environ.pop("JOB_TOKEN")
+def dashboard(headers):
+    request = urllib.request.Request(f"http://{head}:8265/api/jobs/", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+def join(env):
+    command = ["ray", "start", f"--address={head}:6379", "--num-cpus=0", "--disable-usage-stats"]
+    try:
+        run = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "no answer"
+    if run.returncode == 0:
+        return "joined"
+    return "refused: InvalidAuthToken" if "InvalidAuthToken" in run.stderr else run.stderr[-1500:]
+results = {
+    "dashboard without a token": dashboard({}),
+    "dashboard with a wrong token": dashboard({"Authorization": "Bearer not-the-token"}),
+    "dashboard with the token": dashboard({"Authorization": "Bearer " + token}),
+    "gcs with auth disabled": join({"RAY_AUTH_MODE": "disabled"}),
+    "gcs with a wrong token": join({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "not-the-token"}),
+    "gcs with the token": join({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}),
+}
+subprocess.run(["ray", "stop", "--force"], capture_output=True)
+print("RESULTS " + json.dumps(results))
+"""
+
+
+def stranger_pod(job: str, namespace: str) -> dict[str, Any]:
+    """A pod of the Ray image in the job's namespace, without the job's labels, running STRANGER_SCRIPT
+    (given the job's token under another name, for the control that it is the token that opens)."""
+    secret = {"secretKeyRef": {"name": names.ChildNames(job).ray_token_secret, "key": "auth_token"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{job}-stranger"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "stranger",
+                    "image": image_names()["trainer-cpu"],
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-c", STRANGER_SCRIPT],
+                    "env": [
+                        {
+                            "name": "HEAD",
+                            "value": f"{names.ChildNames(job).head_service}.{namespace}.svc.cluster.local",
+                        },
+                        {"name": "JOB_TOKEN", "valueFrom": secret},
+                    ],
+                }
+            ],
+        },
+    }
+
+
 def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
     api_client, kubeconfig, namespace, grpo_data
 ):
@@ -123,7 +190,20 @@ def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
 
     running = watch_job(api_client, namespace, "tiny", 900, until=lambda s: (s.get("step") or 0) >= 2)
     table = kubectl(kubeconfig, "get", "grpojobs", "-n", namespace)
-    endpoints = client.CoreV1Api(api_client).read_namespaced_config_map(names.ChildNames("tiny").endpoints, namespace)
+    core = client.CoreV1Api(api_client)
+    endpoints = core.read_namespaced_config_map(names.ChildNames("tiny").endpoints, namespace)
+
+    # While it trains, a pod that is not the job's cannot drive its Ray cluster without the job's token.
+    core.create_namespaced_pod(namespace, stranger_pod("tiny", namespace))
+    stranger = wait_for_pod(core, namespace, "tiny-stranger", {"Succeeded", "Failed"}, 600)
+    log = core.read_namespaced_pod_log("tiny-stranger", namespace)
+    assert stranger.status.phase == "Succeeded", log
+    results = json.loads(log.split("RESULTS ", 1)[1])
+    print(f"a stranger to the job's Ray cluster: {results}")
+    assert (results["dashboard without a token"], results["dashboard with a wrong token"]) == (401, 403)
+    refused = "refused: InvalidAuthToken"
+    assert (results["gcs with auth disabled"], results["gcs with a wrong token"]) == (refused, refused)
+    assert (results["dashboard with the token"], results["gcs with the token"]) == (200, "joined")
     watched = watch_job(api_client, namespace, "tiny", 1200, watch=running)
     print(f"GRPOJob tiny: {watched.phases} in {time.monotonic() - started:.0f}s; rewards by step {watched.rewards}")
     print(table)
@@ -200,13 +280,10 @@ def test_killing_the_ray_head_mid_run_fails_the_attempt_and_the_retry_resumes_fr
     )
 
     assert (status["phase"], status["attempt"], status["step"]) == ("Succeeded", 2, HEAD_KILL_MAX_STEPS), status
-    assert re.search(r"grpojob: the Ray (GCS|head)", trainer_log(core, namespace, "headless", 1)), (
-        "attempt 1 did not say that it lost its Ray head"
-    )
     resumed = re.search(r"resumed from the checkpoint of step (\d+)", trainer_log(core, namespace, "headless", 2))
     assert resumed, "attempt 2 started from scratch instead of the checkpoint of attempt 1"
     assert KILL_AFTER_STEP - 1 <= int(resumed.group(1)) < HEAD_KILL_MAX_STEPS
-    # Deleted while the operator still runs, which removes its finalizer.
+    # Deleted while the operator still runs (no finalizer holds it; its children are garbage-collected).
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "headless")
     wait_until(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], "", 120)
 
@@ -284,3 +361,86 @@ def test_a_job_names_its_model_by_hub_id_and_leaves_a_model_transformers_loads(a
         "print('loaded', m.num_parameters(), t.chat_template is not None)\"",
     )
     assert "loaded" in log and log.strip().endswith("True"), log
+
+
+WATCHED_STEPS = 16
+
+
+def trainer_pod(core: client.CoreV1Api, namespace: str, job: str, attempt: int) -> str:
+    selector = f"{names.JOB_LABEL}={job},{names.COMPONENT_LABEL}=trainer,{names.ATTEMPT_LABEL}={attempt}"
+    (pod,) = core.list_namespaced_pod(namespace, label_selector=selector).items
+    return pod.metadata.name
+
+
+def scraped_step(core: client.CoreV1Api, namespace: str, pod: str, job: str) -> int | None:
+    """The step on the trainer pod's `/metrics`, read through the API server's proxy."""
+    where = f"{pod}:{TRAINER_METRICS_PORT}"
+    try:
+        answer = core.connect_get_namespaced_pod_proxy_with_path(where, namespace, "metrics", _preload_content=False)
+    except client.ApiException:
+        return None
+    text = answer.data.decode()
+    found = re.search(rf'^grpojob_trainer_step{{grpojob="{job}"}} ([0-9.e+]+)$', text, re.MULTILINE)
+    return int(float(found.group(1))) if found else None
+
+
+def tensorboard_scalars(core: client.CoreV1Api, namespace: str, job: str) -> dict[str, Any]:
+    """The scalar tags of each run, as TensorBoard behind `<job>-tensorboard` lists them (via the API server)."""
+    service = f"{names.ChildNames(job).tensorboard}:{TENSORBOARD_PORT}"
+    try:
+        answer = core.connect_get_namespaced_service_proxy_with_path(
+            service, namespace, "data/plugin/scalars/tags", _preload_content=False
+        )
+    except client.ApiException:
+        return {}  # not up yet
+    return json.loads(answer.data)
+
+
+def test_a_watched_job_serves_its_metrics_and_tensorboard_during_the_run_and_leaves_its_events_on_its_claim(
+    api_client, namespace, grpo_data
+):
+    """`spec.logging` on the data claim with TensorBoard: while the job runs, the trainer's `/metrics` shows
+    the step `kubectl get grpojobs` shows and `<job>-tensorboard` lists the attempt's scalars; the trainer's
+    log has a line per step; the events stay on the claim."""
+    custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
+    manifest = tiny_job("watched", grpo_data, WATCHED_STEPS)
+    manifest["spec"]["logging"] = {"pvc": {"claimName": grpo_data}, "tensorboard": True}
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    running = watch_job(api_client, namespace, "watched", 900, until=lambda s: (s.get("step") or 0) >= 1)
+    pod = trainer_pod(core, namespace, "watched", 1)
+
+    def scrape_agrees_with_status() -> bool:
+        before = read_job(api_client, namespace, "watched")["status"].get("step")
+        scraped = scraped_step(core, namespace, pod, "watched")
+        after = read_job(api_client, namespace, "watched")["status"].get("step")
+        print(f"status step {before}/{after}, /metrics step {scraped}")
+        return before == scraped == after
+
+    wait_until(scrape_agrees_with_status, "the trainer's /metrics to show the status's step", 120)
+
+    phase_when_listed: list[str] = []
+
+    def tensorboard_lists_the_reward() -> bool:
+        listed = "rollout/reward/mean" in tensorboard_scalars(core, namespace, "watched").get("attempt-1", {})
+        if listed:
+            phase_when_listed.append(read_job(api_client, namespace, "watched")["status"]["phase"])
+        return listed
+
+    wait_until(tensorboard_lists_the_reward, "TensorBoard to list attempt-1's mean reward", 300)
+    watched = watch_job(api_client, namespace, "watched", 1200, watch=running)
+    assert phase_when_listed == ["Running"], "TensorBoard answered only after the run"
+    assert watched.status["phase"] == "Succeeded", watched.status
+
+    log = trainer_log(core, namespace, "watched", 1)
+    step_lines = re.findall(rf"step (\d+)/{WATCHED_STEPS} reward \S+ time \S+s .* failed rollouts \d+/64", log)
+    assert [int(s) for s in step_lines] == list(range(1, WATCHED_STEPS + 1)), log[-3000:]
+    claim = core.read_namespaced_persistent_volume_claim(grpo_data, namespace)
+    volume = core.read_persistent_volume(claim.spec.volume_name)
+    if volume.spec.host_path is not None:  # our real node (kind's volumes are inside its node container)
+        run_dir = Path(volume.spec.host_path.path) / "logs" / "watched" / "attempt-1"
+        assert list(run_dir.glob("events.out.tfevents.*")), sorted(p.name for p in run_dir.parent.rglob("*"))
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == list(range(1, WATCHED_STEPS + 1))
+    # After the run (cleanupPolicy DeleteCluster) TensorBoard still serves the finished curve from the claim.
+    assert "rollout/reward/mean" in tensorboard_scalars(core, namespace, "watched")["attempt-1"]
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "watched")

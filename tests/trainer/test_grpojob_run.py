@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -83,6 +84,9 @@ def test_grpo_raises_the_mean_reward_of_the_tiny_model(tiny_model_dir: Path, tmp
     for key in ("time/generation", "time/prepare", "time/training", "time/weight_sync", "throughput/tokens_per_s"):
         assert record[key] > 0, key
     assert json.loads((tmp_path / "out" / "progress.json").read_text())["step"] == 24
+    # One log line per step: its reward, time and failed rollouts (8 prompts x 8 generations).
+    lines = re.findall(r"step (\d+)/24 reward [0-9.e+-]+ time [0-9.]+s \(.*\) failed rollouts 0/64", out)
+    assert [int(step) for step in lines] == list(range(1, 25)), out[-3000:]
 
 
 def test_a_killed_trainer_resumes_from_its_last_checkpoint(tiny_model_dir: Path, tmp_path: Path):

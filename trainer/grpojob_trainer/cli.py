@@ -138,7 +138,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     import ray
     from tqdm import tqdm
 
-    from grpojob_trainer import raycluster, reaper, report
+    from grpojob_trainer import raycluster, reaper, report, tracking
     from grpojob_trainer.data import PromptDataset
     from grpojob_trainer.driver import run_loop
     from grpojob_trainer.local_environments import EnvironmentProcesses
@@ -177,7 +177,8 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
             gcs_address=gcs,
             log_dir=out / "environments",
         )
-        with environments as env_urls, MetricsLogger(out, tensorboard=tensorboard) as logger:
+        sinks = tracking.tracking_sinks(job, attempt=1, run_dir=out)
+        with environments as env_urls, MetricsLogger(out, tensorboard=tensorboard, sinks=sinks) as logger:
             bar = tqdm(total=spec.grpo.max_steps, desc=job.metadata.name, unit="step", disable=not show_progress)
 
             def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -213,12 +214,13 @@ def train_in_cluster(config_path: Path) -> int:
     """`grpojob train`: the trainer pod. Everything it needs comes from the endpoints ConfigMap and the Job."""
     import ray
 
-    from grpojob_trainer import raycluster
+    from grpojob_trainer import raycluster, tracking
     from grpojob_trainer.data import PromptDataset
     from grpojob_trainer.driver import run_loop
     from grpojob_trainer.local_environments import wait_for_environments
-    from grpojob_trainer.metrics import MetricsLogger
+    from grpojob_trainer.metrics import MetricSink, MetricsLogger
     from grpojob_trainer.progress import ConfigMapProgressPublisher
+    from grpojob_trainer.prometheus import PrometheusMetrics
 
     job = load_job(config_path)
     spec = job.spec
@@ -227,6 +229,12 @@ def train_in_cluster(config_path: Path) -> int:
         pod = TrainerEnv.from_env(os.environ)
     except ContractError as error:
         raise UsageError(str(error)) from None
+    sinks: list[MetricSink] = []
+    if pod.metrics_port:
+        exporter = PrometheusMetrics(job.metadata.name, spec.grpo.max_steps)
+        exporter.serve(pod.metrics_port)
+        sinks.append(exporter)
+        log.info("training metrics on :%d/metrics", pod.metrics_port)
     gcs = raycluster.join(endpoints.ray_gcs_address)
     log.info("joined the Ray cluster; GCS address %s", gcs)
     head = raycluster.HeadWatch()
@@ -255,7 +263,10 @@ def train_in_cluster(config_path: Path) -> int:
         )
         ray.get([engine.base_url.remote() for engine in engines], timeout=3600)
         wait_for_environments(endpoints.environment_urls)
-        with MetricsLogger(Path(pod.log_dir)) as logger:
+        run_dir = Path(pod.log_dir)
+        sinks += tracking.tracking_sinks(job, endpoints.attempt, run_dir)
+        log.info("logs of attempt %d in %s", endpoints.attempt, run_dir)
+        with MetricsLogger(run_dir, sinks=sinks) as logger:
             run_loop(
                 job,
                 policy=policy,

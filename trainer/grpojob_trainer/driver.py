@@ -2,7 +2,8 @@
 
     for each step:  rows → `/run` on the environment servers (they call the generation engines)
                     → TrainingSamples → policy.train_step → weights to every engine
-                    → metrics (JSONL, TensorBoard), progress, checkpoint every `interval` steps
+                    → metrics (JSONL, TensorBoard, the sinks), a log line, progress,
+                      a checkpoint every `interval` steps
 
 Asynchronous GRPO (``spec.grpo.maxOffPolicySteps`` = k >= 1): the rollouts of steps s+1 … s+k are
 launched before step s trains, so generation of the next steps overlaps training of this one. Weights
@@ -36,7 +37,14 @@ from typing import Any
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.data import PromptDataset
 from grpojob_trainer.errors import AllRolloutsFailed
-from grpojob_trainer.metrics import ROLLOUT_WAIT, WEIGHT_SYNC, MetricsLogger, ProgressPublisher, StepTimer
+from grpojob_trainer.metrics import (
+    ROLLOUT_WAIT,
+    WEIGHT_SYNC,
+    MetricsLogger,
+    ProgressPublisher,
+    StepTimer,
+    step_line,
+)
 from grpojob_trainer.model_export import prune_exports
 from grpojob_trainer.penguin.protocol import Row
 from grpojob_trainer.penguin.rollouts import PolicySampling, RolloutBatch, collect_rollouts
@@ -198,7 +206,9 @@ async def _run_loop(
             log.warning("step %d: rollout of row %d failed: %s", step, failure.row_index, failure.error)
         if not batch.samples:
             failed_in_a_row += 1
+            metrics |= timer.metrics()
             logger.log(step, metrics)
+            log.info("%s", step_line(step, grpo.max_steps, metrics))
             if failed_in_a_row >= grpo.max_failed_steps:
                 last_error = batch.failures[-1].error if batch.failures else "no rollouts"
                 raise AllRolloutsFailed(
@@ -231,13 +241,14 @@ async def _run_loop(
         }
         mean_reward = metrics.get("rollout/reward/mean", math.nan)
         logger.log(step, metrics)
+        log.info("%s", step_line(step, grpo.max_steps, metrics))
         progress.publish(step, mean_reward)
         result.last_step = step
         interval = spec.checkpointing.interval
         if step % interval == 0 or step == grpo.max_steps:
             policy.save(str(checkpoint_dir), step, rollouts.data_position, config, spec.checkpointing.keep)
-            if spec.output.every_checkpoint:
-                export_model(job, policy, output_dir, api.step_model_dir(step), step, progress)
+            if spec.output.every_checkpoint:  # off the event loop: later steps' rollouts are in flight
+                await asyncio.to_thread(export_model, job, policy, output_dir, api.step_model_dir(step), step, progress)
                 prune_exports(output_dir, spec.checkpointing.keep)
         if on_step is not None:
             on_step(step, metrics)

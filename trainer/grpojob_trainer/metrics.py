@@ -1,10 +1,11 @@
 """Training metrics: a JSONL + TensorBoard logger, a step-time breakdown, and progress for the operator.
 
 `MetricsLogger` writes every step's scalars to ``metrics.jsonl`` (one JSON object per line, ``step``
-first) and to TensorBoard. Only ``int``, ``float``, ``bool`` and ``str`` values are logged; anything
-else (tensors, lists, dicts, None) is skipped with a one-time warning per key rather than crashing the
-run. `StepTimer` collects seconds per phase of a step. `ProgressPublisher` is how the trainer reports
-``{step, meanReward}``; `FileProgressPublisher` writes it atomically to a JSON file.
+first), to TensorBoard and to any further `MetricSink` (Prometheus, MLflow, W&B). Only ``int``,
+``float``, ``bool`` and ``str`` values are logged; anything else (tensors, lists, dicts, None) is
+skipped with a one-time warning per key rather than crashing the run. `step_line` is the trainer's log
+line of a step. `StepTimer` collects seconds per phase of a step. `ProgressPublisher` is how the
+trainer reports ``{step, meanReward}``; `FileProgressPublisher` writes it atomically to a JSON file.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import os
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,16 @@ PREPARE = "prepare"
 TRAINING = "training"
 """Forward, backward and the optimizer step."""
 WEIGHT_SYNC = "weight_sync"
+"""Pushing the new weights to every generation engine."""
+
+# Keys of the metrics every step logs that the log line and the Prometheus endpoint read.
+REWARD = "rollout/reward/mean"
+FAILED_ROLLOUTS = "rollout/failed"
+ROLLOUTS = "rollout/count"
+"""Rollouts of the step, the failed ones included."""
+STEP_SECONDS = "time/step"
+GENERATED_TOKENS_PER_S = "throughput/generated_tokens_per_s"
+WEIGHT_SYNC_SECONDS = "weight_sync/seconds"
 
 
 def scalars(metrics: Mapping[str, Any]) -> dict[str, Scalar]:
@@ -47,16 +58,28 @@ def scalars(metrics: Mapping[str, Any]) -> dict[str, Scalar]:
     return {key: value for key, value in metrics.items() if isinstance(value, Scalar)}
 
 
+class MetricSink(Protocol):
+    """Somewhere else every step's scalars go (the Prometheus endpoint, MLflow, W&B)."""
+
+    def log(self, step: int, metrics: Mapping[str, Scalar]) -> None:
+        """Take one step's scalars (only ``int``, ``float``, ``bool`` and ``str`` values)."""
+
+    def close(self, failed: bool = False) -> None:
+        """Flush and end; called once, when training ends (``failed`` when it ended with an error)."""
+
+
 class MetricsLogger:
-    """Writes metrics to ``<log_dir>/metrics.jsonl`` and TensorBoard event files in ``log_dir``.
+    """Writes metrics to ``<log_dir>/metrics.jsonl``, TensorBoard event files in ``log_dir`` and ``sinks``.
 
     Numbers go to TensorBoard as scalars (bools as 0/1), strings as text. Use as a context manager or
-    call `close`.
+    call `close`, which closes the sinks too.
     """
 
     JSONL_NAME = "metrics.jsonl"
 
-    def __init__(self, log_dir: str | os.PathLike[str], *, tensorboard: bool = True) -> None:
+    def __init__(
+        self, log_dir: str | os.PathLike[str], *, tensorboard: bool = True, sinks: Sequence[MetricSink] = ()
+    ) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.log_dir / self.JSONL_NAME
@@ -66,6 +89,7 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(log_dir=str(self.log_dir))
+        self.sinks = list(sinks)
         self._warned: set[str] = set()
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Scalar]:
@@ -85,12 +109,16 @@ class MetricsLogger:
                 else:
                     self._writer.add_scalar(key, float(value), global_step=step)
             self._writer.flush()
+        for sink in self.sinks:
+            sink.log(step, logged)
         return logged
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self._jsonl.close()
         if self._writer is not None:
             self._writer.close()
+        for sink in self.sinks:
+            sink.close(failed)
 
     def __enter__(self) -> MetricsLogger:
         return self
@@ -98,7 +126,7 @@ class MetricsLogger:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close()
+        self.close(failed=exc is not None)
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -134,6 +162,31 @@ class StepTimer:
         out = {f"{prefix}{name}": seconds for name, seconds in self.seconds.items()}
         out[f"{prefix}step"] = self.total
         return out
+
+
+def step_line(step: int, max_steps: int, metrics: Mapping[str, Any]) -> str:
+    """The trainer's log line of one step: step, mean reward, step time (and its phases), failed rollouts.
+
+    ``step 3/16 reward 0.412 time 12.3s (generation 8.1s, prepare 0.2s, training 3.0s, weight_sync 0.4s)
+    failed rollouts 0/64 generated 1.2e+03 tokens/s``; what a step did not measure is left out.
+    """
+    parts = [f"step {step}/{max_steps}"]
+    reward = metrics.get(REWARD)
+    parts.append(f"reward {reward:.4g}" if isinstance(reward, int | float) and math.isfinite(reward) else "reward -")
+    if isinstance(metrics.get(STEP_SECONDS), int | float):
+        phases = [
+            f"{phase} {metrics[f'time/{phase}']:.1f}s"
+            for phase in (GENERATION, ROLLOUT_WAIT, PREPARE, TRAINING, WEIGHT_SYNC)
+            if isinstance(metrics.get(f"time/{phase}"), int | float)
+        ]
+        parts.append(f"time {metrics[STEP_SECONDS]:.1f}s" + (f" ({', '.join(phases)})" if phases else ""))
+    failed, total = metrics.get(FAILED_ROLLOUTS), metrics.get(ROLLOUTS)
+    if isinstance(failed, int | float):
+        parts.append(f"failed rollouts {int(failed)}" + (f"/{int(total)}" if isinstance(total, int | float) else ""))
+    throughput = metrics.get(GENERATED_TOKENS_PER_S)
+    if isinstance(throughput, int | float):
+        parts.append(f"generated {throughput:.3g} tokens/s")
+    return " ".join(parts)
 
 
 def tokens_per_second(tokens: int, seconds: float) -> float:

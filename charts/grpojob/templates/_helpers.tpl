@@ -65,14 +65,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 The operator's rights, the same rules cluster-wide (ClusterRole) or per watched namespace (Role).
 Each verb is one the operator (grpojob_operator.kube, .handlers, and Kopf) really uses:
 
-- grpojobs: list/watch (Kopf's watch), patch (Kopf's finalizer `grpo.dev/operator` and its
-  annotations), delete (ttlSecondsAfterFinished). No get, no update: every write is a PATCH.
+- grpojobs: list/watch (Kopf's watch), patch (Kopf removes, once, the finalizer `grpo.dev/operator`
+  that earlier versions put on every job; the operator puts none), delete (ttlSecondsAfterFinished).
+  No get, no update: every write is a PATCH.
 - grpojobs/status: patch (the operator's one status writer, a merge patch of the subresource).
 - grpojobs/finalizers: update. Every child's ownerReference has blockOwnerDeletion: true; clusters
   with the OwnerReferencesPermissionEnforcement admission plugin (OpenShift, for one) allow that only
   to who may update the owner's finalizers. Grants nothing else.
-- events (core v1): create (Kopf's kopf.event and handler events; it never patches them, and it posts
-  core v1 events, not events.k8s.io).
+- events (core v1): create (the operator's one Event per ended, failed, retried or suspended run; it
+  never patches them, and it posts core v1 events, not events.k8s.io).
 - pods: list/watch only (read, to see the head pod's IP and stuck or finished containers).
 - configmaps: list/watch/create/patch/delete for its children (`<job>-config`, `-endpoints`,
   `-progress`; `-endpoints` is rewritten by a merge patch), plus get and update, which the operator
@@ -84,7 +85,8 @@ Each verb is one the operator (grpojob_operator.kube, .handlers, and Kopf) reall
   a new config hash when the Ray head is replaced, which rolls its pods).
 - serviceaccounts, roles, rolebindings (rbac.authorization.k8s.io): list/watch/create (the trainer's
   identity and rights; removed by the garbage collector with the GRPOJob, never by the operator).
-No secrets, no nodes, no pods/exec, no escalate/bind/impersonate. Besides these rules, rbac.yaml
+No secrets, no nodes, no pods/exec, no escalate/bind/impersonate. With leader election, rbac.yaml adds a
+Role in the release namespace for the one Lease (create; get/update/patch by name). Besides these rules, rbac.yaml
 binds two read-only cluster-scoped ClusterRoles, each behind a value: list/watch on
 customresourcedefinitions (Kopf's CRD watch, rbac.watchCustomResourceDefinitions) and, only with
 operator.watchNamespaces, list/watch on namespaces (Kopf resolves --namespace against them,
@@ -127,6 +129,9 @@ rbac.listNamespaces).
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["list", "watch", "create"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["list", "watch", "create"]
 - apiGroups: ["ray.io"]
   resources: ["rayclusters"]
   verbs: ["list", "watch", "create", "delete"]
@@ -137,4 +142,11 @@ Name of the metrics Service: `<fullname>-metrics`, within 63 characters.
 */}}
 {{- define "grpojob.metricsName" -}}
 {{- printf "%s-metrics" (include "grpojob.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{/*
+Name of the leader-election Role and RoleBinding: `<fullname>-leader`, within 63 characters.
+*/}}
+{{- define "grpojob.leaderName" -}}
+{{- printf "%s-leader" (include "grpojob.fullname" . | trunc 56 | trimSuffix "-") }}
 {{- end }}

@@ -55,6 +55,8 @@ class OperatorProcess:
     def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
         self.kubeconfig, self.namespace, self.log_path = kubeconfig, namespace, log_path
         self.process: subprocess.Popen | None = None
+        self.program = ["-m", "grpojob_operator"]
+        """What `python` runs: the operator, or a launcher of it (see stale_cache_operator.py)."""
         self.metrics_port = 0
         self.settings = {
             "GRPOJOB_RECONCILE_INTERVAL_SECONDS": "0.5",
@@ -67,7 +69,7 @@ class OperatorProcess:
         settings = {**self.settings, "GRPOJOB_METRICS_PORT": str(self.metrics_port), "GRPOJOB_PROBE_PORT": "0", **env}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "grpojob_operator", "--namespace", self.namespace],
+                [sys.executable, *self.program, "--namespace", self.namespace],
                 env={**os.environ, "KUBECONFIG": str(self.kubeconfig), **settings},
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -112,7 +114,7 @@ def operator(
     process = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
     process.start()
     yield process
-    # Delete the test's jobs while an operator runs, so their finalizers go and the namespace can.
+    # Delete the test's jobs (no finalizer holds them: the garbage collector removes their children).
     if not process.alive():
         process.start()
     custom = client.CustomObjectsApi(api_client)

@@ -84,6 +84,7 @@ ENUMS: dict[Path_, list[Any]] = {
 }
 
 ENV = ("spec", "environments", 0)
+SCHEDULING = ("spec", "scheduling")
 FIELDS: dict[Path_, list[Any]] = {
     ("metadata", "name"): NAMES,
     ("spec", "generation", "replicas"): INTEGERS,
@@ -140,6 +141,41 @@ FIELDS: dict[Path_, list[Any]] = {
     (*ENV, "env", 0, "secretKeyRef"): [{"name": "s", "key": "k"}, {"name": "s"}, None],
     (*ENV, "env", 1, "secretKeyRef"): [None, DELETE, {"name": "", "key": "k"}],
     (*ENV, "env", 1, "name"): ["LEVEL", "OK_2", "bad name", "", "9X", None],
+    ("spec", "progressDeadlineSeconds"): INTEGERS,
+    (*SCHEDULING, "head", "nodeSelector"): [{"pool": "cpu"}, {"pool": 1}, {"pool": "x" * 64}, {}, None, "pool"],
+    (*SCHEDULING, "policy", "tolerations"): [
+        [{"key": "k", "operator": "Exists"}, {"key": "k", "value": "v", "effect": "NoSchedule"}],
+        [{"operator": "Exists"}],
+        [{"operator": "Exists", "value": "v"}],
+        [{"value": "v"}],
+        [{"key": "k", "tolerationSeconds": 5}],
+        [{"key": "k", "effect": "NoExecute", "tolerationSeconds": 5}],
+        [{"key": "k", "operator": "In"}],
+        [{"key": "k", "effect": "NoRun"}],
+        [],
+        None,
+        "k",
+    ],
+    (*SCHEDULING, "generation", "affinity"): [
+        {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
+        {"podAntiAffinity": {}},
+        {"nodeAffinity": "zone-a"},
+        None,
+        {},
+    ],
+    (*SCHEDULING, "environments", "priorityClassName"): ["high", "a.b-c", "High", "", None, 3],
+    (*SCHEDULING, "environments", "schedulerName"): ["gang", "", None],
+    (*SCHEDULING, "trainer", "labels"): [
+        {"team": "rl"},
+        {"grpo.dev/job": "x"},
+        {"kueue.x-k8s.io/queue-name": "q"},
+        {"app.kubernetes.io/managed-by": "me"},
+        {"team": 1},
+        {"team": "x" * 64},
+        None,
+        "team",
+    ],
+    (*SCHEDULING, "trainer", "annotations"): [{"note": "x"}, {"note": 1}, None],
 }
 for path, values in ENUMS.items():
     FIELDS[path] = values
@@ -268,12 +304,25 @@ def names_a_field(refusal: str, touched: list[Path_]) -> bool:
     return any(name in refusal for path in touched for name in field_names(path))
 
 
+def as_kubectl_sends(value: Any) -> Any:
+    """``value`` as kubectl's JSON carries it: Go writes a whole-number float64 below 1e21 without a
+    fraction (`3.0` as `3`), where Python's JSON keeps `3.0`, which the API server decodes as a float
+    and its CEL data adapter then refuses in an integer field that a rule reads."""
+    if isinstance(value, dict):
+        return {key: as_kubectl_sends(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [as_kubectl_sends(item) for item in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return int(value)
+    return value
+
+
 def api_server_verdict(custom: client.CustomObjectsApi, namespace: str, manifest: dict[str, Any]):
     """(admitted object, None) or (None, the API server's refusal), from a dry-run create as `kubectl
     apply` sends it (server-side field validation Strict)."""
     try:
         created = custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, manifest, dry_run="All", field_validation="Strict"
+            GROUP, VERSION, namespace, PLURAL, as_kubectl_sends(manifest), dry_run="All", field_validation="Strict"
         )
     except client.ApiException as error:
         if error.status is None or not 400 <= error.status < 500:
@@ -379,6 +428,48 @@ def test_kubectl_apply_and_grpojob_run_judge_every_manifest_alike(custom, api_cl
     assert not unnamed, f"{len(unnamed)} refusals name no mutated field:\n{report}"
     assert not defaults, f"{len(defaults)} admitted specs default differently:\n{report}"
     assert not children, f"{len(children)} environment Deployments of admitted jobs refused:\n{report}"
+
+
+# spec.logging beside spec.checkpointing: its cross-field rules (TensorBoard needs a claim, W&B online a key)
+# and its paths, judged by both. Apart from the fuzzed corpus, whose draws a new field would reshuffle.
+CHECKPOINT_CLAIM = {"claimName": "ckpt"}
+WANDB_KEY = {"name": "wandb", "key": "api-key"}
+LOGGING_CASES: list[tuple[dict[str, Any], dict[str, Any] | None]] = [
+    ({"tensorboard": True}, None),
+    ({"tensorboard": True}, {"pvc": CHECKPOINT_CLAIM}),
+    ({"tensorboard": True, "pvc": {"claimName": "logs"}}, None),
+    ({"tensorboard": False}, None),
+    ({"tensorboard": "true", "pvc": {"claimName": "logs"}}, None),
+    ({"pvc": {"claimName": "logs", "path": "a/../b"}}, None),
+    ({"pvc": {"claimName": ""}}, None),
+    ({"path": "../x"}, None),
+    ({"path": ""}, None),
+    ({"path": "grpo/logs"}, {"pvc": CHECKPOINT_CLAIM}),
+    ({"mlflow": {"trackingUri": "http://mlflow:5000"}}, None),
+    ({"mlflow": {"trackingUri": "http://mlflow:5000", "experiment": "", "credentialsSecret": "auth"}}, None),
+    ({"mlflow": {}}, None),
+    ({"wandb": {"project": "p"}}, None),
+    ({"wandb": {"project": "p", "mode": "offline"}}, None),
+    ({"wandb": {"project": "p", "apiKeySecret": WANDB_KEY}}, None),
+    ({"wandb": {"project": "p", "mode": "sideways", "apiKeySecret": WANDB_KEY}}, None),
+    ({"wandb": {"project": "", "mode": "offline"}}, None),
+    ({"unknown": 1}, None),
+]
+
+
+def test_kubectl_apply_and_grpojob_run_judge_spec_logging_alike(custom, namespace, tmp_path):
+    for index, (logging, checkpointing) in enumerate(LOGGING_CASES):
+        manifest = copy.deepcopy(BASE)
+        manifest["metadata"] |= {"name": f"logging-{index}", "namespace": namespace}
+        manifest["spec"]["logging"] = logging
+        if checkpointing is not None:
+            manifest["spec"]["checkpointing"] = checkpointing
+        admitted, refusal = api_server_verdict(custom, namespace, manifest)
+        job, model_refusal = model_verdict(manifest, tmp_path / f"{index}.yaml")
+        case = f"logging {logging}, checkpointing {checkpointing}"
+        assert (admitted is None) == (job is None), f"{case}: API server {refusal}; model {model_refusal}"
+        for verdict in (refusal, model_refusal):
+            assert verdict is None or "logging" in verdict, f"{case}: {verdict}"
 
 
 # Plain scalars on which YAML 1.1 (PyYAML) and kubectl's YAML (go-yaml v2) disagree, and a few on which

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -62,6 +63,32 @@ def test_a_replaced_head_pod_is_published_in_the_endpoints(operator, jobs):
 
     eventually(new_head_published, "the new head pod's IP in the endpoints", 60)
     assert jobs.status("headless")["gcsAddress"].startswith("headless-head-svc.")
+
+
+def test_a_child_deleted_between_the_operators_read_and_its_write_is_recreated_not_a_failure(operator, jobs):
+    operator.stop()
+    operator.program = [str(Path(__file__).with_name("stale_cache_operator.py"))]
+    operator.start()
+    jobs.create(job_manifest("stale"))
+    jobs.wait_phase("stale", "Running")
+    head_ip = jobs.config_map("stale-endpoints")["RAY_HEAD_POD_IP"]
+    # A hand edit of the endpoints: the operator puts them right with a merge patch, and the launcher
+    # deletes the ConfigMap just before that patch.
+    patch = {"data": {"RAY_HEAD_POD_IP": "10.9.9.9"}}
+    jobs.core.patch_namespaced_config_map("stale-endpoints", jobs.namespace, patch)
+
+    def endpoints_restored() -> bool:
+        endpoints = jobs.config_map("stale-endpoints")
+        return "stale-cache fault" in operator.log() and (endpoints or {}).get("RAY_HEAD_POD_IP") == head_ip
+
+    eventually(endpoints_restored, "the endpoints recreated with the head's IP", 60)
+    log = operator.log()
+    assert "stale-cache fault: deleted ConfigMap stale-endpoints" in log, log[-3000:]
+    assert "the caches were behind" in log, log[-3000:]
+    status = jobs.status("stale")
+    assert status["phase"] == "Running", status
+    assert not any(c["type"] == "Failed" and c["status"] == "True" for c in status["conditions"]), status
+    assert not [reason for reason, _ in jobs.events("stale") if reason == "PhaseFailed"]
 
 
 def test_suspend_removes_the_workload_and_resume_starts_it_again(operator, jobs):

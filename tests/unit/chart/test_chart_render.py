@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
+from grpojob_api import v1alpha1 as api
+from grpojob_operator import manifests
 from grpojob_operator.settings import DEFAULT_ENVIRONMENT_IMAGE, DEFAULT_RAY_IMAGE, OperatorSettings
 from grpojob_testing import build
+from tests.unit.operator.conftest import job_body
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "grpojob"
@@ -46,7 +49,7 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 VARIANTS = {
     "defaults": (),
     "namespaced": ("--set", "operator.watchNamespaces={team-a,team-b}"),
-    "monitored": ("--set", "metrics.serviceMonitor.enabled=true"),
+    "monitored": ("--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.trainerPodMonitor.enabled=true"),
     "long-names": ("--set", "fullnameOverride=" + "f" * 70, "--set", "operator.watchNamespaces={" + "w" * 63 + "}"),
 }
 
@@ -88,10 +91,15 @@ def test_names_fit_in_63_characters_and_nothing_secret_is_rendered(helm: Path, v
         assert not re.search(r"token|password|secret|key", env["name"], re.IGNORECASE), env
 
 
-def test_the_operator_deployment_is_one_recreated_replica_probed_through_kopf(helm: Path):
+def test_the_operator_deployment_is_two_replicas_with_a_lease_probed_through_kopf(helm: Path):
     (deployment,) = by_kind(render(helm), "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Two replicas, one Lease between them (only its holder reconciles), so a rollout may overlap them.
+    assert spec["replicas"] == 2 and spec["strategy"] == {"type": "RollingUpdate"}
+    anti_affinity = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert anti_affinity["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"] == (
+        "kubernetes.io/hostname"
+    )
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "rel-grpojob"
     (container,) = pod["containers"]
@@ -107,6 +115,7 @@ def test_the_operator_deployment_is_one_recreated_replica_probed_through_kopf(he
     assert env["GRPOJOB_RAY_IMAGE"] == DEFAULT_RAY_IMAGE
     assert env["GRPOJOB_ENVIRONMENT_IMAGE"] == DEFAULT_ENVIRONMENT_IMAGE
     assert env["GRPOJOB_PROBE_PORT"] == "8081" and env["GRPOJOB_METRICS_PORT"] == "8080"
+    assert env["GRPOJOB_LEADER_ELECTION_NAMESPACE"] == "ops" and env["GRPOJOB_LEADER_ELECTION_LEASE"]
     assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
     (service,) = by_kind(render(helm), "Service")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
@@ -119,7 +128,7 @@ def _rules(objects: list[dict[str, Any]], kind: str) -> list[list[dict[str, Any]
 
 def test_cluster_wide_rbac_is_one_cluster_role_bound_to_the_operator(helm: Path):
     objects = render(helm)
-    assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
+    _assert_only_the_leader_lease(objects)
     roles = {o["metadata"]["name"]: o["rules"] for o in by_kind(objects, "ClusterRole")}
     assert set(roles) == {"rel-grpojob-ops", "rel-grpojob-ops-crds"}
     assert roles["rel-grpojob-ops-crds"] == [
@@ -148,9 +157,30 @@ def test_cluster_wide_rbac_is_one_cluster_role_bound_to_the_operator(helm: Path)
     assert "create" in granted[("", "persistentvolumeclaims")]
 
 
+def _assert_only_the_leader_lease(objects: list[dict[str, Any]]) -> None:
+    """Besides the operator's rules, one Role in the release namespace: the leader-election Lease."""
+    (leader,) = [o for o in by_kind(objects, "Role") if o["metadata"]["name"].endswith("-leader")]
+    assert leader["metadata"]["namespace"] == "ops"
+    assert leader["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["grpojob-operator"],
+            "verbs": ["get", "update", "patch"],
+        },
+    ]
+    (binding,) = [o for o in by_kind(objects, "RoleBinding") if o["metadata"]["name"].endswith("-leader")]
+    assert binding["roleRef"]["name"] == leader["metadata"]["name"]
+    if not any(o["metadata"]["namespace"] != "ops" for o in by_kind(objects, "Role")):
+        assert by_kind(objects, "Role") == [leader] and by_kind(objects, "RoleBinding") == [binding]
+
+
 def test_namespaced_rbac_is_a_role_per_watched_namespace_and_a_flag_each(helm: Path):
     objects = render(helm, *VARIANTS["namespaced"])
     cluster_wide = render(helm)
+    _assert_only_the_leader_lease(objects)
+    objects = [o for o in objects if not o["metadata"]["name"].endswith("-leader")]
     roles = by_kind(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     (main_rules,) = [
@@ -190,6 +220,22 @@ def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_port(helm
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ops"]}
+
+
+def test_the_trainer_pod_monitor_is_off_by_default_and_scrapes_the_metrics_port_of_trainer_pods(helm: Path):
+    assert not by_kind(render(helm), "PodMonitor")
+    (monitor,) = by_kind(render(helm, "--set", "metrics.trainerPodMonitor.enabled=true"), "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    trainer = manifests.build_trainer_job(api.parse_job(job_body()), OperatorSettings(), 1)["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= trainer["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in [p["name"] for p in trainer["spec"]["containers"][0]["ports"]]
+    assert endpoint["path"] == "/metrics"
+    (namespaced,) = by_kind(
+        render(helm, "--set", "metrics.trainerPodMonitor.enabled=true", *VARIANTS["namespaced"]), "PodMonitor"
+    )
+    assert namespaced["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
 
 def test_every_value_is_documented():

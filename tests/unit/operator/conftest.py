@@ -44,10 +44,11 @@ def body() -> dict:
 
 
 def children_up_to_the_head(job: api.GRPOJob, head: PodInfo, head_ready: bool = True) -> dict:
-    """The observed children of job ``demo`` before `<demo>-endpoints` is written: the RayCluster (head
-    ready or not), its config and progress ConfigMaps, the generation Service, the trainer's RBAC, and
-    the head pod ``head``."""
+    """The observed children of job ``demo`` before `<demo>-endpoints` is written: the NetworkPolicy, the
+    RayCluster (head ready or not), its config and progress ConfigMaps, the generation Service, the
+    trainer's RBAC, and the head pod ``head``."""
     return {
+        "NetworkPolicy": {"demo-network": OtherInfo("demo-network", False)},
         "RayCluster": {"demo": RayClusterInfo("demo", head_ready, 3, 3, False)},
         "ConfigMap": {
             "demo-config": ConfigMapInfo("demo-config", tuple(manifests.build_config_map(job)["data"].items())),

@@ -118,10 +118,30 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ("grpo", {"maxOffPolicySteps": 1, "importanceSamplingCap": None}, "spec.grpo.maxOffPolicySteps: rollouts"),
         ("grpo.maxOffPolicySteps", 17, "spec.grpo.maxOffPolicySteps"),
         ("grpo.maxOffPolicySteps", -1, "spec.grpo.maxOffPolicySteps"),
+        ("logging", {"tensorboard": True}, "spec.logging.tensorboard needs a claim"),
+        ("logging.path", "logs/../../x", "spec.logging.path"),
+        ("logging.wandb", {"project": "p"}, "spec.logging.wandb.apiKeySecret is needed in online mode"),
+        ("logging.mlflow", {"experiment": "e"}, "spec.logging.mlflow.trackingUri"),
+        ("scheduling.trainer.labels", {"grpo.dev/job": "x"}, "spec.scheduling.trainer.labels"),
+        ("scheduling.head.labels", {"kueue.x-k8s.io/queue-name": "q"}, "must not use the keys the operator sets"),
+        ("scheduling.policy.tolerations", [{"operator": "Exists", "value": "x"}], "Exists takes no value"),
+        ("scheduling.policy.tolerations", [{"value": "x"}], "an empty key needs operator Exists"),
+        ("scheduling.generation.tolerations", [{"key": "k", "tolerationSeconds": 5}], "needs effect NoExecute"),
+        ("scheduling.environments.priorityClassName", "High", "spec.scheduling.environments.priorityClassName"),
+        ("scheduling.head.affinity", {"nodeAffinity": {}, "other": {}}, "spec.scheduling.head.affinity.other"),
+        ("progressDeadlineSeconds", 0, "spec.progressDeadlineSeconds"),
     ],
 )
 def test_what_the_trainer_or_operator_would_refuse_is_refused_naming_the_field(path, value, named):
     assert named in refusal(with_spec(path, value))
+
+
+def test_tensorboard_takes_the_checkpoint_claim_when_the_logs_have_none():
+    manifest = with_spec("logging", {"tensorboard": True})
+    manifest["spec"]["checkpointing"] = {"pvc": {"claimName": "runs"}}
+    job = api.parse_job(manifest)
+    assert api.log_claim(job.spec) == api.PvcSource(claim_name="runs")
+    assert api.log_dir(job) == "logs/demo"
 
 
 @pytest.mark.parametrize("name", ["a.b", "1job", "Job", "a" * 41])
@@ -147,11 +167,16 @@ def test_every_cross_field_rule_is_also_a_cel_rule():
     assert has_rule(f"{spec}.model", "has(self.id) || !(has(self.revision)")
     assert has_rule(f"{spec}.environments[].env[]", "has(self.value) != has(self.secretKeyRef)")
     assert has_rule(f"{spec}.environments[].resources", "quantity(self.requests[k]).compareTo")
+    assert has_rule(spec, "self.logging.tensorboard || has(self.logging.pvc)")
+    assert has_rule(f"{spec}.logging.wandb", "self.mode != 'online' || has(self.apiKeySecret)")
     volume_paths = (".model.pvc.path", ".dataset.pvc.path", ".checkpointing.path", ".checkpointing.pvc.path")
-    volume_paths += (".output.path",)
-    for volume_path in volume_paths:
+    for volume_path in (*volume_paths, ".logging.path", ".logging.pvc.path", ".output.path"):
         assert has_rule(spec + volume_path, "[.][.]"), volume_path
     assert has_rule("", "metadata.name.matches")
+    for role in ("head", "generation", "policy", "environments", "trainer"):
+        assert has_rule(f"{spec}.scheduling.{role}.labels", "!k.startsWith('grpo.dev/')")
+        assert has_rule(f"{spec}.scheduling.{role}.tolerations[]", "self.operator != 'Exists'")
+        assert has_rule(f"{spec}.scheduling.{role}.tolerations[]", "self.effect == 'NoExecute'")
     environments = ROOT["properties"]["spec"]["properties"]["environments"]
     assert environments["x-kubernetes-list-type"] == "map" and environments["x-kubernetes-list-map-keys"] == ["name"]
 

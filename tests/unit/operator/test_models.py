@@ -61,7 +61,8 @@ def model_ready(result: state.Plan) -> api.Condition:
 def test_a_hub_model_is_downloaded_before_anything_that_loads_it_starts():
     result = plan(hub_body(), {})
 
-    assert created(result) == [("PersistentVolumeClaim", "demo-model-cache"), ("Job", "demo-model")]
+    network = ("NetworkPolicy", "demo-network")  # first: before any pod of the job, the download's included
+    assert created(result) == [network, ("PersistentVolumeClaim", "demo-model-cache"), ("Job", "demo-model")]
     assert result.status.phase == "Initializing"
     assert model_ready(result).status == "False" and model_ready(result).reason == "Downloading"
     assert "Qwen/Qwen2.5-0.5B-Instruct at revision v2" in model_ready(result).message
@@ -71,8 +72,8 @@ def test_a_cache_claim_the_spec_names_is_used_not_created():
     body = hub_body({**HUB_MODEL, "cache": {"claimName": "shared-hf"}})
     result = plan(body, {})
 
-    assert created(result) == [("Job", "demo-model")]
-    (download,) = [a.manifest for a in result.actions]
+    assert created(result) == [("NetworkPolicy", "demo-network"), ("Job", "demo-model")]
+    (download,) = [a.manifest for a in result.actions if a.manifest["kind"] == "Job"]
     assert download["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "shared-hf"
 
 
@@ -89,6 +90,9 @@ def test_the_download_job_runs_huggingface_hub_with_the_token_of_the_named_secre
     assert "HF_HUB_OFFLINE" not in env
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert download["spec"]["backoffLimit"] == 0
+    placed = hub_body(scheduling={"trainer": {"nodeSelector": {"pool": "cpu"}}})
+    template = manifests.build_model_download_job(api.parse_job(placed), SETTINGS)["spec"]["template"]
+    assert template["spec"]["nodeSelector"] == {"pool": "cpu"}  # placed as the trainer pod is
     offline = manifests.build_model_download_job(api.parse_job(hub_body({"id": "org/m", "offline": True})), SETTINGS)
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in offline["spec"]["template"]["spec"]["containers"][0]["env"]
 
@@ -109,6 +113,7 @@ def test_the_claim_the_job_creates_has_the_size_and_class_of_the_spec():
 
 def test_while_the_download_runs_nothing_else_is_created():
     children = {
+        "NetworkPolicy": {"demo-network": OtherInfo("demo-network", False)},
         "PersistentVolumeClaim": {"demo-model-cache": OtherInfo("demo-model-cache", False)},
         "Job": {"demo-model": download_job()},
         "Pod": {"demo-model-abcde": download_pod(phase="Running")},

@@ -124,7 +124,9 @@ def test_the_pod_joins_ray_then_runs_ng_run_on_a_read_only_root_as_non_root():
     assert [script.index(step) for step in steps] == sorted(script.index(step) for step in steps)
     assert "+skip_venv_if_present=true" in script
     assert container["envFrom"] == [{"configMapRef": {"name": "demo-endpoints"}}]
-    assert {"name": "RAY_AUTH_MODE", "value": "disabled"} in container["env"]
+    assert {"name": "RAY_AUTH_MODE", "value": "token"} in container["env"]
+    token = {"secretKeyRef": {"name": "demo", "key": "auth_token"}}
+    assert {"name": "RAY_AUTH_TOKEN", "valueFrom": token} in container["env"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["securityContext"]["runAsNonRoot"] is True
     volumes = {v["name"]: v for v in pod["volumes"]}

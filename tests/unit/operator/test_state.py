@@ -65,6 +65,7 @@ def status_of(plan: state.Plan) -> dict:
 def test_a_new_job_gets_its_raycluster_and_config_but_no_endpoints_before_the_head_is_ready():
     plan = run(job_body(), {})
     assert kinds_and_names(plan) == [
+        ("Create", "NetworkPolicy", "demo-network"),  # before any pod of the job exists
         ("Create", "RayCluster", "demo"),
         ("Create", "ConfigMap", "demo-config"),
         ("Create", "Service", "demo-generation"),
@@ -116,7 +117,7 @@ def test_a_running_trainer_pod_makes_the_job_running_and_progress_reaches_the_st
     assert plan.actions == []
     assert plan.status.phase == "Running"
     assert (plan.status.step, plan.status.mean_reward) == (4, 0.5)
-    assert any(e.reason == "PhaseRunning" for e in plan.events)
+    assert plan.events == [], "the way to Running is in the conditions; an Event is one more API write"
 
 
 def test_a_trainer_pod_that_ended_before_its_job_is_marked_complete_keeps_the_job_running():
@@ -318,3 +319,113 @@ def test_a_pod_the_scheduler_cannot_place_is_explained_without_failing_the_job()
     ready = state.condition(plan.status, state.ConditionType.RAY_CLUSTER_READY)
     assert plan.status.phase == "Initializing"
     assert ready is not None and ready.message.endswith("pod demo-head cannot be scheduled: 0/6 nodes")
+
+
+def watched_body(status: dict | None = None, **logging) -> dict:
+    body = job_body(status=status)
+    body["spec"]["logging"] = {"pvc": {"claimName": "logs"}, "tensorboard": True, **logging}
+    return body
+
+
+def test_tensorboard_starts_with_the_job_before_the_ray_head_is_up():
+    plan = run(watched_body(), base_children(head_ready=False))
+    created = kinds_and_names(plan)
+    assert ("Create", "Deployment", "demo-tensorboard") in created
+    assert ("Create", "Service", "demo-tensorboard") in created
+    assert not any(name == "demo-tensorboard" for _, _, name in kinds_and_names(run(job_body(), base_children())))
+
+
+def _with_tensorboard(children: dict) -> dict:
+    children.setdefault("Deployment", {})["demo-tensorboard"] = DeploymentInfo("demo-tensorboard", 1)
+    children["Service"]["demo-tensorboard"] = OtherInfo("demo-tensorboard", False)
+    return children
+
+
+def test_tensorboard_outlives_the_cluster_of_a_finished_job_unless_the_cleanup_deletes_all():
+    children = _with_tensorboard(with_endpoints(base_children()))
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, True, False, "", False)}
+    status = {"attempt": 1, "phase": "Succeeded", "completionTime": NOW.isoformat()}
+    kept = {(kind, name) for _, kind, name in kinds_and_names(run(watched_body(status), children))}
+    assert ("RayCluster", "demo") in kept and ("Deployment", "demo-tensorboard") not in kept
+    body = watched_body(status)
+    body["spec"]["cleanupPolicy"] = "DeleteAll"
+    deleted = {(kind, name) for _, kind, name in kinds_and_names(run(body, children))}
+    assert {("Deployment", "demo-tensorboard"), ("Service", "demo-tensorboard")} <= deleted
+
+
+def test_turning_tensorboard_off_removes_it():
+    children = _with_tensorboard(base_children())
+    body = watched_body(tensorboard=False)
+    deleted = [(kind, name) for verb, kind, name in kinds_and_names(run(body, children)) if verb == "Delete"]
+    assert deleted == [("Deployment", "demo-tensorboard"), ("Service", "demo-tensorboard")]
+
+
+def _running_attempt(step: str, attempt: int = 1) -> dict:
+    children = with_endpoints(base_children(), attempt=attempt)
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", attempt, False, False, "", False)}
+    children["Pod"]["demo-trainer-x"] = pod("demo-trainer-x", "trainer", attempt=attempt)
+    children["ConfigMap"]["demo-progress"] = ConfigMapInfo("demo-progress", (("step", step),))
+    return children
+
+
+def _stalling_job(**status) -> dict:
+    body = job_body(status={"attempt": 1, "phase": "Running", **status})
+    body["spec"]["progressDeadlineSeconds"] = 60
+    return body
+
+
+def test_a_trainer_whose_step_does_not_advance_within_the_deadline_fails_its_attempt_as_stalled():
+    children = _running_attempt("4")
+    # The trainer started: the deadline counts from here.
+    started = run(_stalling_job(), children)
+    assert started.status.progress_time == NOW and started.status.phase == "Running"
+    # Step 4 was reported 59 s ago: still within the deadline.
+    recent = (NOW - timedelta(seconds=59)).isoformat()
+    assert run(_stalling_job(step=4, progressTime=recent), children).status.phase == "Running"
+    # 60 s without a new step: the attempt is stalled and retried, saying why.
+    stale = (NOW - timedelta(seconds=60)).isoformat()
+    plan = run(_stalling_job(step=4, progressTime=stale), children)
+    stalled = state.condition(plan.status, state.ConditionType.STALLED)
+    assert stalled is not None and stalled.status == "True" and stalled.reason == "NoProgress"
+    assert "step 4 was the last" in stalled.message and "60s (spec.progressDeadlineSeconds)" in stalled.message
+    assert plan.status.attempt == 2 and plan.status.phase == "Initializing" and plan.status.progress_time is None
+    assert any(e.type == "Warning" and e.reason == "NoProgress" for e in plan.events)
+    # The next pass replaces the stalled trainer Job like a failed one.
+    again = run({**_stalling_job(), "status": status_of(plan)}, children)
+    assert ("Delete", "Job", "demo-trainer") in kinds_and_names(again)
+
+
+def test_a_new_step_is_progress_and_clears_the_stall():
+    stale = (NOW - timedelta(seconds=600)).isoformat()
+    stalled = {"type": "Stalled", "status": "True", "reason": "NoProgress", "lastTransitionTime": stale}
+    plan = run(_stalling_job(step=4, progressTime=stale, attempt=2, conditions=[stalled]), _running_attempt("5", 2))
+    assert plan.status.phase == "Running" and plan.status.attempt == 2
+    assert plan.status.progress_time == NOW and plan.status.step == 5
+    assert state.condition(plan.status, state.ConditionType.STALLED).status == "False"
+
+
+def test_a_stall_on_the_last_allowed_attempt_fails_the_job():
+    stale = (NOW - timedelta(seconds=60)).isoformat()
+    body = _stalling_job(step=4, progressTime=stale, attempt=2)
+    body["spec"]["backoffLimit"] = 1
+    plan = run(body, _running_attempt("4", 2))
+    assert plan.status.phase == "Failed" and plan.status.reason == "BackoffLimitExceeded"
+    assert "made no progress for 60s" in plan.status.message
+
+
+def test_without_a_progress_deadline_a_quiet_trainer_runs_on():
+    stale = (NOW - timedelta(days=3)).isoformat()
+    plan = run(
+        job_body(status={"attempt": 1, "phase": "Running", "step": 4, "progressTime": stale}), _running_attempt("4")
+    )
+    assert plan.status.phase == "Running" and state.condition(plan.status, state.ConditionType.STALLED) is None
+
+
+def test_a_suspended_job_counts_its_progress_deadline_afresh_when_it_resumes():
+    stale = (NOW - timedelta(days=1)).isoformat()
+    body = _stalling_job(step=4, progressTime=stale)
+    body["spec"]["suspend"] = True
+    suspended = run(body, _running_attempt("4"))
+    assert suspended.status.phase == "Suspended" and suspended.status.progress_time is None
+    resumed = run({**_stalling_job(), "status": status_of(suspended)}, _running_attempt("4"))
+    assert resumed.status.phase == "Running" and resumed.status.progress_time == NOW

@@ -1,15 +1,26 @@
-"""Metrics: JSONL and TensorBoard logging (non-scalars skipped), step timer, progress publishing."""
+"""Metrics: JSONL and TensorBoard logging (non-scalars skipped), the sinks, the Prometheus endpoint, the log
+line of a step, step timer, progress publishing."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grpojob_trainer.metrics import FileProgressPublisher, MetricsLogger, StepTimer, read_jsonl, tokens_per_second
+from grpojob_trainer.metrics import (
+    FileProgressPublisher,
+    MetricsLogger,
+    StepTimer,
+    read_jsonl,
+    step_line,
+    tokens_per_second,
+)
+from grpojob_trainer.net import free_port
+from grpojob_trainer.prometheus import PrometheusMetrics
 
 
 def test_scalars_go_to_jsonl_and_tensorboard_and_other_values_are_skipped(tmp_path: Path):
@@ -97,3 +108,69 @@ def test_progress_is_written_as_step_and_mean_reward_json(tmp_path: Path):
     assert [p.name for p in (tmp_path / "status").iterdir()] == ["progress.json"]  # no temporary files left
     publisher.publish(5, float("nan"))
     assert publisher.read() == {"step": 5, "meanReward": None}
+
+
+STEP_METRICS = {
+    "rollout/reward/mean": 0.4125,
+    "rollout/count": 64.0,
+    "rollout/failed": 2.0,
+    "time/step": 12.34,
+    "time/generation": 8.1,
+    "time/training": 3.02,
+    "time/weight_sync": 0.4,
+    "throughput/generated_tokens_per_s": 1834.2,
+    "weight_sync/seconds": 0.38,
+}
+
+
+def test_the_log_line_of_a_step_has_its_reward_time_phases_and_failed_rollouts():
+    assert step_line(3, 16, STEP_METRICS) == (
+        "step 3/16 reward 0.4125 time 12.3s (generation 8.1s, training 3.0s, weight_sync 0.4s) "
+        "failed rollouts 2/64 generated 1.83e+03 tokens/s"
+    )
+    # A step whose every rollout failed has no reward.
+    assert (
+        step_line(4, 16, {"rollout/count": 64.0, "rollout/failed": 64.0}) == "step 4/16 reward - failed rollouts 64/64"
+    )
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, dict]] = []
+        self.closed: bool | None = None
+
+    def log(self, step: int, metrics) -> None:
+        self.steps.append((step, dict(metrics)))
+
+    def close(self, failed: bool = False) -> None:
+        self.closed = failed
+
+
+def test_sinks_get_the_logged_scalars_and_hear_whether_training_failed(tmp_path: Path):
+    finished, failed = RecordingSink(), RecordingSink()
+    with MetricsLogger(tmp_path / "a", tensorboard=False, sinks=[finished]) as logger:
+        logger.log(1, {"loss": 0.5, "per_sample": [1.0]})
+    assert finished.steps == [(1, {"loss": 0.5})] and finished.closed is False
+    with pytest.raises(RuntimeError), MetricsLogger(tmp_path / "b", tensorboard=False, sinks=[failed]):
+        raise RuntimeError("rollouts failed")
+    assert failed.closed is True
+
+
+def test_the_prometheus_endpoint_serves_the_last_step(tmp_path: Path):
+    exporter = PrometheusMetrics("demo", max_steps=16)
+    port = free_port()
+    exporter.serve(port, address="127.0.0.1")
+    with MetricsLogger(tmp_path, tensorboard=False, sinks=[exporter]) as logger:
+        logger.log(2, STEP_METRICS)
+        logger.log(3, STEP_METRICS | {"rollout/reward/mean": 0.5})
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
+    assert samples['grpojob_trainer_step{grpojob="demo"}'] == 3
+    assert samples['grpojob_trainer_max_steps{grpojob="demo"}'] == 16
+    assert samples['grpojob_trainer_mean_reward{grpojob="demo"}'] == 0.5
+    assert samples['grpojob_trainer_step_seconds{grpojob="demo"}'] == 12.34
+    assert samples['grpojob_trainer_phase_seconds{grpojob="demo",phase="generation"}'] == 8.1
+    assert samples['grpojob_trainer_generated_tokens_per_second{grpojob="demo"}'] == 1834.2
+    assert samples['grpojob_trainer_weight_sync_seconds{grpojob="demo"}'] == 0.38
+    assert samples['grpojob_trainer_rollouts_total{grpojob="demo"}'] == 128
+    assert samples['grpojob_trainer_failed_rollouts_total{grpojob="demo"}'] == 4
