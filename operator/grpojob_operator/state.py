@@ -604,6 +604,12 @@ def _model_ready(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Op
         return False
     if download.complete:
         commit = str(report.get("commit") or "")
+        if not commit and any(pod.phase not in ("Succeeded", "Failed") for pod in pods):
+            # The Pod and Job watches are separate streams: the Job's end may arrive before its pod's.
+            set_condition(
+                status, ConditionType.MODEL_READY, False, "Downloading", f"downloading {what} into {claim}", now
+            )
+            return False
         if not commit:  # its pod (and report) is gone: download again (from the cache, so at once)
             if not download.deleting:
                 plan_.actions.append(Delete("batch/v1", "Job", child.model_download, "Foreground"))

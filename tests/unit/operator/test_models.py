@@ -146,6 +146,19 @@ def test_the_commit_the_download_resolved_is_the_one_every_pod_loads():
         manifests.build_trainer_job(job, SETTINGS, 1)
 
 
+def test_a_finished_download_whose_pod_the_cache_still_shows_running_is_waited_for_not_repeated():
+    children = {
+        "NetworkPolicy": {"demo-network": OtherInfo("demo-network", False)},
+        "PersistentVolumeClaim": {"demo-model-cache": OtherInfo("demo-model-cache", False)},
+        "Job": {"demo-model": download_job(complete=True)},
+        "Pod": {"demo-model-abcde": download_pod(phase="Running")},
+    }
+    assert plan(hub_body(), children).actions == []
+
+    del children["Pod"]  # the pod, and its report, are gone: the download runs again
+    assert [type(a) for a in plan(hub_body(), children).actions] == [state.Delete]
+
+
 def test_every_pod_that_loads_the_model_has_the_hub_off_and_the_cache_read_only():
     job = api.parse_job(hub_body())
     cluster = manifests.build_raycluster(job, SETTINGS)
