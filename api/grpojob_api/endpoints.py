@@ -90,6 +90,16 @@ GRPOJOB_MODEL_PATH = "GRPOJOB_MODEL_PATH"
 GRPOJOB_DATASET_PATH = "GRPOJOB_DATASET_PATH"
 GRPOJOB_CHECKPOINT_DIR = "GRPOJOB_CHECKPOINT_DIR"
 GRPOJOB_LOG_DIR = "GRPOJOB_LOG_DIR"
+GRPOJOB_OUTPUT_DIR = "GRPOJOB_OUTPUT_DIR"
+"""The trainer: where the policy's ranks write the exported model (`spec.output`), as they see it."""
+
+HF_HUB_OFFLINE = "HF_HUB_OFFLINE"
+"""`huggingface_hub`'s switch: "1" on every pod of a job after its model's download (and in the download
+itself with `spec.model.offline`): nothing reaches for the hub."""
+HF_HUB_CACHE = "HF_HUB_CACHE"
+"""`huggingface_hub`'s cache directory: the mounted cache volume of a job whose model is a hub id."""
+HF_TOKEN = "HF_TOKEN"
+"""The download step: the Hugging Face token, from `spec.model.tokenSecret`."""
 GRPOJOB_TRAINER_METRICS_PORT = "GRPOJOB_TRAINER_METRICS_PORT"
 POD_NAMESPACE = "POD_NAMESPACE"
 """The trainer: its namespace (the downward API's ``metadata.namespace``)."""
@@ -165,6 +175,8 @@ class TrainerEnv(_Contract):
     model_path: str = Field(alias=GRPOJOB_MODEL_PATH, min_length=1)
     dataset_path: str = Field(alias=GRPOJOB_DATASET_PATH, min_length=1)
     checkpoint_dir: str = Field(alias=GRPOJOB_CHECKPOINT_DIR, min_length=1)
+    output_dir: str = Field(alias=GRPOJOB_OUTPUT_DIR, min_length=1)
+    """Where the policy's ranks (on the `policy` workers) write the exported model."""
     log_dir: str = Field(default="/tmp/grpojob", alias=GRPOJOB_LOG_DIR, min_length=1)
     """This attempt's run directory: `metrics.jsonl`, TensorBoard events, offline W&B runs (inside the pod)."""
     metrics_port: int = Field(default=0, alias=GRPOJOB_TRAINER_METRICS_PORT, ge=0, le=65535)

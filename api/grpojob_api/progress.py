@@ -1,7 +1,9 @@
 """How training progress travels from the trainer to `kubectl get grpojobs`.
 
 The trainer writes `{"step": "12", "meanReward": "0.41"}` into the ConfigMap `<job>-progress` after
-every step; the operator copies it into `status.step` and `status.meanReward` on its next pass.
+every step; the operator copies it into `status.step` and `status.meanReward` on its next pass. After
+exporting the model it adds `{"outputModel": "models/demo/final", "outputModelStep": "100"}` (the path
+inside the output claim), which the operator copies into `status.outputModel`.
 
 Why a ConfigMap, and not the trainer patching the GRPOJob status or the operator scraping the
 trainer's metrics:
@@ -21,12 +23,22 @@ from dataclasses import dataclass
 
 STEP_KEY = "step"
 MEAN_REWARD_KEY = "meanReward"
+OUTPUT_MODEL_KEY = "outputModel"
+OUTPUT_MODEL_STEP_KEY = "outputModelStep"
 
 
 @dataclass(frozen=True)
 class ProgressReport:
     step: int
     mean_reward: float | None
+    output_model: str | None = None
+    """The newest exported model's directory, inside the output claim."""
+    output_model_step: int | None = None
+
+
+def output_model_data(path: str, step: int) -> dict[str, str]:
+    """What the trainer writes into `<job>-progress` after exporting the model of ``step`` to ``path``."""
+    return {OUTPUT_MODEL_KEY: path, OUTPUT_MODEL_STEP_KEY: str(step)}
 
 
 def progress_data(step: int, mean_reward: float | None) -> dict[str, str]:
@@ -46,4 +58,7 @@ def parse_progress(data: dict[str, str]) -> ProgressReport | None:
         return None
     if step < 0 or (reward is not None and not math.isfinite(reward)):
         return None
-    return ProgressReport(step=step, mean_reward=reward)
+    output, output_step = data.get(OUTPUT_MODEL_KEY), data.get(OUTPUT_MODEL_STEP_KEY, "")
+    if not output or not output_step.isdigit():
+        return ProgressReport(step=step, mean_reward=reward)
+    return ProgressReport(step=step, mean_reward=reward, output_model=output, output_model_step=int(output_step))

@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from grpojob_api.quantity import parse_quantity
+from grpojob_api.quantity import held_as_int64, parse_quantity
 
 GROUP = "grpo.dev"
 VERSION = "v1alpha1"
@@ -137,16 +137,76 @@ class PvcSource(ApiModel):
     """Path inside the volume (relative, without `..`; empty for its root)."""
 
 
-class ModelSpec(ApiModel):
-    """The policy model: a Hugging Face model directory (weights, config, tokenizer, chat template)."""
+HUB_MODEL_ID = r"^[A-Za-z0-9][-_.A-Za-z0-9]*(/[A-Za-z0-9][-_.A-Za-z0-9]*)?$"
+"""A Hugging Face model id: `name` or `owner/name` (letters, digits, `-`, `_`, `.`)."""
+_ONE_MODEL_SOURCE = "spec.model: set exactly one of path (a model directory) or id (a Hugging Face model id)"
+_MODEL_PVC_NEEDS_PATH = "spec.model.pvc needs spec.model.path (the model directory inside the claim)"
+_HUB_FIELDS_NEED_ID = "spec.model: revision, tokenSecret, cache and offline go with id (a Hugging Face model id)"
 
-    path: str = Field(min_length=1)
-    """Local path of the model directory; with `pvc`, the path inside the claim. Never a hub id:
-    models load from local files only."""
+
+class ModelCacheSpec(ApiModel):
+    """The volume a Hugging Face model is downloaded into (in the hub's cache layout), once per job: a claim
+    the user names (shared by jobs, so a model is downloaded once), or one the job creates and deletes."""
+
+    claim_name: str | None = Field(default=None, min_length=1)
+    """An existing PersistentVolumeClaim to use as the cache (ReadWriteMany to share it between nodes). Without
+    it the job creates `<job>-model-cache`, which goes with the job."""
+    size: Quantity = "64Gi"
+    """Size of the claim the job creates (ignored with `claimName`)."""
+    storage_class_name: str | None = Field(default=None, min_length=1)
+    """StorageClass of the claim the job creates (the cluster's default without it)."""
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
+    """Access mode of the claim the job creates: ReadWriteMany when the Ray pods span several nodes."""
+
+
+class ModelSpec(ApiModel):
+    """The policy model: a Hugging Face model directory (weights, config, tokenizer, chat template), named
+    one of three ways: a Hugging Face model `id` (downloaded once into a cache volume before any pod needs
+    it); a `path` (on a `pvc`) to a model directory; or a `path` to an earlier job's exported model or
+    checkpoint, to continue training from it."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("has(self.path) != has(self.id)", _ONE_MODEL_SOURCE),
+            cel("!has(self.pvc) || has(self.path)", _MODEL_PVC_NEEDS_PATH, ".pvc"),
+            cel(
+                "has(self.id) || !(has(self.revision) || has(self.tokenSecret) || has(self.cache) || "
+                "(has(self.offline) && self.offline))",
+                _HUB_FIELDS_NEED_ID,
+            ),
+        )
+    )
+
+    path: str | None = Field(default=None, min_length=1, max_length=MAX_PATH_LENGTH)
+    """Local path of the model directory (a Hugging Face model directory, an exported model or a checkpoint
+    of an earlier job); with `pvc`, the path inside the claim."""
     pvc: PvcSource | None = None
-    """Claim holding the model; mounted read-only into the Ray pods and the trainer."""
+    """Claim holding `path`; mounted read-only into the Ray pods and the trainer."""
+    id: str | None = Field(default=None, max_length=96, pattern=HUB_MODEL_ID)
+    """A Hugging Face model id (`Qwen/Qwen2.5-1.5B-Instruct`): the operator downloads it into `cache` before
+    the Ray pods start, and every pod loads that one revision from there, with `HF_HUB_OFFLINE=1`."""
+    revision: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[^\s]+$")
+    """Branch, tag or commit of `id` (default `main`); resolved to one commit by the download."""
+    token_secret: SecretKeyRef | None = None
+    """The Secret key holding a Hugging Face token (`HF_TOKEN`), for gated or private models."""
+    cache: ModelCacheSpec | None = None
+    """Where `id` is downloaded to (default: a claim the job creates)."""
+    offline: bool = False
+    """Take `id` from the cache only, never from the hub (a cache filled beforehand, an air-gapped
+    cluster): the download step fails with a clear reason when the cache does not hold it."""
     served_model_name: str = Field(default="policy", min_length=1, max_length=128)
     """Name the generation server answers to (`model` in OpenAI requests, `/v1/models`)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.path is None) == (self.id is None):
+            raise ValueError(_ONE_MODEL_SOURCE)
+        if self.pvc is not None and self.path is None:
+            raise ValueError(_MODEL_PVC_NEEDS_PATH)
+        hub_fields = self.revision or self.token_secret or self.cache or self.offline
+        if self.id is None and hub_fields:
+            raise ValueError(_HUB_FIELDS_NEED_ID)
+        return self
 
 
 class GenerationBackend(StrEnum):
@@ -443,7 +503,8 @@ class Resources(ApiModel):
         unknown = sorted(set(quantities) - set(RESOURCE_NAMES))
         if unknown:
             raise ValueError(f"{_KNOWN_RESOURCES}, not {', '.join(unknown)}")
-        fractional = sorted(k for k, v in quantities.items() if k != "cpu" and parse_quantity(v) % 1 != 0)
+        # As the API server's `isInteger()` judges it (`held_as_int64`): `1Pi` is whole, but not to it.
+        fractional = sorted(k for k, v in quantities.items() if k != "cpu" and not held_as_int64(v))
         if fractional:
             raise ValueError(f"{_WHOLE_RESOURCES}: {', '.join(fractional)}")
         return quantities
@@ -629,6 +690,22 @@ class CheckpointSpec(ApiModel):
     """Save every this many steps (and after the last)."""
     keep: int = Field(default=2, ge=1)
     """Newest checkpoints kept."""
+
+
+class OutputSpec(ApiModel):
+    """The trained policy as a Hugging Face model directory (`config.json`, safetensors, tokenizer files,
+    `generation_config.json`) that `vllm serve` and `transformers` load as they are: written at the end of
+    the job to `<path>/final` and, with `everyCheckpoint`, with each checkpoint to `<path>/step_<step>`."""
+
+    pvc: PvcSource | None = None
+    """Claim to write to (default: `spec.checkpointing.pvc`); without any, the model stays in the policy pod."""
+    path: VolumePath | None = Field(default=None, min_length=1)
+    """Directory: inside the claim on Kubernetes (without `..`), relative to the working directory (or
+    absolute) with `grpojob run`. Default `models/<job name>`."""
+    every_checkpoint: bool = False
+    """Also export the model with each checkpoint (the newest `spec.checkpointing.keep` of them kept)."""
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Data type of the exported weights (training keeps float32 master weights)."""
 
 
 class MlflowSpec(ApiModel):
@@ -860,7 +937,7 @@ class SchedulingSpec(ApiModel):
     environments: PodScheduling = Field(default_factory=PodScheduling)
     """Every environment server pod (Penguin and NeMo Gym)."""
     trainer: PodScheduling = Field(default_factory=PodScheduling)
-    """The trainer pod (the Ray driver)."""
+    """The trainer pod (the Ray driver), and the download of a hub model (`spec.model.id`)."""
 
 
 class GRPOJobSpec(ApiModel):
@@ -896,6 +973,8 @@ class GRPOJobSpec(ApiModel):
     """The algorithm."""
     checkpointing: CheckpointSpec = Field(default_factory=CheckpointSpec)
     """Checkpoints."""
+    output: OutputSpec = Field(default_factory=OutputSpec)
+    """Where the trained model goes."""
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
     """Metrics: logs on a claim, TensorBoard, MLflow, W&B."""
     images: ImagesSpec = Field(default_factory=ImagesSpec)
@@ -952,6 +1031,7 @@ class Phase(StrEnum):
 
 
 class ConditionType(StrEnum):
+    MODEL_READY = "ModelReady"
     RAY_CLUSTER_READY = "RayClusterReady"
     ENDPOINTS_PUBLISHED = "EndpointsPublished"
     ENVIRONMENTS_READY = "EnvironmentsReady"
@@ -973,6 +1053,17 @@ class Condition(ApiModel):
     observed_generation: int | None = None
 
 
+class OutputModelStatus(ApiModel):
+    """Where the newest exported model is: a `spec.model` `path` (and `pvc`) that serves or continues it."""
+
+    path: str
+    """Directory of the model: inside the claim, or in the policy pod (or, with `grpojob run`, locally)."""
+    claim_name: str | None = None
+    """The claim holding it (none: it is in the policy pod and goes with it)."""
+    step: int
+    """Training step the model was exported at."""
+
+
 class GRPOJobStatus(ApiModel):
     """Observed state of a GRPOJob, written only by the operator's status writer."""
 
@@ -987,6 +1078,10 @@ class GRPOJobStatus(ApiModel):
     """Last finished training step, as the trainer reported it."""
     mean_reward: float | None = None
     """Mean reward of the last finished step."""
+    model_commit: str | None = None
+    """The commit of `spec.model.id` that the download resolved; every pod loads this one."""
+    output_model: OutputModelStatus | None = None
+    """The newest model the trainer exported (`spec.output`)."""
     progress_time: datetime | None = None
     """When the current attempt last made progress: its trainer started running, or the step advanced.
     `spec.progressDeadlineSeconds` counts from here."""
@@ -1022,6 +1117,26 @@ class GRPOJob(ApiModel):
 def checkpoint_dir(job: GRPOJob) -> str:
     """The job's checkpoint directory, relative to the claim (or the working directory)."""
     return job.spec.checkpointing.path or f"checkpoints/{job.metadata.name}"
+
+
+def output_dir(job: GRPOJob) -> str:
+    """The job's output directory (exported models), relative to the claim (or the working directory)."""
+    return job.spec.output.path or f"models/{job.metadata.name}"
+
+
+FINAL_MODEL_DIR = "final"
+"""The model exported at the end of the job: `<output dir>/final`."""
+
+
+def step_model_dir(step: int) -> str:
+    """The model exported with the checkpoint of ``step``: `<output dir>/step_<step:08d>`."""
+    return f"step_{step:08d}"
+
+
+def hub_snapshot_path(model_id: str, commit: str) -> str:
+    """Where the Hugging Face hub cache holds ``commit`` of ``model_id``, relative to the cache's root
+    (`HF_HUB_CACHE`): `models--<owner>--<name>/snapshots/<commit>` (the hub's layout)."""
+    return "models--" + model_id.replace("/", "--") + f"/snapshots/{commit}"
 
 
 def log_claim(spec: GRPOJobSpec) -> PvcSource | None:

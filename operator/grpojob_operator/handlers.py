@@ -35,6 +35,7 @@ WATCHED_CHILDREN = (
     ("ConfigMap", "", "v1", "configmaps"),
     ("Service", "", "v1", "services"),
     ("ServiceAccount", "", "v1", "serviceaccounts"),
+    ("PersistentVolumeClaim", "", "v1", "persistentvolumeclaims"),
     ("Deployment", "apps", "v1", "deployments"),
     ("Job", "batch", "v1", "jobs"),
     ("Role", "rbac.authorization.k8s.io", "v1", "roles"),
@@ -129,14 +130,15 @@ def _status_change(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> str:
 
 def write_groups(actions: list[state.Action]) -> list[list[state.Action]]:
     """The plan's actions in the order given, grouped into writes that may be sent at once: creates go
-    together up to and including a ConfigMap write (pods read ConfigMaps, so whatever the plan puts after one
-    waits for it: the endpoints before the environments and the trainer); a delete or a patch goes alone."""
+    together up to and including a ConfigMap or PersistentVolumeClaim write (pods read ConfigMaps and mount
+    claims, so whatever the plan puts after one waits for it: the endpoints before the environments and the
+    trainer, a hub model's cache claim before its download Job); a delete or a patch goes alone."""
     groups: list[list[state.Action]] = []
     current: list[state.Action] = []
     for action in actions:
         if isinstance(action, state.Create | state.Replace):
             current.append(action)
-            if action.manifest["kind"] == "ConfigMap":
+            if action.manifest["kind"] in ("ConfigMap", "PersistentVolumeClaim"):
                 groups.append(current)
                 current = []
             continue

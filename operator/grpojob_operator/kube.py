@@ -41,6 +41,7 @@ RESOURCES: dict[str, Resource] = {
     "ConfigMap": Resource("", "v1", "configmaps"),
     "Service": Resource("", "v1", "services"),
     "ServiceAccount": Resource("", "v1", "serviceaccounts"),
+    "PersistentVolumeClaim": Resource("", "v1", "persistentvolumeclaims"),
     "Deployment": Resource("apps", "v1", "deployments"),
     "Job": Resource("batch", "v1", "jobs"),
     "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),

@@ -19,7 +19,10 @@ CONFIG_FILE = "grpojob.yaml"
 CONFIG_MOUNT = "/etc/grpojob"
 DATASET_MOUNT = "/data/dataset"
 MODEL_MOUNT = "/data/model"
+HUB_CACHE_MOUNT = "/data/hf-cache"
 CHECKPOINT_MOUNT = "/data/checkpoints"
+OUTPUT_MOUNT = "/data/output"
+TERMINATION_LOG = "/dev/termination-log"
 LOG_MOUNT = "/data/logs"
 NON_ROOT_UID = 1000
 RAY_TMP_MOUNT = "/tmp"  # Ray's session directory (/tmp/ray) and the images' HOME and caches
@@ -130,10 +133,33 @@ def _pvc_volume(volume_name: str, source: api.PvcSource, read_only: bool) -> Man
     return {"name": volume_name, "persistentVolumeClaim": {"claimName": source.claim_name, "readOnly": read_only}}
 
 
-def model_path(job: api.GRPOJob) -> str:
-    """Where the model directory is inside the pods."""
+def model_path(job: api.GRPOJob, model_commit: str | None = None) -> str:
+    """Where the model directory is inside the pods: the path (in its claim), or for a hub id the snapshot of
+    ``model_commit`` (the commit the download resolved) in the mounted cache."""
     model = job.spec.model
-    return f"{MODEL_MOUNT}/{model.path.strip('/')}" if model.pvc else model.path
+    if model.id is not None:
+        if not model_commit:
+            raise ValueError(f"spec.model.id {model.id}: no commit yet (the model's download has not finished)")
+        return f"{HUB_CACHE_MOUNT}/{api.hub_snapshot_path(model.id, model_commit)}"
+    path = str(model.path)
+    return f"{MODEL_MOUNT}/{path.strip('/')}" if model.pvc else path
+
+
+def model_cache_claim(job: api.GRPOJob) -> str:
+    """The claim a hub model is downloaded into: the one `spec.model.cache` names, or the job's own."""
+    cache = job.spec.model.cache
+    if cache is not None and cache.claim_name:
+        return cache.claim_name
+    return names.ChildNames(job.metadata.name).model_cache
+
+
+def hub_env(job: api.GRPOJob) -> list[Manifest]:
+    """Environment of every pod that loads the model: the hub is never reached (`HF_HUB_OFFLINE=1`), and a
+    hub model's cache is where `huggingface_hub` looks."""
+    env = [{"name": endpoints.HF_HUB_OFFLINE, "value": "1"}]
+    if job.spec.model.id is not None:
+        env.append({"name": endpoints.HF_HUB_CACHE, "value": HUB_CACHE_MOUNT})
+    return env
 
 
 def share_claims(volumes: list[Manifest], mounts: list[Manifest]) -> tuple[list[Manifest], list[Manifest]]:
@@ -159,13 +185,126 @@ def share_claims(volumes: list[Manifest], mounts: list[Manifest]) -> tuple[list[
 
 
 def _model_volumes(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest]]:
-    pvc = job.spec.model.pvc
-    if pvc is None:
+    """The model's claim, mounted read-only: the one holding `path`, or a hub model's cache."""
+    model = job.spec.model
+    if model.id is not None:
+        cache = {"name": "model", "persistentVolumeClaim": {"claimName": model_cache_claim(job), "readOnly": True}}
+        return [cache], [{"name": "model", "mountPath": HUB_CACHE_MOUNT, "readOnly": True}]
+    if model.pvc is None:
         return [], []
     mount = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
+    if model.pvc.path:
+        mount["subPath"] = model.pvc.path
+    return [_pvc_volume("model", model.pvc, read_only=True)], [mount]
+
+
+def output_claim(job: api.GRPOJob) -> api.PvcSource | None:
+    """The claim the exported model goes to: `spec.output.pvc`, else the checkpoints' claim."""
+    return job.spec.output.pvc or job.spec.checkpointing.pvc
+
+
+def output_volume(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest], str]:
+    """The output claim's volume and mount on the `policy` workers (rank 0 writes the exported model), and
+    the output directory as they see it; without a claim, the policy pod's /tmp."""
+    pvc = output_claim(job)
+    inside = api.output_dir(job).lstrip("/")
+    if pvc is None:
+        return [], [], f"/tmp/{inside}"
+    mount = {"name": "output", "mountPath": OUTPUT_MOUNT}
     if pvc.path:
         mount["subPath"] = pvc.path
-    return [_pvc_volume("model", pvc, read_only=True)], [mount]
+    return [_pvc_volume("output", pvc, read_only=False)], [mount], f"{OUTPUT_MOUNT}/{inside}"
+
+
+def output_model_status(job: api.GRPOJob, reported: str, step: int) -> api.OutputModelStatus:
+    """`status.outputModel` from the trainer's report (a path inside the output volume's mount): the path
+    inside the claim, so that a `spec.model` of `path` and `pvc` names it."""
+    pvc = output_claim(job)
+    if pvc is None:
+        return api.OutputModelStatus(path=reported, step=step)
+    path = f"{pvc.path.strip('/')}/{reported}" if pvc.path else reported
+    return api.OutputModelStatus(path=path, claim_name=pvc.claim_name, step=step)
+
+
+# ------------------------------------------------------------------------------------------------
+# the model's download (a hub id)
+
+
+def build_model_cache_claim(job: api.GRPOJob) -> Manifest:
+    """The hub cache the job creates when `spec.model.cache` names no claim (deleted with the job)."""
+    job_name, _ = _job_ref(job)
+    cache = job.spec.model.cache or api.ModelCacheSpec()
+    spec: Manifest = {"accessModes": [cache.access_mode], "resources": {"requests": {"storage": cache.size}}}
+    if cache.storage_class_name:
+        spec["storageClassName"] = cache.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(job, names.ChildNames(job_name).model_cache, "model-cache"),
+        "spec": spec,
+    }
+
+
+def build_model_download_job(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
+    """The Job that downloads `spec.model.id` into the cache claim once, before any Ray pod starts
+    (`grpojob download-model`): it reports the commit it resolved, or why it failed, in its termination
+    message, which the operator reads. Never retried: an unknown id or a missing token does not heal."""
+    job_name, _ = _job_ref(job)
+    model = job.spec.model
+    command = ["grpojob", "download-model", str(model.id), "--cache", HUB_CACHE_MOUNT]
+    command += ["--termination-log", TERMINATION_LOG]
+    if model.revision:
+        command += ["--revision", model.revision]
+    env: list[Manifest] = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": endpoints.HF_HUB_CACHE, "value": HUB_CACHE_MOUNT},
+    ]
+    if model.offline:
+        env.append({"name": endpoints.HF_HUB_OFFLINE, "value": "1"})
+    if model.token_secret is not None:
+        ref = {"name": model.token_secret.name, "key": model.token_secret.key}
+        env.append({"name": endpoints.HF_TOKEN, "valueFrom": {"secretKeyRef": ref}})
+    labels = _labels(job, "model-download")
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(job, names.ChildNames(job_name).model_download, "model-download"),
+        "spec": {
+            "backoffLimit": 0,
+            # The download pod is placed as the trainer pod is (a CPU pod of the same image).
+            "template": scheduled(
+                {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "automountServiceAccountToken": False,
+                        "securityContext": pod_security_context(),
+                        "volumes": [
+                            {"name": "cache", "persistentVolumeClaim": {"claimName": model_cache_claim(job)}},
+                            {"name": "tmp", "emptyDir": {}},
+                        ],
+                        "containers": [
+                            {
+                                "name": "download",
+                                "image": job.spec.images.trainer or settings.default_trainer_image(),
+                                "command": command,
+                                "env": env,
+                                "terminationMessagePath": TERMINATION_LOG,
+                                "terminationMessagePolicy": "FallbackToLogsOnError",
+                                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+                                "volumeMounts": [
+                                    {"name": "cache", "mountPath": HUB_CACHE_MOUNT},
+                                    {"name": "tmp", "mountPath": "/tmp"},
+                                ],
+                                "securityContext": read_only_container_security_context(),
+                            }
+                        ],
+                    },
+                },
+                job.spec.scheduling.trainer,
+            ),
+        },
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,7 +373,10 @@ def _worker_group(
     if group == endpoints.POLICY_GROUP:
         resource_units = job.spec.training.ranks_per_replica
         checkpoint_volumes, checkpoint_mounts, _ = checkpoint_volume(job)
-        volumes, mounts = share_claims([*volumes, *checkpoint_volumes], [*mounts, *checkpoint_mounts])
+        output_volumes, output_mounts, _ = output_volume(job)
+        volumes, mounts = share_claims(
+            [*volumes, *checkpoint_volumes, *output_volumes], [*mounts, *checkpoint_mounts, *output_mounts]
+        )
     labels = _labels(job, group)
     return {
         "groupName": group,
@@ -255,7 +397,7 @@ def _worker_group(
                         {
                             "name": "ray-worker",
                             "image": image,
-                            "env": ray_auth_env(job),
+                            "env": [*ray_auth_env(job), *hub_env(job)],
                             "resources": _worker_resources(gpus),
                             "ports": ports,
                             "volumeMounts": [*mounts, *_ray_scratch_mounts()],
@@ -274,7 +416,8 @@ def _role_scheduling(job: api.GRPOJob, group: str) -> api.PodScheduling:
 
 
 def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
-    """The RayCluster: a CPU head that runs no work, and the `generation` and `policy` GPU groups."""
+    """The RayCluster: a CPU head that runs no work, and the `generation` and `policy` GPU groups (which
+    mount the model's claim; the trainer tells them the model's path)."""
     job_name, _ = _job_ref(job)
     names_ = names.ChildNames(job_name)
     image = job.spec.images.ray or settings.ray_image
@@ -304,7 +447,7 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
                                 {
                                     "name": "ray-head",
                                     "image": image,
-                                    "env": ray_auth_env(job),
+                                    "env": [*ray_auth_env(job), *hub_env(job)],
                                     "resources": {
                                         "requests": {"cpu": "2", "memory": "8Gi"},
                                         "limits": {"memory": "8Gi"},
@@ -668,15 +811,19 @@ def _dataset_volume(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest], s
     return [], [], str(dataset.path)
 
 
-def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int) -> Manifest:
+def build_trainer_job(
+    job: api.GRPOJob, settings: OperatorSettings, attempt: int, model_commit: str | None = None
+) -> Manifest:
     """The trainer Job of one attempt: joins the Ray cluster at `RAY_GCS_ADDRESS` (from the endpoints
-    ConfigMap) and runs the GRPO loop. The Job itself never retries: the operator counts attempts."""
+    ConfigMap) and runs the GRPO loop. The Job itself never retries: the operator counts attempts. A hub
+    model (`spec.model.id`) is loaded at ``model_commit``, the commit its download resolved."""
     job_name, _ = _job_ref(job)
     child = names.ChildNames(job_name)
     attempt_label = {names.ATTEMPT_LABEL: str(attempt)}
     model_volumes, model_mounts = _model_volumes(job)
     dataset_volumes, dataset_mounts, dataset_path = _dataset_volume(job)
     _, _, checkpoint_dir = checkpoint_volume(job)
+    _, _, output_dir = output_volume(job)
     log_volumes, log_mounts, log_dir = log_volume(job, read_only=False)
     volumes = [
         {"name": "config", "configMap": {"name": child.config}},
@@ -716,11 +863,13 @@ def build_trainer_job(job: api.GRPOJob, settings: OperatorSettings, attempt: int
                                 "envFrom": [*_endpoints_env_from(job), *tracking_env_from(job)],
                                 "env": [
                                     *ray_auth_env(job),
+                                    *hub_env(job),
                                     *endpoints.TrainerEnv(
                                         progress_config_map=child.progress,
-                                        model_path=model_path(job),
+                                        model_path=model_path(job, model_commit),
                                         dataset_path=dataset_path,
                                         checkpoint_dir=checkpoint_dir,
+                                        output_dir=output_dir,
                                         log_dir=attempt_log_dir(log_dir, attempt),
                                         metrics_port=endpoints.TRAINER_METRICS_PORT,
                                     ).env(),

@@ -75,6 +75,16 @@ class ChildNames:
         return f"{self.job}-trainer"
 
     @property
+    def model_download(self) -> str:
+        """The Job that downloads a hub model (`spec.model.id`) into the cache before the Ray pods start."""
+        return f"{self.job}-model"
+
+    @property
+    def model_cache(self) -> str:
+        """The PersistentVolumeClaim the job creates as its hub cache when `spec.model.cache` names none."""
+        return f"{self.job}-model-cache"
+
+    @property
     def tensorboard(self) -> str:
         """TensorBoard's Deployment and Service (`spec.logging.tensorboard`)."""
         return f"{self.job}-tensorboard"

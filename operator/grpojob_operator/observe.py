@@ -45,6 +45,8 @@ class PodInfo:
     """(container, exit code, reason and message) of terminated containers."""
     unschedulable: str = ""
     """The scheduler's message when it cannot place the pod (no GPUs free, a missing claim, ...)."""
+    termination_message: str = ""
+    """The message of its first terminated container that left one (the model download's report)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
     labels = meta.get("labels") or {}
     if kind == "Pod":
         ready = _condition(status.get("conditions"), "Ready")
-        stuck, terminated = [], []
+        stuck, terminated, messages = [], [], []
         for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
             state = container.get("state") or {}
             waiting, ended = state.get("waiting") or {}, state.get("terminated")
@@ -112,6 +114,8 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
             if ended:
                 detail = " ".join(filter(None, [ended.get("reason"), ended.get("message")]))
                 terminated.append((container.get("name", ""), int(ended.get("exitCode", 0)), detail))
+                if ended.get("message"):
+                    messages.append(ended["message"])
         attempt = labels.get(names.ATTEMPT_LABEL)
         scheduled = _condition(status.get("conditions"), "PodScheduled") or {}
         unschedulable = scheduled.get("message", "") if scheduled.get("reason") == "Unschedulable" else ""
@@ -128,6 +132,7 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
             stuck=tuple(stuck),
             terminated=tuple(terminated),
             unschedulable=unschedulable,
+            termination_message=messages[0] if messages else "",
         )
     if kind == "Job":
         conditions = status.get("conditions")

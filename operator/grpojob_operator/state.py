@@ -12,11 +12,15 @@ one memo (`_config_map`) only saves recomputing.
 A running attempt whose step has not advanced for `spec.progressDeadlineSeconds` (counted from its
 trainer's start, then from each new step) is stalled: condition Stalled, and it is retried as failed.
 
-Order of the children: the NetworkPolicy (before any pod of the job exists), RayCluster,
-`<job>-config`, `<job>-generation` (and the trainer's progress ConfigMap and RBAC) → wait for the
-RayCluster's HeadPodReady condition and a head pod with an IP → write `<job>-endpoints` →
-environment Deployments/Services and the trainer Job, which read the endpoints with envFrom. A NeMo
-Gym environment's config (`<job>-env-<name>-nemo-gym`) is written from the endpoints before its
+Order of the children: the NetworkPolicy (before any pod of the job exists); for a hub model
+(`spec.model.id`), its cache claim (unless the spec names one) and the download Job `<job>-model`,
+whose pod reports the commit it resolved (kept in `status.modelCommit`; ModelReady); nothing else
+starts before it, and a failed download (an unknown id, a missing token) fails the job with the
+download's reason (ModelNotFound, ModelAccessDenied, ...). Then the RayCluster, `<job>-config`,
+`<job>-generation` (and the trainer's progress ConfigMap and RBAC) → wait for the RayCluster's
+HeadPodReady condition and a head pod with an IP → write `<job>-endpoints` → environment
+Deployments/Services and the trainer Job, which read the endpoints with envFrom. A NeMo Gym
+environment's config (`<job>-env-<name>-nemo-gym`) is written from the endpoints before its
 Deployment, and a new head rolls its pods (`_nemo_gym_actions`). A retry first records the new
 attempt in the status, then deletes the old trainer Job with foreground propagation (its pods go
 first), then creates the next one, so an operator restarted between any two of those steps neither
@@ -25,6 +29,7 @@ loses nor repeats an attempt.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -282,12 +287,17 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
         _fail(plan_, *stuck, now)
         return
 
-    # 1. The RayCluster and the children that need no address; the config follows the spec (which may
-    # have changed while the job was suspended).
     # The NetworkPolicy goes first: the job's pods are never reachable from outside the job.
     policy = manifests.build_network_policy(job)
     if not observed.has("NetworkPolicy", child.network_policy):
         plan_.actions.append(Create(policy))
+
+    # 0. A hub model is downloaded before any pod that loads it starts.
+    if not _model_ready(job, plan_, observed, settings, now):
+        return
+
+    # 1. The RayCluster and the children that need no address; the config follows the spec (which may
+    # have changed while the job was suspended).
     cluster_manifest = manifests.build_raycluster(job, settings)
     if not observed.has("RayCluster", child.raycluster):
         plan_.actions.append(Create(cluster_manifest))
@@ -295,7 +305,7 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     rest = [manifests.build_generation_service(job), manifests.build_progress(job), *manifests.build_trainer_rbac(job)]
     plan_.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
     plan_.actions += _tensorboard_actions(job, observed, settings)
-    _read_progress(status, observed.get("ConfigMap", child.progress), now)
+    _read_progress(job, status, observed.get("ConfigMap", child.progress), now)
     trainer: TrainerJobInfo | None = observed.get("Job", child.trainer)
     if trainer is not None:
         status.attempt = max(status.attempt, trainer.attempt)  # a status rebuilt from scratch
@@ -467,7 +477,7 @@ def _advance_trainer(
         if leftovers:
             waiting("RestartingTrainer", f"waiting for pods of the previous attempt to go: {', '.join(leftovers)}")
             return
-        plan_.actions.append(Create(manifests.build_trainer_job(job, settings, status.attempt)))
+        plan_.actions.append(Create(manifests.build_trainer_job(job, settings, status.attempt, status.model_commit)))
         waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
         return
     if trainer.complete:
@@ -546,8 +556,9 @@ def _trainer_failure(trainer: TrainerJobInfo, pods: list[PodInfo]) -> str:
     return trainer.failure_message or "the trainer Job failed"
 
 
-def _read_progress(status: api.GRPOJobStatus, progress: ConfigMapInfo | None, now: datetime) -> None:
-    """Copy the trainer's reported step and mean reward into the status; a new step is progress."""
+def _read_progress(job: api.GRPOJob, status: api.GRPOJobStatus, progress: ConfigMapInfo | None, now: datetime) -> None:
+    """Copy the trainer's reported step, mean reward and exported model into the status; a new step is
+    progress."""
     if progress is not None:
         report = parse_progress(progress.as_dict())
         if report is not None:
@@ -557,3 +568,67 @@ def _read_progress(status: api.GRPOJobStatus, progress: ConfigMapInfo | None, no
                 if stalled is not None and stalled.status == "True":
                     set_condition(status, ConditionType.STALLED, False, "Progressing", f"step {report.step}", now)
             status.step, status.mean_reward = report.step, report.mean_reward
+            if report.output_model is not None and report.output_model_step is not None:
+                status.output_model = manifests.output_model_status(job, report.output_model, report.output_model_step)
+
+
+def _model_ready(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: OperatorSettings, now: datetime) -> bool:
+    """Whether the model can be loaded: a path always; a hub id once its download Job has reported the commit
+    it resolved (into ``status.modelCommit``). Until then: the cache claim and the download Job, the
+    ModelReady condition saying how far it is; the job fails on a failed download, with its reason."""
+    model, status = job.spec.model, plan_.status
+    if model.id is None or status.model_commit:
+        return True
+    child = names.ChildNames(job.metadata.name)
+    claim = manifests.model_cache_claim(job)
+    what = f"{model.id} at revision {model.revision or 'main'}"
+    if claim == child.model_cache and not observed.has("PersistentVolumeClaim", claim):
+        plan_.actions.append(Create(manifests.build_model_cache_claim(job)))
+    download: TrainerJobInfo | None = observed.get("Job", child.model_download)
+    status.phase = Phase.INITIALIZING
+    if download is None:
+        plan_.actions.append(Create(manifests.build_model_download_job(job, settings)))
+        set_condition(status, ConditionType.MODEL_READY, False, "Downloading", f"downloading {what} into {claim}", now)
+        return False
+    pods = [p for p in observed.pods() if p.component == "model-download" and not p.deleting]
+    report = _download_report(pods)
+    for pod in pods:
+        if pod.stuck:  # a missing token Secret (or key) does not appear by waiting
+            _, reason, message = pod.stuck[0]
+            _fail(plan_, "ModelDownloadFailed", f"the download of {what} cannot start: {reason}: {message}", now)
+            return False
+    if download.failed:
+        reason = str(report.get("reason") or "ModelDownloadFailed")
+        message = str(report.get("message") or download.failure_message or "the download Job failed")
+        _fail(plan_, reason if reason.isalnum() else "ModelDownloadFailed", f"{what}: {message}", now)
+        return False
+    if download.complete:
+        commit = str(report.get("commit") or "")
+        if not commit and any(pod.phase not in ("Succeeded", "Failed") for pod in pods):
+            # The Pod and Job watches are separate streams: the Job's end may arrive before its pod's.
+            set_condition(
+                status, ConditionType.MODEL_READY, False, "Downloading", f"downloading {what} into {claim}", now
+            )
+            return False
+        if not commit:  # its pod (and report) is gone: download again (from the cache, so at once)
+            if not download.deleting:
+                plan_.actions.append(Delete("batch/v1", "Job", child.model_download, "Foreground"))
+            return False
+        status.model_commit = commit
+        message = f"{model.id} at commit {commit} (revision {model.revision or 'main'}) in {claim}"
+        set_condition(status, ConditionType.MODEL_READY, True, "Downloaded", message, now)
+        return True
+    set_condition(status, ConditionType.MODEL_READY, False, "Downloading", f"downloading {what} into {claim}", now)
+    return False
+
+
+def _download_report(pods: list[PodInfo]) -> dict[str, Any]:
+    """The download pod's report (its termination message: JSON), or {} when there is none."""
+    for pod in pods:
+        if pod.termination_message:
+            try:
+                report = json.loads(pod.termination_message)
+            except json.JSONDecodeError:
+                return {"message": pod.termination_message[-1000:]}
+            return report if isinstance(report, dict) else {}
+    return {}

@@ -305,6 +305,81 @@ def test_killing_the_ray_head_mid_run_fails_the_attempt_and_the_retry_resumes_fr
     wait_until(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], "", 120)
 
 
+HUB_MODEL_ID = "grpojob-e2e/tiny-chat"
+
+
+def run_pod(core: client.CoreV1Api, namespace: str, name: str, claim: str, script: str) -> str:
+    """Run ``script`` in a pod of the trainer image with the claim at /data; its log once it succeeded."""
+    from tests.e2e.cluster_setup import image_names
+    from tests.e2e.conftest import wait_for_pod
+
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100},
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+            "containers": [
+                {
+                    "name": "run",
+                    "image": image_names()["trainer-cpu"],
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", script],
+                    "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_OFFLINE", "value": "1"}],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
+        },
+    }
+    core.create_namespaced_pod(namespace, pod)
+    done = wait_for_pod(core, namespace, name, {"Succeeded", "Failed"}, 300)
+    log = core.read_namespaced_pod_log(name, namespace)
+    assert done.status.phase == "Succeeded", log
+    return log
+
+
+def test_a_job_names_its_model_by_hub_id_and_leaves_a_model_transformers_loads(api_client, namespace, grpo_data):
+    """The claim holds a hub cache filled beforehand (`grpojob cache-model`: no network here); the job names
+    its model by id, offline: the download Job resolves it to a commit before any Ray pod starts, every pod
+    loads that snapshot, and the trained model is exported to the claim, where `transformers` loads it."""
+    custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
+    run_pod(
+        core, namespace, "fill-cache", grpo_data, f"grpojob cache-model /data/tiny-model {HUB_MODEL_ID} --cache /data"
+    )
+    manifest = tiny_job("hub", grpo_data, 4)
+    manifest["spec"]["model"] = {
+        "id": HUB_MODEL_ID,
+        "offline": True,
+        "cache": {"claimName": grpo_data},
+        "servedModelName": "tiny",
+    }
+    manifest["spec"]["checkpointing"] = {"interval": 2, "pvc": {"claimName": grpo_data}}
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+
+    watched = watch_job(api_client, namespace, "hub", 1200)
+
+    status = watched.status
+    print(f"GRPOJob hub: {watched.phases}; model {status.get('modelCommit')}; output {status.get('outputModel')}")
+    assert status["phase"] == "Succeeded", status
+    ready = next(c for c in status["conditions"] if c["type"] == "ModelReady")
+    assert ready["status"] == "True" and status["modelCommit"] in ready["message"]
+    assert status["outputModel"] == {"claimName": grpo_data, "path": "models/hub/final", "step": 4}
+    assert "exported the model of step 4" in trainer_log(core, namespace, "hub", 1)
+    log = run_pod(
+        core,
+        namespace,
+        "load-model",
+        grpo_data,
+        'python -c "from transformers import AutoModelForCausalLM, AutoTokenizer; '
+        "m = AutoModelForCausalLM.from_pretrained('/data/models/hub/final'); "
+        "t = AutoTokenizer.from_pretrained('/data/models/hub/final'); "
+        "print('loaded', m.num_parameters(), t.chat_template is not None)\"",
+    )
+    assert "loaded" in log and log.strip().endswith("True"), log
+
+
 WATCHED_STEPS = 16
 
 

@@ -63,11 +63,15 @@ def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubec
     assert core.read_namespaced_config_map("demo-progress", namespace).data == {"step": "5", "meanReward": "0.75"}
     publisher.publish(6, float("nan"))  # no reward this step: the old one must not linger beside it
     assert core.read_namespaced_config_map("demo-progress", namespace).data == {"step": "6"}
+    publisher.publish_output_model("models/demo/final", 6)
+    publisher.publish(7, 0.5)  # the exported model's report stays beside later steps
+    expected = {"step": "7", "meanReward": "0.5", "outputModel": "models/demo/final", "outputModelStep": "6"}
+    assert core.read_namespaced_config_map("demo-progress", namespace).data == expected
 
     # Reporting is best effort: a refused report is logged, it does not end training (nor change anything).
     with caplog.at_level(logging.WARNING, logger="grpojob_trainer.progress"):
-        ConfigMapProgressPublisher(server, token, ca, namespace, "someone-else").publish(7, 0.5)
-    assert "could not report progress of step 7" in caplog.text and "403" in caplog.text
+        ConfigMapProgressPublisher(server, token, ca, namespace, "someone-else").publish(8, 0.5)
+    assert "could not report progress of step 8" in caplog.text and "403" in caplog.text
     assert core.read_namespaced_config_map("someone-else", namespace).data == {"a": "1"}
 
     verify = ssl.create_default_context(cafile=ca)

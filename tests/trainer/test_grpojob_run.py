@@ -227,3 +227,50 @@ def test_two_policy_ranks_on_the_cpu_train_sync_weights_and_hand_their_checkpoin
     out = finish(one, 300)
     assert one.returncode == 0 and "resumed from the checkpoint of step 2" in out, out[-3000:]
     assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000003"
+
+
+def test_a_job_naming_its_model_by_hub_id_leaves_a_model_transformers_loads(tiny_model_dir: Path, tmp_path: Path):
+    """The model by its id from a hub cache filled beforehand (offline: no network here); the trained model
+    exported at the end and with each checkpoint, in the output directory the job names."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpojob_trainer.hub import place_in_cache
+
+    cache = tmp_path / "hub"
+    place_in_cache(tiny_model_dir, "grpojob-tests/tiny-chat", cache)
+    job_path = write_job(tmp_path, tiny_model_dir, steps=4, interval=2)
+    job = yaml.safe_load(job_path.read_text())
+    job["spec"]["model"] = {"id": "grpojob-tests/tiny-chat", "offline": True, "servedModelName": "tiny"}
+    job["spec"]["output"] = {"path": str(tmp_path / "models"), "everyCheckpoint": True, "dtype": "float32"}
+    job_path.write_text(yaml.safe_dump(job))
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "grpojob_trainer.cli", "run", str(job_path), "--out", str(tmp_path / "out")],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "RAY_DISABLE_USAGE_STATS": "1"},
+    )
+    out = finish(process, 600)
+
+    assert process.returncode == 0, out[-3000:]
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["final", "step_00000002", "step_00000004"]
+    final = tmp_path / "models" / "final"
+    model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True)
+    assert any(not torch_equal(a, b) for a, b in zip(model.parameters(), base.parameters(), strict=True)), "trained"
+    assert (
+        AutoTokenizer.from_pretrained(final).chat_template
+        == AutoTokenizer.from_pretrained(tiny_model_dir).chat_template
+    )
+    progress = json.loads((tmp_path / "out" / "progress.json").read_text())
+    assert progress["outputModel"] == f"{tmp_path / 'models'}/final" and progress["outputModelStep"] == 4
+    assert "trained model:" in out
+
+
+def torch_equal(left, right) -> bool:
+    import torch
+
+    return torch.equal(left, right)

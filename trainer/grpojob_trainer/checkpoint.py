@@ -7,7 +7,11 @@ Layout of ``<directory>/step_<step:08d>/``:
 - ``model.safetensors``: the model's parameters and buffers (tied weights stored once);
 - ``optimizer.pt``: the optimizer's state dict, as ``torch.optim.Optimizer.state_dict`` writes it
   (parameters numbered in the order of the optimizer's parameter groups);
-- ``rng.pt``: Python, NumPy and torch (CPU, and CUDA when present) random-number-generator states.
+- ``rng.pt``: Python, NumPy and torch (CPU, and CUDA when present) random-number-generator states;
+- the base model's other files (``config.json``, its dtype float32, ``generation_config.json``, the
+  tokenizer files and chat template; `grpojob_trainer.model_export.model_files`), when the saver names
+  the model the run started from: then a checkpoint is also a Hugging Face model directory (float32),
+  which `grpojob export` converts and which a new job's ``spec.model.path`` can start from.
 
 A checkpoint is written to a hidden temporary directory beside its final place and renamed into place
 only when every file is complete, so a crash mid-write leaves no ``step_*`` directory: a half-written
@@ -126,27 +130,33 @@ def optimizer_state_by_name(state: dict[str, Any], names: list[str]) -> dict[str
     }
 
 
-def gather_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The full (unsharded, on the CPU) model state, tied weights once, and optimizer state, numbered as
-    ``Optimizer.state_dict`` numbers it. A collective on a sharded model: every rank calls it, rank 0
-    gets the state and the others empty dicts."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+def gather_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded, on the CPU) model state, tied weights once. A collective on a sharded model:
+    every rank calls it, rank 0 gets the state and the others an empty dict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_state = get_model_state_dict(model, options=options)
-    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+    model_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not model_state:
-        return {}, {}
+        return {}
     for names in tied_names(model):
         for alias in names[1:]:
             model_state.pop(alias, None)
-    return {k: v.contiguous() for k, v in model_state.items()}, optimizer_state_by_index(optimizer_state)
+    return {k: v.contiguous() for k, v in model_state.items()}
+
+
+def gather_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """`gather_model_state`, and the optimizer state, numbered as ``Optimizer.state_dict`` numbers it.
+    A collective on a sharded model: rank 0 gets the states and the others empty dicts."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    model_state = gather_model_state(model)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+    if not model_state:
+        return {}, {}
+    return model_state, optimizer_state_by_index(optimizer_state)
 
 
 def restore_state(
@@ -180,8 +190,11 @@ def save_checkpoint(
     data_position: dict[str, Any],
     config: dict[str, Any],
     keep: int | None = None,
+    base_model: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` atomically; with ``keep``, then delete all but the newest ``keep``.
+    With ``base_model`` (the model directory the run started from) the checkpoint carries its config,
+    generation config and tokenizer files, so it is a model directory too.
 
     ``data_position`` and ``config`` must be JSON-serialisable. An existing checkpoint of the same step
     is replaced. Returns the checkpoint's directory. With a sharded model every rank calls this (the
@@ -207,6 +220,10 @@ def save_checkpoint(
         safetensors.torch.save_file(model_state, str(temp / MODEL), metadata={"format": "pt"})
         torch.save(optimizer_state, temp / OPTIMIZER)
         torch.save(rng_state(), temp / RNG)
+        if base_model is not None:
+            from grpojob_trainer.model_export import copy_model_files
+
+            copy_model_files(base_model, temp, "float32")
         (temp / META).write_text(meta_text, encoding="utf-8")
         for file in temp.iterdir():
             _fsync(file)

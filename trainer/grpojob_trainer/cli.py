@@ -4,6 +4,9 @@ grpojob run JOB.yaml          run a GRPOJob on this machine: local Ray, environm
                               processes, the transformers backend; the YAML `kubectl apply` takes
 grpojob train --config FILE   the trainer pod's entrypoint on Kubernetes (joins the job's RayCluster)
 grpojob tiny-model DIR        write a tiny random-init model (with tokenizer and chat template)
+grpojob export CKPT OUT       write a checkpoint's model as a Hugging Face model directory
+grpojob download-model ID     download a Hugging Face model into a hub cache (a job's download step)
+grpojob cache-model DIR ID    put a local model directory into a hub cache as ID (air-gapped clusters)
 grpojob dataset NAME --out F  write an example environment's JSONL rows
 """
 
@@ -95,6 +98,42 @@ def _require(path: Path, field: str, hint: str) -> Path:
     return path
 
 
+def _local_model(model: api.ModelSpec) -> Path:
+    """`grpojob run`'s model directory: ``path``, or the snapshot of ``id`` in this machine's hub cache
+    (downloaded there first unless ``offline``)."""
+    if model.path is not None:
+        return _require(Path(model.path), "spec.model.path", "write one with `grpojob tiny-model DIR`")
+    from huggingface_hub import constants
+
+    from grpojob_trainer.hub import HubError, download_model
+
+    try:
+        snapshot = download_model(str(model.id), model.revision, constants.HF_HUB_CACHE, offline=model.offline)
+    except HubError as error:
+        raise UsageError(f"spec.model.id: {error}") from None
+    return snapshot.path
+
+
+def download_step(model_id: str, revision: str | None, cache: Path, termination_log: Path | None) -> int:
+    """`grpojob download-model`: the download step of a job. Prints (and writes to ``termination_log``,
+    where the operator reads it) `{"commit": …}` as JSON, or the reason it failed."""
+    import json
+
+    from grpojob_trainer.hub import HubError, download_model
+
+    try:
+        snapshot = download_model(model_id, revision, cache)
+    except HubError as error:
+        report, code = {"reason": error.reason, "message": str(error)}, 1
+    else:
+        report, code = {"commit": snapshot.commit, "path": str(snapshot.path)}, 0
+    text = json.dumps(report)
+    print(text, flush=True)
+    if termination_log is not None:
+        termination_log.write_text(text)
+    return code
+
+
 def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard: bool = True) -> int:
     """`grpojob run`: the whole loop on this machine."""
     import ray
@@ -111,7 +150,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     if spec.dataset.path is None:
         raise UsageError("spec.dataset: `grpojob run` reads a local file: set spec.dataset.path")
     _no_nemo_gym_environments(spec)
-    model = _require(Path(spec.model.path), "spec.model.path", "write one with `grpojob tiny-model DIR`")
+    model = _local_model(spec.model)
     data = _require(Path(spec.dataset.path), "spec.dataset.path", "write one with `grpojob dataset NAME --out FILE`")
     out = out or Path("runs") / job.metadata.name
     out.mkdir(parents=True, exist_ok=True)
@@ -157,6 +196,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
                     logger=logger,
                     progress=FileProgressPublisher(out / "progress.json"),
                     checkpoint_dir=Path(api.checkpoint_dir(job)),
+                    output_dir=Path(api.output_dir(job)).resolve(),
                     on_step=on_step,
                 )
             )
@@ -167,6 +207,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     png = report.plot_reward_curve(curve, out / "reward.png", f"{job.metadata.name}: mean reward per step")
     print(f"trained steps {result.first_step} to {result.last_step}: {report.summary(curve)}")
     print(f"failed rollouts: {result.failed_rollouts}")
+    print(f"trained model: {Path(api.output_dir(job)) / api.FINAL_MODEL_DIR}  (vllm serve DIR)")
     print(f"reward curve: {png}")
     print(f"TensorBoard logs: {out}  (tensorboard --logdir {out})")
     return 0
@@ -239,6 +280,7 @@ def train_in_cluster(config_path: Path) -> int:
                     logger=logger,
                     progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),
                     checkpoint_dir=Path(pod.checkpoint_dir),
+                    output_dir=Path(pod.output_dir),
                     before_step=head.check,
                 )
             )
@@ -265,6 +307,22 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument(
         "--shape", choices=["tiny", "small", "qwen2.5-1.5b"], help="a named shape (overrides --hidden-size/--heads)"
     )
+    export = commands.add_parser("export", help="write a checkpoint's model as a Hugging Face model directory")
+    export.add_argument("checkpoint", type=Path, help="a step_* checkpoint, or a checkpoint directory (its newest)")
+    export.add_argument("out", type=Path)
+    export.add_argument("--base", type=Path, help="the model the job started from (for older checkpoints)")
+    export.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    export.add_argument("--max-shard-size", default="5GB", help="safetensors shards of at most this size")
+    download = commands.add_parser("download-model", help="download a Hugging Face model into a hub cache")
+    download.add_argument("model_id")
+    download.add_argument("--revision")
+    download.add_argument("--cache", type=Path, required=True, help="the hub cache directory")
+    download.add_argument("--termination-log", type=Path, help="also write the result here")
+    place = commands.add_parser("cache-model", help="put a local model directory into a hub cache as MODEL_ID")
+    place.add_argument("model_dir", type=Path)
+    place.add_argument("model_id")
+    place.add_argument("--revision", default="main")
+    place.add_argument("--cache", type=Path, required=True, help="the hub cache directory")
     data = commands.add_parser("dataset", help="write an example environment's rows")
     data.add_argument("name")
     data.add_argument("--rows", type=int, default=256)
@@ -280,6 +338,24 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.command == "train":
             return train_in_cluster(args.config)
+        if args.command == "export":
+            from grpojob_trainer.model_export import export_checkpoint
+
+            try:
+                out = export_checkpoint(
+                    args.checkpoint, args.out, base=args.base, dtype=args.dtype, max_shard_size=args.max_shard_size
+                )
+            except FileNotFoundError as error:
+                raise UsageError(str(error)) from None
+            print(out)
+            return 0
+        if args.command == "download-model":
+            return download_step(args.model_id, args.revision, args.cache, args.termination_log)
+        if args.command == "cache-model":
+            from grpojob_trainer.hub import place_in_cache
+
+            print(place_in_cache(args.model_dir, args.model_id, args.cache, args.revision).path)
+            return 0
         if args.command == "tiny-model":
             from grpojob_trainer.tiny_model import SHAPES, TinyModelConfig, write_tiny_model
 

@@ -45,6 +45,7 @@ from grpojob_trainer.metrics import (
     StepTimer,
     step_line,
 )
+from grpojob_trainer.model_export import prune_exports
 from grpojob_trainer.penguin.protocol import Row
 from grpojob_trainer.penguin.rollouts import PolicySampling, RolloutBatch, collect_rollouts
 from grpojob_trainer.policy_group import PolicyGroup
@@ -99,12 +100,15 @@ async def run_loop(
     logger: MetricsLogger,
     progress: ProgressPublisher,
     checkpoint_dir: Path,
+    output_dir: Path,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     before_step: Callable[[], None] | None = None,
 ) -> LoopResult:
-    """Train until ``spec.grpo.maxSteps``, resuming from the newest checkpoint in ``checkpoint_dir``
-    (callers run it with ``asyncio.run``). ``before_step`` runs before each step (the cluster's health
-    check: it raises to end the attempt)."""
+    """Train until ``spec.grpo.maxSteps``, resuming from the newest checkpoint in ``checkpoint_dir``, then
+    export the model to ``output_dir`` (as the policy's ranks see it; `spec.output`): `<output>/final`, and
+    `<output>/step_<step>` with each checkpoint when ``spec.output.everyCheckpoint``. Callers run it with
+    ``asyncio.run``. ``before_step`` runs before each step (the cluster's health check: it raises to end
+    the attempt)."""
     spec = job.spec
     grpo, generation = spec.grpo, spec.generation
     resumed = policy.resume(str(checkpoint_dir))
@@ -213,6 +217,19 @@ async def run_loop(
         interval = spec.checkpointing.interval
         if step % interval == 0 or step == grpo.max_steps:
             policy.save(str(checkpoint_dir), step, rollouts.data_position, config, spec.checkpointing.keep)
+            if spec.output.every_checkpoint:  # off the event loop: later steps' rollouts are in flight
+                await asyncio.to_thread(export_model, job, policy, output_dir, api.step_model_dir(step), step, progress)
+                prune_exports(output_dir, spec.checkpointing.keep)
         if on_step is not None:
             on_step(step, metrics)
+    export_model(job, policy, output_dir, api.FINAL_MODEL_DIR, result.last_step, progress)
     return result
+
+
+def export_model(
+    job: api.GRPOJob, policy: PolicyGroup, output_dir: Path, name: str, step: int, progress: ProgressPublisher
+) -> None:
+    """Export the policy to ``output_dir / name`` and report it (by its path inside the output claim)."""
+    written = policy.export(str(output_dir / name), job.spec.output.dtype)
+    log.info("exported the model of step %d to %s", step, written)
+    progress.publish_output_model(f"{api.output_dir(job)}/{name}", step)

@@ -201,6 +201,10 @@ class ProgressPublisher(ABC):
     def publish(self, step: int, mean_reward: float) -> None:
         """Report that ``step`` finished with this mean reward."""
 
+    @abstractmethod
+    def publish_output_model(self, path: str, step: int) -> None:
+        """Report that the model of ``step`` was exported to ``path`` (inside the output claim)."""
+
 
 class FileProgressPublisher(ProgressPublisher):
     """Writes ``{"step": …, "meanReward": …}`` to a JSON file, atomically (temporary file, then rename).
@@ -213,7 +217,13 @@ class FileProgressPublisher(ProgressPublisher):
 
     def publish(self, step: int, mean_reward: float) -> None:
         reward = float(mean_reward)
-        payload = {"step": int(step), "meanReward": reward if math.isfinite(reward) else None}
+        output = {k: v for k, v in (self.read() or {}).items() if k in ("outputModel", "outputModelStep")}
+        self._write({"step": int(step), "meanReward": reward if math.isfinite(reward) else None, **output})
+
+    def publish_output_model(self, path: str, step: int) -> None:
+        self._write({**(self.read() or {}), "outputModel": path, "outputModelStep": int(step)})
+
+    def _write(self, payload: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
         try:

@@ -60,6 +60,11 @@ class PolicyGroup:
         """Write the checkpoint of ``step`` (gathered from every rank, written by rank 0); its path."""
         return self._on_every_rank("save", directory, step, data_position, config, keep)
 
+    def export(self, out: str, dtype: str) -> str:
+        """Write the policy as a Hugging Face model directory at ``out`` (gathered from every rank, written
+        by rank 0); its path."""
+        return self._on_every_rank("export", out, dtype)
+
     # weights to the engines
 
     def weights(self) -> Any:

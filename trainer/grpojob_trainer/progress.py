@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from grpojob_api import endpoints
-from grpojob_api.progress import MEAN_REWARD_KEY, progress_data
+from grpojob_api.progress import MEAN_REWARD_KEY, output_model_data, progress_data
 from grpojob_trainer.metrics import ProgressPublisher
 
 log = logging.getLogger(__name__)
@@ -47,3 +47,10 @@ class ConfigMapProgressPublisher(ProgressPublisher):
             self.client.patch(self.url, json={"data": data}).raise_for_status()
         except httpx.HTTPError as error:
             log.warning("could not report progress of step %d to %s: %s", step, self.url, error)
+
+    def publish_output_model(self, path: str, step: int) -> None:
+        """Best effort, like `publish`."""
+        try:
+            self.client.patch(self.url, json={"data": output_model_data(path, step)}).raise_for_status()
+        except httpx.HTTPError as error:
+            log.warning("could not report the exported model %s to %s: %s", path, self.url, error)

@@ -94,7 +94,7 @@ class PolicyWorker:
 
     The ranks are driven together by `grpojob_trainer.policy_group.PolicyGroup`: `start` on every rank
     (rank 0's `rendezvous_address` first), then the same calls on every rank for anything that touches
-    the (sharded) parameters: `train_step`, `save`, `resume`, `weights`, `share_weights_ipc`,
+    the (sharded) parameters: `train_step`, `save`, `export`, `resume`, `weights`, `share_weights_ipc`,
     `broadcast_weights`. Rank 0 is the one that sends the weights to the engines; the other ranks take
     part in gathering them and return nothing (None, 0 or an empty list). With one rank nothing is
     sharded and no process group is created.
@@ -211,8 +211,20 @@ class PolicyWorker:
             data_position=data_position,
             config=config,
             keep=keep,
+            base_model=self.model_path,
         )
         return str(path)
+
+    def export(self, out: str, dtype: str) -> str | None:
+        """Every rank: gather the full model; rank 0 writes it as a Hugging Face model directory at ``out``
+        (with the tokenizer and config of the model the run started from). Its path on rank 0."""
+        from grpojob_trainer.checkpoint import gather_model_state
+        from grpojob_trainer.model_export import write_model
+
+        state = gather_model_state(self.trainer.model)
+        if self.rank != 0:
+            return None
+        return str(write_model(state, out, base=self.model_path, dtype=dtype))
 
     def resume(self, directory: str) -> tuple[int, dict[str, Any]] | None:
         """Every rank: load the newest checkpoint in ``directory``; (its step, its data position), or None."""

@@ -80,6 +80,7 @@ ENUMS: dict[Path_, list[Any]] = {
     ("spec", "grpo", "klEstimator"): ["k1", "k3", "k2", None],
     ("spec", "grpo", "lossAggregation"): ["token", "sequence", "tokens"],
     ("spec", "training", "optimizer", "name"): ["adamw", "sgd", None],
+    ("spec", "output", "dtype"): ["bfloat16", "float32", "float16", None],
 }
 
 ENV = ("spec", "environments", 0)
@@ -113,6 +114,12 @@ FIELDS: dict[Path_, list[Any]] = {
     ("spec", "model", "path"): ["/models/x", "", 3, None, DELETE],
     ("spec", "model", "pvc", "path"): VOLUME_PATHS,
     ("spec", "model", "pvc"): [None, {}, {"claimName": ""}, "models", DELETE],
+    ("spec", "model", "id"): ["Qwen/Qwen2.5-0.5B", "bad id", "a/b/c", "", None, DELETE],
+    ("spec", "model", "revision"): ["main", "", None, DELETE],
+    ("spec", "model", "offline"): BOOLEANS,
+    ("spec", "model", "cache"): [None, {}, {"claimName": "hf"}, {"size": "1Ti"}, {"size": "x"}],
+    ("spec", "output", "path"): VOLUME_PATHS,
+    ("spec", "output", "everyCheckpoint"): BOOLEANS,
     ("spec", "dataset", "path"): ["rows.jsonl", "", None, DELETE, 7],
     ("spec", "dataset", "pvc", "path"): VOLUME_PATHS,
     ("spec", "dataset", "pvc"): [None, DELETE, {"claimName": "data", "path": "../etc"}],

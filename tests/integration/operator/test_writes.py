@@ -18,7 +18,8 @@ pytestmark = pytest.mark.integration
 WRITES_BEYOND_CREATING_THE_CHILDREN = 4
 """The write budget of one job from create to Running, beyond one create per child: every status patch and
 Event (the finalizer is gone). With today's 11 children that is 15 writes in all (issue 15's budget); a
-new child adds its one create."""
+new child adds its one create. (The job here names its model by path: a hub id would add two children, its
+cache claim and download Job, and the status write of the download's end.)"""
 
 
 def writes(operator) -> Counter:

@@ -149,6 +149,12 @@ def test_cluster_wide_rbac_is_one_cluster_role_bound_to_the_operator(helm: Path)
     assert all("*" not in key for key in granted)
     # The per-job trainer Role grants get/update/patch on a ConfigMap: the operator must hold them.
     assert {"get", "update", "patch"} <= granted[("", "configmaps")]
+    # Every child kind the operator watches it may list and watch (a hub model's cache claim it also creates).
+    from grpojob_operator.handlers import WATCHED_CHILDREN
+
+    for kind, group, _, plural in WATCHED_CHILDREN:
+        assert {"list", "watch"} <= granted[(group, plural)], kind
+    assert "create" in granted[("", "persistentvolumeclaims")]
 
 
 def _assert_only_the_leader_lease(objects: list[dict[str, Any]]) -> None:

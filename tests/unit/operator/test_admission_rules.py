@@ -101,6 +101,16 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ("environments", [{"name": "arith"}, {"name": "arith"}], "spec.environments: duplicate names"),
         ("checkpointing.path", "runs/../etc", "spec.checkpointing.path"),
         ("model.pvc", {"claimName": "c", "path": "a/.."}, "spec.model.pvc.path"),
+        ("model", {"path": "/m", "id": "Qwen/Qwen2.5-0.5B"}, "spec.model: set exactly one of path"),
+        ("model", {"servedModelName": "x"}, "spec.model: set exactly one of path"),
+        ("model", {"id": "Qwen/Qwen2.5-0.5B", "pvc": {"claimName": "c"}}, "spec.model.pvc needs spec.model.path"),
+        ("model", {"path": "/m", "revision": "main"}, "spec.model: revision, tokenSecret, cache and offline go"),
+        ("model", {"path": "/m", "offline": True}, "spec.model: revision, tokenSecret, cache and offline go"),
+        ("model", {"id": "not a model id"}, "spec.model.id"),
+        ("model", {"id": "a/b/c"}, "spec.model.id"),
+        ("model", {"id": "org/m", "cache": {"size": "lots"}}, "spec.model.cache.size"),
+        ("output.path", "models/../x", "spec.output.path"),
+        ("output.dtype", "float16", "spec.output.dtype"),
         ("environments.0.resources", {"requests": {"gpu": "1"}}, "spec.environments[0].resources.requests"),
         ("environments.0.resources", {"requests": {"memory": "1.5m"}}, "whole bytes"),
         ("environments.0.resources", {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}, "must not exceed"),
@@ -152,12 +162,15 @@ def test_every_cross_field_rule_is_also_a_cel_rule():
     assert has_rule(f"{spec}.generation", "self.backend != 'vllm' || self.gpusPerReplica >= 1")
     assert has_rule(f"{spec}.dataset", "has(self.path) != has(self.configMap)")
     assert has_rule(f"{spec}.grpo", "self.maxOffPolicySteps == 0 || has(self.importanceSamplingCap)")
+    assert has_rule(f"{spec}.model", "has(self.path) != has(self.id)")
+    assert has_rule(f"{spec}.model", "!has(self.pvc) || has(self.path)")
+    assert has_rule(f"{spec}.model", "has(self.id) || !(has(self.revision)")
     assert has_rule(f"{spec}.environments[].env[]", "has(self.value) != has(self.secretKeyRef)")
     assert has_rule(f"{spec}.environments[].resources", "quantity(self.requests[k]).compareTo")
     assert has_rule(spec, "self.logging.tensorboard || has(self.logging.pvc)")
     assert has_rule(f"{spec}.logging.wandb", "self.mode != 'online' || has(self.apiKeySecret)")
     volume_paths = (".model.pvc.path", ".dataset.pvc.path", ".checkpointing.path", ".checkpointing.pvc.path")
-    for volume_path in (*volume_paths, ".logging.path", ".logging.pvc.path"):
+    for volume_path in (*volume_paths, ".logging.path", ".logging.pvc.path", ".output.path"):
         assert has_rule(spec + volume_path, "[.][.]"), volume_path
     assert has_rule("", "metadata.name.matches")
     for role in ("head", "generation", "policy", "environments", "trainer"):
@@ -225,3 +238,20 @@ def test_the_trainer_config_keeps_strings_kubectl_would_read_as_numbers(tmp_path
     config = tmp_path / "job.yaml"
     config.write_text(manifests.render_job_config(job))
     assert load_job(config).spec == job.spec
+
+
+def test_a_model_is_named_by_path_or_by_hub_id():
+    by_id = api.parse_job(with_spec("model", {"id": "Qwen/Qwen2.5-0.5B-Instruct", "revision": "v1.0"}))
+    assert (by_id.spec.model.id, by_id.spec.model.revision, by_id.spec.model.path) == (
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        "v1.0",
+        None,
+    )
+    assert api.parse_job(JOB).spec.model.id is None
+
+
+def test_output_defaults_to_a_directory_named_after_the_job():
+    job = api.parse_job(JOB)
+    assert api.output_dir(job) == "models/demo"
+    assert (job.spec.output.dtype, job.spec.output.every_checkpoint) == ("bfloat16", False)
+    assert api.output_dir(api.parse_job(with_spec("output.path", "out/x"))) == "out/x"

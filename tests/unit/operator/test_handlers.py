@@ -25,7 +25,7 @@ def test_children_of_an_earlier_job_with_the_same_name_are_ignored():
     assert not observed.has("Service", "demo-generation")
 
 
-def test_independent_writes_are_grouped_and_a_config_map_is_written_before_what_follows_it():
+def test_independent_writes_are_grouped_and_a_config_map_or_claim_is_written_before_what_follows_it():
     def create(kind: str, name: str) -> state.Create:
         return state.Create({"kind": kind, "metadata": {"name": name}})
 
@@ -43,6 +43,9 @@ def test_independent_writes_are_grouped_and_a_config_map_is_written_before_what_
     delete = state.Delete("batch/v1", "Job", "demo-trainer", "Foreground")
     retry = [state.Replace({"kind": "ConfigMap", "metadata": {"name": "demo-endpoints"}, "data": {}}), delete]
     assert write_groups(retry) == [retry[:1], [delete]]
+    hub_model = [create("NetworkPolicy", "demo"), create("PersistentVolumeClaim", "demo-model-cache")]
+    hub_model.append(create("Job", "demo-model"))
+    assert write_groups(hub_model) == [hub_model[:2], hub_model[2:]]
 
 
 def test_only_a_job_with_something_due_is_reconciled_again_when_nothing_changed():
