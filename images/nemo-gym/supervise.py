@@ -9,14 +9,17 @@ container's first process this program starts COMMAND in a new session; on SIGTE
 sends SIGINT to COMMAND's whole process group (``ng_run`` and every server it started), waits up to
 ``GRPOJOB_STOP_SECONDS`` (default 20: below Kubernetes' default grace period of 30 s) and then
 kills whatever is left of the group. It reaps every orphan meanwhile, as a container's first process
-must, and exits with COMMAND's status (128 + N when a signal N ended it). Standard library only: it
-runs with any Python of the image.
+must, and exits with COMMAND's status (128 + N when a signal N ended it). Before starting COMMAND it
+raises its soft limit on open files to the hard limit (Ray and NeMo Gym's servers each hold many
+sockets; container runtimes often set a soft limit of 1024). Standard library only: it runs with any
+Python of the image.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -39,8 +42,16 @@ def signal_group(group: int, signum: int) -> None:
         os.killpg(group, signum)
 
 
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (inherited by COMMAND); return it."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
 def supervise(command: list[str], seconds: int) -> int:
     """Run ``command`` until it exits; stop its group on SIGTERM/SIGINT; return its exit status."""
+    raise_open_files_limit()
     child = subprocess.Popen(command, start_new_session=True)
     group = child.pid  # a new session's leader leads a process group of the same id
 

@@ -687,7 +687,7 @@ def build_nemo_gym_config_map(job: api.GRPOJob, env: api.EnvironmentSpec, endpoi
 
 
 def build_nemo_gym_deployment(
-    job: api.GRPOJob, env: api.EnvironmentSpec, settings: OperatorSettings, endpoints: dict[str, str], head_pod: str
+    job: api.GRPOJob, env: api.EnvironmentSpec, settings: OperatorSettings, endpoint_data: dict[str, str], head_pod: str
 ) -> Manifest:
     """Deployment of a NeMo Gym environment: each pod joins the job's Ray cluster as a node without
     resources, then runs `ng_run` with the config of `build_nemo_gym_config_map`; the agent serves `/run`
@@ -696,7 +696,7 @@ def build_nemo_gym_deployment(
     job_name, _ = _job_ref(job)
     child = names.ChildNames(job_name)
     selector = {names.JOB_LABEL: job_name, names.ENVIRONMENT_LABEL: env.name}
-    config_text = nemo_gym.config_yaml(nemo_gym.render_config(job, env, endpoints))
+    config_text = nemo_gym.config_yaml(nemo_gym.render_config(job, env, endpoint_data))
     container: Manifest = {
         "name": "nemo-gym",
         "image": env.image or settings.nemo_gym_image,
@@ -705,8 +705,8 @@ def build_nemo_gym_deployment(
         "env": [
             *ray_auth_env(job),
             {"name": "HOME", "value": nemo_gym.WORK_DIR},
-            {"name": "PORT", "value": str(env.port)},
-            {"name": "POLICY_MODEL_NAME", "value": job.spec.model.served_model_name},
+            {"name": endpoints.PORT, "value": str(env.port)},
+            {"name": endpoints.POLICY_MODEL_NAME, "value": job.spec.model.served_model_name},
             *_env_vars(env.env),
         ],
         "envFrom": _endpoints_env_from(job),
@@ -720,7 +720,7 @@ def build_nemo_gym_deployment(
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
     }
-    annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: nemo_gym.config_hash(config_text, endpoints, head_pod)}
+    annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: nemo_gym.config_hash(config_text, endpoint_data, head_pod)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

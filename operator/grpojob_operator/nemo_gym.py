@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from grpojob_api import endpoints as contract
 from grpojob_api import v1alpha1 as api
 
 CONFIG_DIR = "/etc/nemo-gym"
@@ -73,10 +74,10 @@ def render_config(job: api.GRPOJob, env: api.EnvironmentSpec, endpoints: Mapping
     config_paths = list(dict.fromkeys([gym.policy_model_config_path, *gym.config_paths]))
     owned = {
         "config_paths": config_paths,
-        "policy_base_url": endpoints["POLICY_BASE_URL"],
+        "policy_base_url": endpoints[contract.POLICY_BASE_URL],
         "policy_api_key": POLICY_API_KEY,
         "policy_model_name": job.spec.model.served_model_name,
-        "ray_head_node_address": endpoints["RAY_GCS_ADDRESS"],
+        "ray_head_node_address": endpoints[contract.RAY_GCS_ADDRESS],
         "default_host": "127.0.0.1",
         "head_server": {"host": "127.0.0.1", "port": HEAD_SERVER_PORT},
         gym.agent: {"responses_api_agents": {gym.agent_server: {"host": "0.0.0.0", "port": env.port}}},
@@ -94,5 +95,5 @@ def config_hash(config_text: str, endpoints: Mapping[str, str], head_pod: str) -
     running raylet and servers are not part of. A new head is a new head pod (KubeRay names each one anew),
     whether or not it got a new IP (``RAY_HEAD_POD_IP`` of the endpoints)."""
     digest = hashlib.sha256(config_text.encode())
-    digest.update(b"\0" + endpoints.get("RAY_HEAD_POD_IP", "").encode() + b"\0" + head_pod.encode())
+    digest.update(b"\0" + endpoints.get(contract.RAY_HEAD_POD_IP, "").encode() + b"\0" + head_pod.encode())
     return digest.hexdigest()[:16]

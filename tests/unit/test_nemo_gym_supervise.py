@@ -4,6 +4,7 @@ command that starts a server of its own, as `gym env start` does, and a pod stop
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -95,3 +96,21 @@ def test_a_bad_stop_seconds_names_the_variable():
         [sys.executable, str(SUPERVISE), "true"], env=env, capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode != 0 and "GRPOJOB_STOP_SECONDS" in done.stderr
+
+
+def test_the_command_may_open_as_many_files_as_the_hard_limit_allows():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = min(soft, 256)
+
+    def lower_soft_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+
+    show_limits = "import resource; print(*resource.getrlimit(resource.RLIMIT_NOFILE))"
+    shown = subprocess.run(
+        [sys.executable, str(SUPERVISE), sys.executable, "-c", show_limits],
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=lower_soft_limit,
+    )
+    assert shown.stdout.split() == [str(hard), str(hard)]
