@@ -231,15 +231,17 @@ def test_two_policy_ranks_on_the_cpu_train_sync_weights_and_hand_their_checkpoin
 
 def test_a_job_naming_its_model_by_hub_id_leaves_a_model_transformers_loads(tiny_model_dir: Path, tmp_path: Path):
     """The model by its id from a hub cache filled beforehand (offline: no network here); the trained model
-    exported at the end and with each checkpoint, in the output directory the job names."""
+    exported at the end and with each checkpoint, in the output directory the job names, which keeps only
+    as many of the checkpoints' models as checkpoints (`spec.checkpointing.keep`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpojob_trainer.hub import place_in_cache
 
     cache = tmp_path / "hub"
     place_in_cache(tiny_model_dir, "grpojob-tests/tiny-chat", cache)
-    job_path = write_job(tmp_path, tiny_model_dir, steps=4, interval=2)
+    job_path = write_job(tmp_path, tiny_model_dir, steps=6, interval=2)
     job = yaml.safe_load(job_path.read_text())
+    job["spec"]["checkpointing"]["keep"] = 2
     job["spec"]["model"] = {"id": "grpojob-tests/tiny-chat", "offline": True, "servedModelName": "tiny"}
     job["spec"]["output"] = {"path": str(tmp_path / "models"), "everyCheckpoint": True, "dtype": "float32"}
     job_path.write_text(yaml.safe_dump(job))
@@ -256,7 +258,7 @@ def test_a_job_naming_its_model_by_hub_id_leaves_a_model_transformers_loads(tiny
     out = finish(process, 600)
 
     assert process.returncode == 0, out[-3000:]
-    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["final", "step_00000002", "step_00000004"]
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["final", "step_00000004", "step_00000006"]
     final = tmp_path / "models" / "final"
     model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True)
@@ -266,7 +268,7 @@ def test_a_job_naming_its_model_by_hub_id_leaves_a_model_transformers_loads(tiny
         == AutoTokenizer.from_pretrained(tiny_model_dir).chat_template
     )
     progress = json.loads((tmp_path / "out" / "progress.json").read_text())
-    assert progress["outputModel"] == f"{tmp_path / 'models'}/final" and progress["outputModelStep"] == 4
+    assert progress["outputModel"] == f"{tmp_path / 'models'}/final" and progress["outputModelStep"] == 6
     assert "trained model:" in out
 
 

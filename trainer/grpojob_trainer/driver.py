@@ -45,7 +45,6 @@ from grpojob_trainer.metrics import (
     StepTimer,
     step_line,
 )
-from grpojob_trainer.model_export import prune_exports
 from grpojob_trainer.penguin.protocol import Row
 from grpojob_trainer.penguin.rollouts import PolicySampling, RolloutBatch, collect_rollouts
 from grpojob_trainer.policy_group import PolicyGroup
@@ -219,7 +218,6 @@ async def run_loop(
             policy.save(str(checkpoint_dir), step, rollouts.data_position, config, spec.checkpointing.keep)
             if spec.output.every_checkpoint:  # off the event loop: later steps' rollouts are in flight
                 await asyncio.to_thread(export_model, job, policy, output_dir, api.step_model_dir(step), step, progress)
-                prune_exports(output_dir, spec.checkpointing.keep)
         if on_step is not None:
             on_step(step, metrics)
     export_model(job, policy, output_dir, api.FINAL_MODEL_DIR, result.last_step, progress)
@@ -230,6 +228,6 @@ def export_model(
     job: api.GRPOJob, policy: PolicyGroup, output_dir: Path, name: str, step: int, progress: ProgressPublisher
 ) -> None:
     """Export the policy to ``output_dir / name`` and report it (by its path inside the output claim)."""
-    written = policy.export(str(output_dir / name), job.spec.output.dtype)
+    written = policy.export(str(output_dir / name), job.spec.output.dtype, job.spec.checkpointing.keep)
     log.info("exported the model of step %d to %s", step, written)
     progress.publish_output_model(f"{api.output_dir(job)}/{name}", step)

@@ -60,10 +60,10 @@ class PolicyGroup:
         """Write the checkpoint of ``step`` (gathered from every rank, written by rank 0); its path."""
         return self._on_every_rank("save", directory, step, data_position, config, keep)
 
-    def export(self, out: str, dtype: str) -> str:
+    def export(self, out: str, dtype: str, keep: int | None = None) -> str:
         """Write the policy as a Hugging Face model directory at ``out`` (gathered from every rank, written
-        by rank 0); its path."""
-        return self._on_every_rank("export", out, dtype)
+        by rank 0, which then keeps the newest ``keep`` of the `step_*` models beside it, if given); its path."""
+        return self._on_every_rank("export", out, dtype, keep)
 
     # weights to the engines
 

@@ -215,16 +215,21 @@ class PolicyWorker:
         )
         return str(path)
 
-    def export(self, out: str, dtype: str) -> str | None:
+    def export(self, out: str, dtype: str, keep: int | None = None) -> str | None:
         """Every rank: gather the full model; rank 0 writes it as a Hugging Face model directory at ``out``
-        (with the tokenizer and config of the model the run started from). Its path on rank 0."""
+        (with the tokenizer and config of the model the run started from), then, given ``keep``, keeps
+        only the newest ``keep`` models exported with checkpoints beside it (here, because rank 0 is
+        where the output volume is mounted). Its path on rank 0."""
         from grpojob_trainer.checkpoint import gather_model_state
-        from grpojob_trainer.model_export import write_model
+        from grpojob_trainer.model_export import prune_exports, write_model
 
         state = gather_model_state(self.trainer.model)
         if self.rank != 0:
             return None
-        return str(write_model(state, out, base=self.model_path, dtype=dtype))
+        written = write_model(state, out, base=self.model_path, dtype=dtype)
+        if keep is not None:
+            prune_exports(written.parent, keep)
+        return str(written)
 
     def resume(self, directory: str) -> tuple[int, dict[str, Any]] | None:
         """Every rank: load the newest checkpoint in ``directory``; (its step, its data position), or None."""
