@@ -75,6 +75,21 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float, interval: f
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def abandoned_real_node_clusters(root: Path) -> list[Path]:
+    """State directories under ``root`` of pytest sessions' clusters (`pytest-<pid>`) that hold a real node
+    although their pytest is gone (killed before its teardown): a real node exists once per host, so one
+    left behind (its address on lo, its iptables chains, its kubelet) breaks every later real node."""
+    abandoned = []
+    for state_dir in sorted(root.glob("pytest-*")):
+        owner = state_dir.name.removeprefix("pytest-")
+        state_file = state_dir / "cluster.json"
+        if not owner.isdigit() or process_alive(int(owner)) or not state_file.is_file():
+            continue
+        if json.loads(state_file.read_text()).get("real_node") is not None:
+            abandoned.append(state_dir)
+    return abandoned
+
+
 def process_alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
     try:
@@ -148,6 +163,9 @@ class Cluster:
         """
         if real_node:
             node.preflight()
+            for state_dir in abandoned_real_node_clusters(clusters_root()):
+                print(f"tearing down the real node of {state_dir.name}, whose pytest is gone", file=log)
+                Cluster(state_dir).down()
         self.load()
         if self.pids and any(self.running().values()):
             raise RuntimeError(f"a cluster already runs from {self.state_dir}; run `down` first")
