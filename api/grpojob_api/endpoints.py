@@ -61,6 +61,12 @@ POLICY_BASE_URL = "POLICY_BASE_URL"
 PENGUIN_ENV_URLS = "PENGUIN_ENV_URLS"
 GRPOJOB_NAME = "GRPOJOB_NAME"
 GRPOJOB_ATTEMPT = "GRPOJOB_ATTEMPT"
+GRPOJOB_POD_ATTEMPT = "GRPOJOB_POD_ATTEMPT"
+"""Set by the operator on every pod that reads `<job>-endpoints`: the attempt the pod was made for. A pod
+refuses endpoints written for an older attempt (a stale rendezvous) and re-reads them instead."""
+ENDPOINTS_MOUNT = "/etc/grpojob-endpoints"
+"""Where `<job>-endpoints` is also mounted as files (one per key): the kubelet keeps them current, while
+``envFrom`` is fixed when the container starts, so this is where a refused copy is re-read."""
 
 # ------------------------------------------------------------------------------------------------
 # Ray token authentication
@@ -165,6 +171,27 @@ class Endpoints(_Contract):
         """Read the ConfigMap's data, or a pod's environment (which holds it through ``envFrom``); raises
         `ContractError` naming every missing or malformed key."""
         return _read(cls, data, "the <job>-endpoints ConfigMap")
+
+
+def pod_attempt(environ: Mapping[str, str]) -> int | None:
+    """The pod's own attempt (`GRPOJOB_POD_ATTEMPT`), or None where the operator set none (`grpojob run`)."""
+    value = environ.get(GRPOJOB_POD_ATTEMPT)
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ContractError(f"{GRPOJOB_POD_ATTEMPT}: must be a whole number >= 1, not {value!r}")
+    return int(value)
+
+
+def stale(found: Endpoints, own_attempt: int | None) -> str | None:
+    """Why ``found`` must not be used by a pod of ``own_attempt`` (one line), or None when it may be: the
+    endpoints were written for an older attempt, so their addresses may be a failed run's."""
+    if own_attempt is None or found.attempt >= own_attempt:
+        return None
+    return (
+        f"refusing {found.job_name}-endpoints of attempt {found.attempt}: this pod belongs to attempt "
+        f"{own_attempt} ({GRPOJOB_POD_ATTEMPT}), and an older attempt's addresses may be a failed run's"
+    )
 
 
 class TrainerEnv(_Contract):

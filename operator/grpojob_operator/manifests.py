@@ -627,9 +627,26 @@ def _endpoints_env_from(job: api.GRPOJob) -> list[Manifest]:
     return [{"configMapRef": {"name": names.ChildNames(job_name).endpoints}}]
 
 
-def build_environment_deployment(job: api.GRPOJob, env: api.EnvironmentSpec, settings: OperatorSettings) -> Manifest:
-    """Deployment of one Penguin environment server; it reads `<job>-endpoints` through envFrom."""
+def _pod_attempt_env(attempt: int) -> Manifest:
+    """The pod's own attempt: it refuses `<job>-endpoints` of an older one (`grpojob_trainer.rendezvous`)."""
+    return {"name": endpoints.GRPOJOB_POD_ATTEMPT, "value": str(attempt)}
+
+
+def _endpoints_volume(job: api.GRPOJob) -> tuple[Manifest, Manifest]:
+    """`<job>-endpoints` as files too (volume, mount): the kubelet keeps them current, where a pod re-reads
+    endpoints it refused."""
     job_name, _ = _job_ref(job)
+    volume = {"name": "endpoints", "configMap": {"name": names.ChildNames(job_name).endpoints}}
+    return volume, {"name": "endpoints", "mountPath": endpoints.ENDPOINTS_MOUNT, "readOnly": True}
+
+
+def build_environment_deployment(
+    job: api.GRPOJob, env: api.EnvironmentSpec, settings: OperatorSettings, attempt: int
+) -> Manifest:
+    """Deployment of one Penguin environment server, made during ``attempt``; it reads `<job>-endpoints`
+    through envFrom (and refuses them if they are of an older attempt)."""
+    job_name, _ = _job_ref(job)
+    endpoints_volume, endpoints_mount = _endpoints_volume(job)
     selector = {names.JOB_LABEL: job_name, names.ENVIRONMENT_LABEL: env.name}
     labels = {**_labels(job, "environment"), **selector}
     container: Manifest = {
@@ -638,6 +655,7 @@ def build_environment_deployment(job: api.GRPOJob, env: api.EnvironmentSpec, set
         "env": [
             {"name": endpoints.PORT, "value": str(env.port)},
             {"name": endpoints.POLICY_MODEL_NAME, "value": job.spec.model.served_model_name},
+            _pod_attempt_env(attempt),
             *_env_vars(env.env),
         ],
         "envFrom": _endpoints_env_from(job),
@@ -645,7 +663,7 @@ def build_environment_deployment(job: api.GRPOJob, env: api.EnvironmentSpec, set
         "readinessProbe": {"httpGet": {"path": "/", "port": env.port}, "periodSeconds": 5},
         "resources": env.resources.model_dump(exclude_defaults=False),
         "securityContext": read_only_container_security_context(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, endpoints_mount],
     }
     if env.command:
         container["command"] = env.command
@@ -665,7 +683,7 @@ def build_environment_deployment(job: api.GRPOJob, env: api.EnvironmentSpec, set
                         "securityContext": pod_security_context(),
                         "automountServiceAccountToken": False,
                         "containers": [container],
-                        "volumes": [{"name": "tmp", "emptyDir": {}}],
+                        "volumes": [{"name": "tmp", "emptyDir": {}}, endpoints_volume],
                     },
                 },
                 job.spec.scheduling.environments,
@@ -697,6 +715,7 @@ def build_nemo_gym_deployment(
     child = names.ChildNames(job_name)
     selector = {names.JOB_LABEL: job_name, names.ENVIRONMENT_LABEL: env.name}
     config_text = nemo_gym.config_yaml(nemo_gym.render_config(job, env, endpoint_data))
+    endpoints_volume, endpoints_mount = _endpoints_volume(job)
     container: Manifest = {
         "name": "nemo-gym",
         "image": env.image or settings.nemo_gym_image,
@@ -707,6 +726,8 @@ def build_nemo_gym_deployment(
             {"name": "HOME", "value": nemo_gym.WORK_DIR},
             {"name": endpoints.PORT, "value": str(env.port)},
             {"name": endpoints.POLICY_MODEL_NAME, "value": job.spec.model.served_model_name},
+            # The attempt of the endpoints the config was rendered from: a new head rolls the pods.
+            _pod_attempt_env(int(endpoint_data[endpoints.GRPOJOB_ATTEMPT])),
             *_env_vars(env.env),
         ],
         "envFrom": _endpoints_env_from(job),
@@ -718,6 +739,7 @@ def build_nemo_gym_deployment(
             {"name": "config", "mountPath": nemo_gym.CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": nemo_gym.WORK_DIR},
             {"name": "shm", "mountPath": "/dev/shm"},
+            endpoints_mount,
         ],
     }
     annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: nemo_gym.config_hash(config_text, endpoint_data, head_pod)}
@@ -739,6 +761,7 @@ def build_nemo_gym_deployment(
                             {"name": "config", "configMap": {"name": child.nemo_gym_config(env.name)}},
                             {"name": "tmp", "emptyDir": {}},
                             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": nemo_gym.SHM_SIZE}},
+                            endpoints_volume,
                         ],
                     },
                 },
@@ -825,8 +848,10 @@ def build_trainer_job(
     _, _, checkpoint_dir = checkpoint_volume(job)
     _, _, output_dir = output_volume(job)
     log_volumes, log_mounts, log_dir = log_volume(job, read_only=False)
+    endpoints_volume, endpoints_mount = _endpoints_volume(job)
     volumes = [
         {"name": "config", "configMap": {"name": child.config}},
+        endpoints_volume,
         {"name": "tmp", "emptyDir": {}},
         *model_volumes,
         *dataset_volumes,
@@ -834,6 +859,7 @@ def build_trainer_job(
     ]
     mounts = [
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+        endpoints_mount,
         {"name": "tmp", "mountPath": "/tmp"},
         *model_mounts,
         *dataset_mounts,
@@ -864,6 +890,7 @@ def build_trainer_job(
                                 "env": [
                                     *ray_auth_env(job),
                                     *hub_env(job),
+                                    _pod_attempt_env(attempt),
                                     *endpoints.TrainerEnv(
                                         progress_config_map=child.progress,
                                         model_path=model_path(job, model_commit),

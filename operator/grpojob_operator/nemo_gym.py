@@ -37,11 +37,21 @@ SHM_SIZE = "2Gi"
 # NeMo Gym's vllm_model sends `Authorization: Bearer <policy_api_key>`; the generation server asks for none.
 POLICY_API_KEY = "none"
 
-# The container's command, under the image's supervisor. `ray start` joins the job's Ray cluster as a
-# node without resources (nothing is scheduled on it) and returns once the raylet runs; NeMo Gym's
-# servers then connect through it.
+# The container's command, under the image's supervisor. It refuses endpoints of an older attempt than the
+# pod's own (a stale rendezvous: `grpojob_trainer.rendezvous` in shell) and re-reads the mounted copy until
+# they are current. `ray start` joins the job's Ray cluster as a node without resources (nothing is
+# scheduled on it) and returns once the raylet runs; NeMo Gym's servers then connect through it.
 LAUNCH_SCRIPT = f"""set -eu
 cp {CONFIG_DIR}/{CONFIG_FILE} {CONFIG_FILE}
+if [ "$GRPOJOB_ATTEMPT" -lt "$GRPOJOB_POD_ATTEMPT" ]; then
+  echo "refusing $GRPOJOB_NAME-endpoints of attempt $GRPOJOB_ATTEMPT: this pod belongs to attempt \
+$GRPOJOB_POD_ATTEMPT (GRPOJOB_POD_ATTEMPT), and an older attempt's addresses may be a failed run's; \
+re-reading {contract.ENDPOINTS_MOUNT}" >&2
+  until [ "$(cat {contract.ENDPOINTS_MOUNT}/GRPOJOB_ATTEMPT 2>/dev/null || echo 0)" -ge "$GRPOJOB_POD_ATTEMPT" ]; do
+    sleep 2
+  done
+  RAY_GCS_ADDRESS="$(cat {contract.ENDPOINTS_MOUNT}/RAY_GCS_ADDRESS)"
+fi
 ray start --address="$RAY_GCS_ADDRESS" --num-cpus=0 --num-gpus=0 --object-store-memory={OBJECT_STORE_BYTES} \
   --disable-usage-stats
 exec gym env start +uv_venv_dir={IMAGE_SERVERS_DIR} +skip_venv_if_present=true

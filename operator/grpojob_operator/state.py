@@ -355,7 +355,7 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
         if env.nemo_gym is not None:
             plan_.actions += _nemo_gym_actions(job, env, settings, endpoints["data"], head.name, observed)
         elif not observed.has("Deployment", name):
-            plan_.actions.append(Create(manifests.build_environment_deployment(job, env, settings)))
+            plan_.actions.append(Create(manifests.build_environment_deployment(job, env, settings, status.attempt)))
         if not observed.has("Service", name):
             plan_.actions.append(Create(manifests.build_environment_service(job, env)))
         deployment: DeploymentInfo | None = observed.get("Deployment", name)

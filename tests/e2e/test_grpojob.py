@@ -297,9 +297,14 @@ def test_killing_the_ray_head_mid_run_fails_the_attempt_and_the_retry_resumes_fr
     )
 
     assert (status["phase"], status["attempt"], status["step"]) == ("Succeeded", 2, HEAD_KILL_MAX_STEPS), status
-    resumed = re.search(r"resumed from the checkpoint of step (\d+)", trainer_log(core, namespace, "headless", 2))
+    second_log = trainer_log(core, namespace, "headless", 2)
+    resumed = re.search(r"resumed from the checkpoint of step (\d+)", second_log)
     assert resumed, "attempt 2 started from scratch instead of the checkpoint of attempt 1"
     assert KILL_AFTER_STEP - 1 <= int(resumed.group(1)) < HEAD_KILL_MAX_STEPS
+    first_step = re.search(rf"step (\d+)/{HEAD_KILL_MAX_STEPS} ", second_log)
+    assert first_step and int(first_step.group(1)) == int(resumed.group(1)) + 1, (
+        "attempt 2's first step is not the step after its checkpoint's"
+    )
     # Deleted while the operator still runs (no finalizer holds it; its children are garbage-collected).
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "headless")
     wait_until(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], "", 120)

@@ -51,7 +51,9 @@ def test_the_trainer_pod_finds_everything_it_reads_in_its_environment():
 def test_an_environment_pod_serves_on_its_port_and_calls_the_published_policy(monkeypatch: pytest.MonkeyPatch):
     job = api.parse_job(job_body())
     env = job.spec.environments[0]
-    container = manifests.build_environment_deployment(job, env, SETTINGS)["spec"]["template"]["spec"]["containers"][0]
+    container = manifests.build_environment_deployment(job, env, SETTINGS, 1)["spec"]["template"]["spec"]["containers"][
+        0
+    ]
     for name, value in pod_environment(job, container).items():
         monkeypatch.setenv(name, value)
     args = environment_args(["arithmetic"])

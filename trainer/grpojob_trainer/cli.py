@@ -224,11 +224,12 @@ def train_in_cluster(config_path: Path) -> int:
     from grpojob_trainer.metrics import MetricSink, MetricsLogger
     from grpojob_trainer.progress import ConfigMapProgressPublisher
     from grpojob_trainer.prometheus import PrometheusMetrics
+    from grpojob_trainer.rendezvous import current_endpoints
 
     job = load_job(config_path)
     spec = job.spec
     try:
-        endpoints = Endpoints.from_data(os.environ)
+        endpoints = current_endpoints(os.environ)  # never an older attempt's
         pod = TrainerEnv.from_env(os.environ)
     except ContractError as error:
         raise UsageError(str(error)) from None

@@ -349,7 +349,7 @@ def deployment_refusals(apps: client.AppsV1Api, namespace: str, admitted: dict[s
     job = api.parse_job(admitted)
     refusals = []
     for env in job.spec.environments:
-        deployment = manifests.build_environment_deployment(job, env, OperatorSettings())
+        deployment = manifests.build_environment_deployment(job, env, OperatorSettings(), 1)
         try:
             apps.create_namespaced_deployment(namespace, deployment, dry_run="All")
         except client.ApiException as error:

@@ -28,7 +28,7 @@ def test_every_child_is_owned_by_the_job_as_its_controller():
         manifests.build_network_policy(j),
         manifests.build_endpoints(j, SETTINGS, "10.0.0.7", 1),
         manifests.build_progress(j),
-        manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS),
+        manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS, 1),
         manifests.build_environment_service(j, j.spec.environments[0]),
         manifests.build_trainer_job(j, SETTINGS, 1),
         *manifests.build_trainer_rbac(j),
@@ -100,7 +100,7 @@ def test_generation_service_is_headless_over_the_generation_workers():
 
 def test_environment_and_trainer_read_the_endpoints_through_env_from():
     j = job()
-    deployment = manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS)
+    deployment = manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS, 1)
     trainer = manifests.build_trainer_job(j, SETTINGS, 3)
     for pod in (deployment["spec"]["template"]["spec"], trainer["spec"]["template"]["spec"]):
         assert pod["containers"][0]["envFrom"] == [{"configMapRef": {"name": "demo-endpoints"}}]
@@ -118,9 +118,9 @@ def test_secrets_stay_secret_references():
             {"name": "judge", "env": [{"name": "JUDGE_KEY", "secretKeyRef": {"name": "judge", "key": "token"}}]}
         ]
     )
-    container = manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS)["spec"]["template"]["spec"][
-        "containers"
-    ][0]
+    container = manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS, 1)["spec"]["template"][
+        "spec"
+    ]["containers"][0]
     assert {"name": "JUDGE_KEY", "valueFrom": {"secretKeyRef": {"name": "judge", "key": "token"}}} in container["env"]
     assert not any(var.get("value") for var in container["env"] if var["name"] == "JUDGE_KEY")
 
@@ -182,7 +182,7 @@ def test_the_network_policy_admits_only_the_jobs_own_pods_to_them():
     cluster = manifests.build_raycluster(j, SETTINGS)["spec"]
     templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
     templates.append(manifests.build_trainer_job(j, SETTINGS, 1)["spec"]["template"])
-    templates.append(manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS)["spec"]["template"])
+    templates.append(manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS, 1)["spec"]["template"])
     for template in templates:
         assert own.items() <= template["metadata"]["labels"].items()
 
@@ -203,7 +203,7 @@ def test_every_pod_carries_the_job_uid_so_leftovers_of_a_same_named_job_are_not_
     cluster = manifests.build_raycluster(j, SETTINGS)["spec"]
     templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
     templates.append(manifests.build_trainer_job(j, SETTINGS, 1)["spec"]["template"])
-    templates.append(manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS)["spec"]["template"])
+    templates.append(manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS, 1)["spec"]["template"])
     for template in templates:
         assert template["metadata"]["labels"]["grpo.dev/job-uid"] == j.metadata.uid
 
@@ -320,7 +320,7 @@ def test_each_roles_scheduling_reaches_its_pods_and_only_its_pods():
     head = cluster["headGroupSpec"]["template"]
     groups = {g["groupName"]: g["template"] for g in cluster["workerGroupSpecs"]}
     trainer = manifests.build_trainer_job(j, SETTINGS, 1)["spec"]["template"]
-    environment = manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS)["spec"]["template"]
+    environment = manifests.build_environment_deployment(j, j.spec.environments[0], SETTINGS, 1)["spec"]["template"]
 
     assert head["spec"]["nodeSelector"] == {"pool": "cpu"} and head["spec"]["priorityClassName"] == "system-head"
     assert groups["generation"]["spec"]["nodeSelector"] == {"pool": "gen"}

@@ -12,8 +12,10 @@ import os
 import uvicorn
 
 from grpojob_api import endpoints
+from grpojob_api.endpoints import ContractError
 from grpojob_trainer.environments import ENVIRONMENTS, get_environment
 from grpojob_trainer.environments.app import AgentConfig, create_environment_app
+from grpojob_trainer.rendezvous import current_endpoints
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,6 +45,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Serve until interrupted."""
     args = parse_args(argv)
+    if endpoints.GRPOJOB_POD_ATTEMPT in os.environ and args.policy_base_url == os.environ.get(
+        endpoints.POLICY_BASE_URL
+    ):
+        # A pod of a job, addressed by its endpoints: never an older attempt's (re-read until they are current).
+        try:
+            args.policy_base_url = current_endpoints(os.environ).policy_base_url
+        except ContractError as error:
+            raise SystemExit(f"environment {args.name}: {error}") from None
     config = AgentConfig(
         policy_base_url=args.policy_base_url,
         resources_url=args.resources_url or f"http://127.0.0.1:{args.port}",
