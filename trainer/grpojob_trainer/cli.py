@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from grpojob_api import kubeyaml
 from grpojob_api import v1alpha1 as api
-from grpojob_api.endpoints import GENERATION_PORT, ContractError, Endpoints, TrainerEnv
+from grpojob_api.endpoints import GENERATION_PORT, ContractError, TrainerEnv
 from grpojob_trainer.errors import AllRolloutsFailed, RayHeadLost, UsageError
 
 log = logging.getLogger("grpojob")

@@ -45,9 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Serve until interrupted."""
     args = parse_args(argv)
-    if endpoints.GRPOJOB_POD_ATTEMPT in os.environ and args.policy_base_url == os.environ.get(
-        endpoints.POLICY_BASE_URL
-    ):
+    from_endpoints = args.policy_base_url == os.environ.get(endpoints.POLICY_BASE_URL)
+    if endpoints.GRPOJOB_POD_ATTEMPT in os.environ and from_endpoints:
         # A pod of a job, addressed by its endpoints: never an older attempt's (re-read until they are current).
         try:
             args.policy_base_url = current_endpoints(os.environ).policy_base_url
