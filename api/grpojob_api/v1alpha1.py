@@ -1025,6 +1025,8 @@ class Phase(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
+    QUEUED = "Queued"
+    """Waiting for Kueue to admit the job (label `kueue.x-k8s.io/queue-name`), or evicted by it: no pods."""
 
     def is_terminal(self) -> bool:
         return self in (Phase.SUCCEEDED, Phase.FAILED)
@@ -1040,6 +1042,8 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     SUSPENDED = "Suspended"
     STALLED = "Stalled"
+    ADMITTED = "Admitted"
+    """Kueue admitted the job's Workload (only for a job labelled `kueue.x-k8s.io/queue-name`)."""
 
 
 class Condition(ApiModel):
@@ -1102,6 +1106,8 @@ class ObjectMeta(ApiModel):
     uid: str | None = None
     generation: int | None = None
     creation_timestamp: datetime | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Kueue's `kueue.x-k8s.io/queue-name` and `kueue.x-k8s.io/priority-class` are read from here."""
 
 
 class GRPOJob(ApiModel):

@@ -11,6 +11,7 @@ writes the status once if it changed, and posts the events.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -23,7 +24,7 @@ import kopf
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import metrics, names, state
 from grpojob_operator.kube import ApiError, Kube, new_api_client
-from grpojob_operator.observe import Observed, summarize
+from grpojob_operator.observe import KueueContext, Observed, summarize
 from grpojob_operator.settings import OperatorSettings
 from grpojob_operator.unseen import Unseen
 
@@ -42,6 +43,7 @@ WATCHED_CHILDREN = (
     ("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings"),
     ("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
     ("RayCluster", "ray.io", "v1", "rayclusters"),
+    ("Workload", "kueue.x-k8s.io", "v1beta2", "workloads"),
 )
 
 
@@ -83,6 +85,7 @@ def reconcile(
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     job = unseen.job(body)
+    cached = kueue_context(job, cached, kube)
     old_status = state.current_status(job)
     plan = state.plan(job, unseen.observed(cached), settings, now)
     where = f"{namespace}/{name}"
@@ -114,6 +117,30 @@ def reconcile(
         except ApiError as error:  # an Event is worth no retry of the pass
             log.warning("%s: event %s not posted: %s", where, event.reason, error)
     return plan
+
+
+def kueue_context(job: dict[str, Any], cached: Observed, kube: Kube) -> Observed:
+    """For a job Kueue admits, what the plan needs from Kueue's cluster-scoped objects: before its Workload
+    exists, the value of its WorkloadPriorityClass; once admitted, the specs of its flavors (node labels,
+    tolerations). Other jobs read nothing."""
+    meta = job.get("metadata", {})
+    labels = meta.get("labels") or {}
+    if not labels.get(names.QUEUE_NAME_LABEL):
+        return cached
+    workload = cached.get("Workload", names.ChildNames(meta.get("name", "")).workload)
+    wanted = labels.get(names.PRIORITY_CLASS_LABEL)
+    priority, problem = None, ""
+    if wanted and workload is None:
+        found = kube.read_cluster_object("WorkloadPriorityClass", wanted)
+        if found is None:
+            problem = f"WorkloadPriorityClass {wanted} (label {names.PRIORITY_CLASS_LABEL}) does not exist"
+        else:
+            priority = int(found.get("value", 0))
+    flavors: dict[str, dict[str, Any]] = {}
+    if workload is not None and workload.admitted:
+        for flavor in sorted({f for _, names_ in workload.assignments for f in names_}):
+            flavors[flavor] = (kube.read_cluster_object("ResourceFlavor", flavor) or {}).get("spec") or {}
+    return dataclasses.replace(cached, kueue=KueueContext(priority, flavors, problem))
 
 
 def _status_change(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> str:
@@ -187,7 +214,7 @@ def _act(
         log.info("%s: updated %s %s", where, kind, child)
         unseen.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
     elif isinstance(action, state.Patch):
-        kube.patch(action.kind, namespace, action.name, action.patch)
+        kube.patch(action.kind, namespace, action.name, action.patch, action.subresource)
         log.info("%s: patched %s %s", where, action.kind, action.name)
     elif isinstance(action, state.Delete):
         kube.delete(action.kind, namespace, action.name, action.propagation)

@@ -48,8 +48,14 @@ RESOURCES: dict[str, Resource] = {
     "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
     "NetworkPolicy": Resource("networking.k8s.io", "v1", "networkpolicies"),
     "RayCluster": Resource("ray.io", "v1", "rayclusters"),
+    "Workload": Resource("kueue.x-k8s.io", "v1beta2", "workloads"),
     api.KIND: Resource(api.GROUP, api.VERSION, api.PLURAL),
     "Event": Resource("", "v1", "events"),
+}
+# Cluster-scoped objects the operator reads (never writes): Kueue's, for a job Kueue admits.
+CLUSTER_RESOURCES: dict[str, tuple[str, str, str]] = {
+    "WorkloadPriorityClass": ("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses"),
+    "ResourceFlavor": ("kueue.x-k8s.io", "v1beta2", "resourceflavors"),
 }
 EVENT_SOURCE = "grpojob-operator"
 
@@ -134,10 +140,27 @@ class Kube:
         data: dict[str, Any] = {**dict.fromkeys(stale_keys), **manifest["data"]}
         self._call("PATCH", path, {"data": data}, "application/merge-patch+json", manifest["kind"])
 
-    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        """Merge-patch a child: only the fields in ``patch`` change."""
-        path = f"{RESOURCES[kind].collection(namespace)}/{name}"
+    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any], subresource: str = "") -> None:
+        """Merge-patch a child (or its ``subresource``): only the fields in ``patch`` change."""
+        path = f"{RESOURCES[kind].collection(namespace)}/{name}" + (f"/{subresource}" if subresource else "")
         self._call("PATCH", path, patch, "application/merge-patch+json", kind)
+
+    def read_cluster_object(self, kind: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped object of `CLUSTER_RESOURCES` (a read: not counted as a write), None if absent."""
+        group, version, plural = CLUSTER_RESOURCES[kind]
+        request = self.api.param_serialize(
+            "GET",
+            f"/apis/{group}/{version}/{plural}/{name}",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*request, _request_timeout=REQUEST_TIMEOUT_S)
+        payload = response.read()
+        if response.status == 404:
+            return None
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, f"GET {kind} {name}: {payload.decode(errors='replace')[:500]}")
+        return json.loads(payload)
 
     def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> bool:
         """Delete a child; False when it was already gone."""

@@ -21,6 +21,11 @@ MANAGED_BY = "grpojob-operator"
 # config and the Ray head), so that a new head rolls the Deployment.
 NEMO_GYM_CONFIG_HASH_ANNOTATION = "grpo.dev/nemo-gym-config-hash"
 
+# Kueue's labels on a GRPOJob: the LocalQueue that admits it and its WorkloadPriorityClass. Read from the
+# job, never copied onto a child (Kueue would admit that child again: kuberay#4064).
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+
 # KubeRay's labels on the pods it creates.
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"
@@ -46,6 +51,11 @@ class ChildNames:
     def ray_token_secret(self) -> str:
         """The Secret holding the job's Ray token, which KubeRay creates for the RayCluster (named like it)."""
         return self.raycluster
+
+    @property
+    def workload(self) -> str:
+        """The Kueue Workload of a job labelled with a queue name (`grpojob_operator.kueue`)."""
+        return f"{self.job}-workload"
 
     @property
     def network_policy(self) -> str:

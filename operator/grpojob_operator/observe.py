@@ -7,6 +7,7 @@ and `Observed` gathers a job's summaries.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -86,6 +87,25 @@ class ConfigMapInfo:
 
 
 @dataclass(frozen=True)
+class WorkloadInfo:
+    """A job's Kueue Workload: whether Kueue admitted it, why it waits, and with which flavors."""
+
+    name: str
+    admitted: bool
+    """Admitted and holding an admission, and not being evicted: the job's children may run."""
+    has_admission: bool
+    evicted: tuple[str, str] | None
+    """(reason, message) while the Evicted condition is true."""
+    waiting: str
+    """Why it is not admitted (Kueue's QuotaReserved message), when it is not."""
+    assignments: tuple[tuple[str, tuple[str, ...]], ...]
+    """Per pod set of the admission, the ResourceFlavors of its resources."""
+    conditions: str
+    """The Workload's status conditions as JSON (written back when the operator requeues it)."""
+    deleting: bool
+
+
+@dataclass(frozen=True)
 class OtherInfo:
     """A child whose contents do not matter, only its existence (Service, ServiceAccount, RBAC)."""
 
@@ -93,7 +113,7 @@ class OtherInfo:
     deleting: bool
 
 
-Summary = PodInfo | TrainerJobInfo | DeploymentInfo | RayClusterInfo | ConfigMapInfo | OtherInfo
+Summary = PodInfo | TrainerJobInfo | DeploymentInfo | RayClusterInfo | ConfigMapInfo | WorkloadInfo | OtherInfo
 
 
 def summarize(kind: str, body: dict[str, Any]) -> Summary:
@@ -165,9 +185,48 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
             desired_workers=desired,
             deleting=deleting,
         )
+    if kind == "Workload":
+        return _workload(name, status, deleting)
     if kind == "ConfigMap":
         return ConfigMapInfo(name=name, data=tuple(sorted((body.get("data") or {}).items())))
     return OtherInfo(name=name, deleting=deleting)
+
+
+def _workload(name: str, status: dict[str, Any], deleting: bool) -> WorkloadInfo:
+    conditions = status.get("conditions") or []
+
+    def true(kind: str) -> dict[str, Any] | None:
+        found = _condition(conditions, kind)
+        return found if found and found.get("status") == "True" else None
+
+    admission = status.get("admission") or {}
+    evicted = true("Evicted")
+    reserved = _condition(conditions, "QuotaReserved") or {}
+    assignments = tuple(
+        (a.get("name", ""), tuple(sorted(set((a.get("flavors") or {}).values()))))
+        for a in admission.get("podSetAssignments") or []
+    )
+    return WorkloadInfo(
+        name=name,
+        admitted=bool(true("Admitted") and admission and not evicted),
+        has_admission=bool(admission),
+        evicted=(evicted.get("reason", ""), evicted.get("message", "")) if evicted else None,
+        waiting="" if reserved.get("status") == "True" else reserved.get("message", ""),
+        assignments=assignments,
+        conditions=json.dumps(conditions, sort_keys=True),
+        deleting=deleting,
+    )
+
+
+@dataclass(frozen=True)
+class KueueContext:
+    """What a job Kueue manages needs from cluster-scoped Kueue objects (read by the operator's edge):
+    its WorkloadPriorityClass's value, and the admitted ResourceFlavors' specs."""
+
+    priority: int | None = None
+    flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    problem: str = ""
+    """Why they could not be read (a WorkloadPriorityClass that does not exist, say)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +234,7 @@ class Observed:
     """Every child of one GRPOJob, by kind and name, as last seen by the watches."""
 
     children: dict[str, dict[str, Summary]] = field(default_factory=dict)
+    kueue: KueueContext = field(default_factory=KueueContext)
 
     def get(self, kind: str, name: str) -> Any:
         return self.children.get(kind, {}).get(name)

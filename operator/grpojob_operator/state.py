@@ -8,6 +8,8 @@ one memo (`_config_map`) only saves recomputing.
                    ▼              ▼
                  Failed ◀──── Failed (InvalidSpec, DeadlineExceeded, a stuck pod, BackoffLimitExceeded)
     any non-terminal phase ◀─▶ Suspended (spec.suspend)
+    any non-terminal phase ◀─▶ Queued (label kueue.x-k8s.io/queue-name: until Kueue admits the job's
+                               Workload, and again when Kueue evicts or preempts it)
 
 A running attempt whose step has not advanced for `spec.progressDeadlineSeconds` (counted from its
 trainer's start, then from each new step) is stalled: condition Stalled, and it is retried as failed.
@@ -41,8 +43,16 @@ from pydantic import ValidationError
 from grpojob_api import v1alpha1 as api
 from grpojob_api.progress import parse_progress
 from grpojob_api.v1alpha1 import ConditionType, Phase
-from grpojob_operator import manifests, names
-from grpojob_operator.observe import ConfigMapInfo, DeploymentInfo, Observed, PodInfo, RayClusterInfo, TrainerJobInfo
+from grpojob_operator import kueue, manifests, names
+from grpojob_operator.observe import (
+    ConfigMapInfo,
+    DeploymentInfo,
+    Observed,
+    PodInfo,
+    RayClusterInfo,
+    TrainerJobInfo,
+    WorkloadInfo,
+)
 from grpojob_operator.settings import OperatorSettings
 
 
@@ -67,6 +77,7 @@ class Patch:
     kind: str
     name: str
     patch: dict[str, Any]
+    subresource: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,9 +159,9 @@ def transition_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Ev
     message = f"phase {old.phase.value} → {new.phase.value}" + (f": {new.message}" if new.message else "")
     if new.phase == Phase.FAILED:
         return [*events, Event("Warning", "PhaseFailed", message)]
-    if new.phase in (Phase.SUCCEEDED, Phase.SUSPENDED):
+    if new.phase in (Phase.SUCCEEDED, Phase.SUSPENDED) or (new.phase == Phase.QUEUED and old.phase != Phase.PENDING):
         return [Event("Normal", f"Phase{new.phase.value}", message)]
-    if old.phase == Phase.SUSPENDED:
+    if old.phase in (Phase.SUSPENDED, Phase.QUEUED):
         return [Event("Normal", "Resumed", f"phase {old.phase.value} → {new.phase.value}")]
     return events
 
@@ -286,6 +297,12 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     if stuck is not None:
         _fail(plan_, *stuck, now)
         return
+    place = kueue.placer(None)
+    if kueue.queue_name(job) is not None:
+        admitted = _admission(job, plan_, observed, settings, now)
+        if admitted is None:
+            return
+        place = kueue.placer(admitted)
 
     # The NetworkPolicy goes first: the job's pods are never reachable from outside the job.
     policy = manifests.build_network_policy(job)
@@ -300,7 +317,7 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     # have changed while the job was suspended).
     cluster_manifest = manifests.build_raycluster(job, settings)
     if not observed.has("RayCluster", child.raycluster):
-        plan_.actions.append(Create(cluster_manifest))
+        plan_.actions.append(Create(place(cluster_manifest)))
     plan_.actions += _config_map_actions(_config_map(job), observed)
     rest = [manifests.build_generation_service(job), manifests.build_progress(job), *manifests.build_trainer_rbac(job)]
     plan_.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
@@ -310,7 +327,7 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     if trainer is not None:
         status.attempt = max(status.attempt, trainer.attempt)  # a status rebuilt from scratch
         if (trainer.complete or trainer.failed) and trainer.attempt == status.attempt and not trainer.deleting:
-            _advance_trainer(job, plan_, observed, settings, now)  # even with the head gone
+            _advance_trainer(job, plan_, observed, settings, now, place)  # even with the head gone
             return
 
     # 2. Wait for the head (a RayCluster being deleted, after a suspend, does not count).
@@ -353,9 +370,11 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
     for env in job.spec.environments:
         name = child.environment(env.name)
         if env.nemo_gym is not None:
-            plan_.actions += _nemo_gym_actions(job, env, settings, endpoints["data"], head.name, observed)
+            plan_.actions += _nemo_gym_actions(job, env, settings, endpoints["data"], head.name, observed, place)
         elif not observed.has("Deployment", name):
-            plan_.actions.append(Create(manifests.build_environment_deployment(job, env, settings, status.attempt)))
+            plan_.actions.append(
+                Create(place(manifests.build_environment_deployment(job, env, settings, status.attempt)))
+            )
         if not observed.has("Service", name):
             plan_.actions.append(Create(manifests.build_environment_service(job, env)))
         deployment: DeploymentInfo | None = observed.get("Deployment", name)
@@ -376,7 +395,54 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
         set_condition(status, ConditionType.ENVIRONMENTS_READY, True, "EnvironmentsReady", f"{count} ready", now)
 
     # 5. The trainer.
-    _advance_trainer(job, plan_, observed, settings, now)
+    _advance_trainer(job, plan_, observed, settings, now, place)
+
+
+def _admission(
+    job: api.GRPOJob, plan_: Plan, observed: Observed, settings: OperatorSettings, now: datetime
+) -> dict[str, kueue.Placement] | None:
+    """Kueue's say over a job labelled with a queue name: its Workload is created first, and nothing else
+    until Kueue admits it; an evicted (or preempted) job loses its pods and is handed back to Kueue, then
+    waits again. Returns where the admitted pod sets go, or None while the job may not run (Queued)."""
+    status = plan_.status
+    child = names.ChildNames(job.metadata.name)
+    workload: WorkloadInfo | None = observed.get("Workload", child.workload)
+
+    def queued(reason: str, message: str) -> None:
+        status.phase = Phase.QUEUED
+        status.reason, status.message = reason, message
+        status.start_time = None  # the deadlines count from the admitted run, as after a suspend
+        status.progress_time = None
+        set_condition(status, ConditionType.ADMITTED, False, reason, message, now)
+
+    queue = kueue.queue_name(job)
+    if workload is None or workload.deleting:
+        if observed.kueue.problem:
+            queued("WorkloadNotCreated", observed.kueue.problem)
+            return None
+        if workload is None:
+            plan_.actions.append(Create(kueue.build_workload(job, settings, observed.kueue.priority)))
+        queued("WaitingForAdmission", f"waiting for Kueue to admit workload {child.workload} (LocalQueue {queue})")
+        return None
+    if workload.admitted:
+        flavors = ", ".join(sorted({f for _, names_ in workload.assignments for f in names_}))
+        set_condition(status, ConditionType.ADMITTED, True, "Admitted", f"admitted by Kueue (flavors {flavors})", now)
+        return kueue.placements(workload.assignments, observed.kueue.flavors)
+    # Not admitted, or being evicted: the job runs no pod, and an evicted job goes back to Kueue's queue.
+    plan_.actions += _child_deletions(job, observed, trainer=True)
+    if workload.evicted is not None:
+        reason, message = workload.evicted
+        if workload.has_admission and not [p for p in observed.pods()]:
+            conditions = json.loads(workload.conditions)
+            requeue = kueue.requeued_status(
+                conditions, reason, message, now.isoformat(timespec="seconds").replace("+00:00", "Z")
+            )
+            plan_.actions.append(Patch(kueue.API_VERSION, "Workload", child.workload, requeue, "status"))
+        queued(reason or "Evicted", f"evicted by Kueue: {message}")
+        return None
+    waiting = workload.waiting or f"waiting for Kueue to admit workload {child.workload} (LocalQueue {queue})"
+    queued("WaitingForAdmission", waiting)
+    return None
 
 
 def _tensorboard_deletions(child: names.ChildNames) -> list[Delete]:
@@ -404,6 +470,7 @@ def _nemo_gym_actions(
     endpoints: dict[str, str],
     head_pod: str,
     observed: Observed,
+    place: kueue.Placer,
 ) -> list[Action]:
     """A NeMo Gym environment's config and Deployment, following the endpoints: when the config or the Ray
     head changed, the config is rewritten first, then the pod template's hash, which rolls the pods."""
@@ -412,7 +479,7 @@ def _nemo_gym_actions(
     current: DeploymentInfo | None = observed.get("Deployment", deployment["metadata"]["name"])
     wanted = deployment["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
     if current is None:
-        actions.append(Create(deployment))
+        actions.append(Create(place(deployment)))
     elif current.nemo_gym_config_hash != wanted:
         annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: wanted}
         patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
@@ -456,7 +523,12 @@ def _config_map_actions(manifest: dict[str, Any], observed: Observed) -> list[Ac
 
 
 def _advance_trainer(
-    job: api.GRPOJob, plan_: Plan, observed: Observed, settings: OperatorSettings, now: datetime
+    job: api.GRPOJob,
+    plan_: Plan,
+    observed: Observed,
+    settings: OperatorSettings,
+    now: datetime,
+    place: kueue.Placer,
 ) -> None:
     status = plan_.status
     child = names.ChildNames(job.metadata.name)
@@ -477,7 +549,9 @@ def _advance_trainer(
         if leftovers:
             waiting("RestartingTrainer", f"waiting for pods of the previous attempt to go: {', '.join(leftovers)}")
             return
-        plan_.actions.append(Create(manifests.build_trainer_job(job, settings, status.attempt, status.model_commit)))
+        plan_.actions.append(
+            Create(place(manifests.build_trainer_job(job, settings, status.attempt, status.model_commit)))
+        )
         waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
         return
     if trainer.complete:

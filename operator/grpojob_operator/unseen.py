@@ -68,7 +68,7 @@ class Unseen:
                 children.get(kind, {}).pop(name, None)
             else:
                 children.setdefault(kind, {})[name] = write.after
-        return Observed(children)
+        return Observed(children, cached.kueue)
 
     def wrote_child(self, kind: str, name: str, before: Summary | None, after: Summary | None) -> None:
         self.children[(kind, name)] = _Child(before, after, time.monotonic() + EXPIRY_SECONDS)

@@ -21,6 +21,7 @@ node address too, so pods reach it through the ``kubernetes`` Service.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from grpojob_testing import build, node, node_images, nodes, pki
+from grpojob_testing import build, kueue, node, node_images, nodes, pki
 from grpojob_trainer.net import free_port, wait_until_healthy
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -50,6 +51,7 @@ PROCESS_ORDER = (
     "kube-scheduler",
     "kwok",
     "kuberay-operator",
+    "kueue",
     "containerd",
     "kubelet",
     "kube-proxy",
@@ -59,6 +61,9 @@ PROCESS_ORDER = (
 # and renew their lease, as kwokctl configures them); pod lifecycles are ours (see the file).
 KWOK_NODE_STAGES = ("kustomize/stage/node/fast", "kustomize/stage/node/heartbeat-with-lease")
 KWOK_POD_STAGES = Path(__file__).resolve().parent.parent / "kwok" / "pod-stages.yaml"
+OPTIONAL_COMPONENTS = ("kueue",)
+"""Programs a cluster runs without when they could not be built here (the tests that need them skip);
+`make cluster-binaries` (CI) builds every program and fails on any."""
 
 
 def clusters_root() -> Path:
@@ -173,7 +178,14 @@ class Cluster:
         self.log_dir.mkdir(parents=True)
         self.pids, self.ports, self.real_node = {}, {}, None
         components = build.load_components()
-        bins = {name: build.build(component, log) for name, component in components.items()}
+        bins = {}
+        for name, component in components.items():
+            try:
+                bins[name] = build.build(component, log)
+            except (subprocess.CalledProcessError, RuntimeError) as error:
+                if name not in OPTIONAL_COMPONENTS:
+                    raise
+                print(f"{name} could not be built, so the cluster runs without it: {error}", file=log)
         started = time.monotonic()
         try:
             if real_node:
@@ -182,6 +194,8 @@ class Cluster:
                 node.add_node_address()
             self._start_control_plane(bins)
             self._install_kuberay(bins["kuberay"], components["kuberay"])
+            if "kueue" in bins:
+                self._start_kueue(bins["kueue"])
             self._start_kwok(bins["kwok"], components["kwok"])
             if cpu_nodes + gpu_nodes:
                 self.apply_objects(nodes.fake_nodes(cpu_nodes, gpu_nodes))
@@ -387,6 +401,42 @@ class Cluster:
             env={"KUBECONFIG": str(self.kubeconfig)},
         )
         self._wait_healthy("kuberay-operator", f"http://127.0.0.1:{self.ports['kuberay-operator']}/readyz")
+
+    def _start_kueue(self, kueue_bin: Path) -> None:
+        """Kueue's CRDs, its namespace and certificate Secret, then Kueue itself (see `grpojob_testing.kueue`)."""
+        shipped = [yaml.safe_load(path.read_text()) for path in sorted((kueue_bin / "crds").glob("*.yaml"))]
+        self.apply_objects(kueue.crds(shipped))
+        crds = [f"{plural}.kueue.x-k8s.io" for plural in kueue.CRDS]
+
+        def established() -> bool:
+            jsonpath = "{range .items[*]}{.status.conditions[?(@.type=='Established')].status} {end}"
+            out = self.kubectl("get", "crd", *crds, "-o", f"jsonpath={jsonpath}", check=False)
+            return out.split() == ["True"] * len(crds)
+
+        wait_until(established, "the Kueue CRDs to be established", 60)
+        self.apply_objects(kueue.prerequisites())
+        for name in ("kueue", "kueue-metrics", "kueue-webhook"):
+            self.ports[name] = free_port()
+        config = self.state_dir / "kueue-config.yaml"
+        ports = (self.ports["kueue"], self.ports["kueue-metrics"], self.ports["kueue-webhook"])
+        config.write_text(yaml.safe_dump(kueue.config(*ports, self.state_dir / "kueue-certs")))
+        self._spawn("kueue", [str(kueue_bin / "kueue"), f"--config={config}"], env={"KUBECONFIG": str(self.kubeconfig)})
+        cert_dir = self.state_dir / "kueue-certs"
+
+        def mounted() -> bool:
+            """Kueue's certificate, once it has written it to its Secret, into its certDir: what the kubelet
+            does for Kueue's pod, and what Kueue waits for before it reports ready."""
+            args = ("get", "secret", "-n", kueue.NAMESPACE, kueue.WEBHOOK_SECRET, "-o", "jsonpath={.data}")
+            data = json.loads(self.kubectl(*args, check=False) or "{}")
+            if "tls.crt" not in data:
+                return False
+            cert_dir.mkdir(exist_ok=True)
+            for key, value in data.items():
+                (cert_dir / key).write_bytes(base64.b64decode(value))
+            return True
+
+        wait_until(mounted, "Kueue's certificate in its Secret", 60, 0.5)
+        self._wait_healthy("kueue", f"http://127.0.0.1:{self.ports['kueue']}/readyz")
 
     def _start_kwok(self, kwok_bin: Path, component: build.Component) -> None:
         source = build.module_dir(component)
