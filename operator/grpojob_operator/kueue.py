@@ -147,6 +147,26 @@ def placer(placement: Mapping[str, Placement] | None) -> Placer:
     return place
 
 
+def _with_conditions(
+    conditions: list[Manifest], wanted: dict[str, tuple[str, str]], message: str, now: str
+) -> list[Manifest]:
+    """``conditions`` with each of ``wanted`` (type → status, reason) set, keeping a transition time whose
+    status does not change."""
+    out = [c for c in conditions if c.get("type") not in wanted]
+    for kind, (status, why) in wanted.items():
+        before = next((c for c in conditions if c.get("type") == kind), None)
+        since = before["lastTransitionTime"] if before and before.get("status") == status else now
+        out.append({"type": kind, "status": status, "reason": why, "message": message, "lastTransitionTime": since})
+    return out
+
+
+def finished_status(conditions: list[Manifest], succeeded: bool, message: str, now: str) -> Manifest:
+    """The Workload status of a job that has ended (what Kueue's job integrations write): Finished, so
+    Kueue releases its quota."""
+    finished = {"Finished": ("True", "Succeeded" if succeeded else "Failed")}
+    return {"status": {"conditions": _with_conditions(conditions, finished, message, now)}}
+
+
 def requeued_status(conditions: list[Manifest], reason: str, message: str, now: str) -> Manifest:
     """The Workload status that hands an evicted job back to Kueue once its pods are gone (what Kueue's
     job integrations write): no admission, QuotaReserved and Admitted false, Requeued true."""
@@ -155,9 +175,4 @@ def requeued_status(conditions: list[Manifest], reason: str, message: str, now: 
         "Admitted": ("False", "NoReservation"),
         "Requeued": ("True", reason or "Evicted"),
     }
-    out = [c for c in conditions if c.get("type") not in replaced]
-    for kind, (status, why) in replaced.items():
-        before = next((c for c in conditions if c.get("type") == kind), None)
-        since = before["lastTransitionTime"] if before and before.get("status") == status else now
-        out.append({"type": kind, "status": status, "reason": why, "message": message, "lastTransitionTime": since})
-    return {"status": {"admission": None, "conditions": out}}
+    return {"status": {"admission": None, "conditions": _with_conditions(conditions, replaced, message, now)}}

@@ -103,6 +103,7 @@ class WorkloadInfo:
     conditions: str
     """The Workload's status conditions as JSON (written back when the operator requeues it)."""
     deleting: bool
+    finished: bool = False
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,7 @@ def _workload(name: str, status: dict[str, Any], deleting: bool) -> WorkloadInfo
         assignments=assignments,
         conditions=json.dumps(conditions, sort_keys=True),
         deleting=deleting,
+        finished=bool(true("Finished")),
     )
 
 

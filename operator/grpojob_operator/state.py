@@ -35,7 +35,7 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -248,7 +248,19 @@ def _deleting(summary: Any) -> bool:
     return bool(getattr(summary, "deleting", False))
 
 
+def _kueue_time(now: datetime) -> str:
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _finished(job: api.GRPOJob, plan_: Plan, observed: Observed, now: datetime) -> None:
+    workload: WorkloadInfo | None = observed.get("Workload", names.ChildNames(job.metadata.name).workload)
+    if workload is not None and not workload.finished and not workload.deleting:
+        # Kueue releases the job's quota once its Workload is Finished.
+        status = plan_.status
+        done = kueue.finished_status(
+            json.loads(workload.conditions), status.phase == Phase.SUCCEEDED, status.message or "", _kueue_time(now)
+        )
+        plan_.actions.append(Patch(kueue.API_VERSION, "Workload", workload.name, done, "status"))
     policy = job.spec.cleanup_policy
     if policy != api.CleanupPolicy.KEEP_ALL:
         plan_.actions += _child_deletions(job, observed, trainer=policy == api.CleanupPolicy.DELETE_ALL)
@@ -432,11 +444,9 @@ def _admission(
     plan_.actions += _child_deletions(job, observed, trainer=True)
     if workload.evicted is not None:
         reason, message = workload.evicted
-        if workload.has_admission and not [p for p in observed.pods()]:
+        if workload.has_admission and not observed.pods():
             conditions = json.loads(workload.conditions)
-            requeue = kueue.requeued_status(
-                conditions, reason, message, now.isoformat(timespec="seconds").replace("+00:00", "Z")
-            )
+            requeue = kueue.requeued_status(conditions, reason, message, _kueue_time(now))
             plan_.actions.append(Patch(kueue.API_VERSION, "Workload", child.workload, requeue, "status"))
         queued(reason or "Evicted", f"evicted by Kueue: {message}")
         return None
