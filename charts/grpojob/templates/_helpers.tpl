@@ -31,6 +31,13 @@ same name in two namespaces do not fight over one ClusterRole; truncated to 58 c
 {{- printf "%s-%s" (include "grpojob.fullname" .) .Release.Namespace | trunc 58 | trimSuffix "-" }}
 {{- end }}
 
+{{/*
+Name of the ClusterRole (and binding) that reads Kueue's cluster-scoped objects, within 63 characters.
+*/}}
+{{- define "grpojob.kueueName" -}}
+{{- printf "%s-kueue" (include "grpojob.clusterName" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
 {{- define "grpojob.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -135,6 +142,16 @@ rbac.listNamespaces).
 - apiGroups: ["ray.io"]
   resources: ["rayclusters"]
   verbs: ["list", "watch", "create", "delete"]
+{{- if .Values.kueue.enabled }}
+# A job labelled kueue.x-k8s.io/queue-name: its one Workload, and the Workload's status (Finished when the
+# job ends; admission cleared when Kueue evicted it and its pods are gone).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "watch", "create", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}
 
 {{/*

@@ -254,6 +254,13 @@ NOT_NEEDED = [
     # A job's NetworkPolicy is created once and goes with the job (owner reference): never changed.
     ("update", "networkpolicies", "networking.k8s.io", ""),
     ("delete", "networkpolicies", "networking.k8s.io", ""),
+    # Kueue: the operator owns its jobs' Workloads (never another's spec) and only reads Kueue's setup.
+    ("update", "workloads", "kueue.x-k8s.io", ""),
+    ("patch", "workloads", "kueue.x-k8s.io", ""),
+    ("create", "clusterqueues", "kueue.x-k8s.io", ""),
+    ("create", "localqueues", "kueue.x-k8s.io", ""),
+    ("list", "resourceflavors", "kueue.x-k8s.io", ""),
+    ("patch", "resourceflavors", "kueue.x-k8s.io", ""),
 ]
 
 
@@ -269,6 +276,10 @@ def test_the_charts_rbac_denies_what_the_operator_does_not_need(
             ("create", "rolebindings", "rbac.authorization.k8s.io", ""),
             ("create", "networkpolicies", "networking.k8s.io", ""),
             ("list", "customresourcedefinitions", "apiextensions.k8s.io", ""),
+            ("create", "workloads", "kueue.x-k8s.io", ""),
+            ("patch", "workloads", "kueue.x-k8s.io", "status"),
+            ("get", "resourceflavors", "kueue.x-k8s.io", ""),
+            ("get", "workloadpriorityclasses", "kueue.x-k8s.io", ""),
         ]
         for verb, resource, group, sub in allowed:
             assert can_i(sa, verb, resource, namespace, group, sub), (verb, resource, sub)

@@ -3,6 +3,7 @@ mode, every value documented. Helm is the pinned one the test tooling builds."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import tempfile
@@ -126,14 +127,34 @@ def _rules(objects: list[dict[str, Any]], kind: str) -> list[list[dict[str, Any]
     return [o["rules"] for o in by_kind(objects, kind)]
 
 
+KUEUE_READS = {
+    "apiGroups": ["kueue.x-k8s.io"],
+    "resources": ["workloadpriorityclasses", "resourceflavors"],
+    "verbs": ["get"],
+}
+
+
+def test_kueue_rights_are_its_workloads_and_reads_of_its_setup_and_go_with_kueue_enabled_false(helm: Path):
+    (rules,) = [o["rules"] for o in by_kind(render(helm), "ClusterRole") if o["metadata"]["name"] == "rel-grpojob-ops"]
+    kueue = [rule for rule in rules if rule["apiGroups"] == ["kueue.x-k8s.io"]]
+    assert kueue == [
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "watch", "create", "delete"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["patch"]},
+    ]
+    without = render(helm, "--set", "kueue.enabled=false")
+    assert not [o for o in without if o["metadata"]["name"].endswith("-kueue")]
+    assert "kueue.x-k8s.io" not in json.dumps(by_kind(without, "ClusterRole"))
+
+
 def test_cluster_wide_rbac_is_one_cluster_role_bound_to_the_operator(helm: Path):
     objects = render(helm)
     _assert_only_the_leader_lease(objects)
     roles = {o["metadata"]["name"]: o["rules"] for o in by_kind(objects, "ClusterRole")}
-    assert set(roles) == {"rel-grpojob-ops", "rel-grpojob-ops-crds"}
+    assert set(roles) == {"rel-grpojob-ops", "rel-grpojob-ops-crds", "rel-grpojob-ops-kueue"}
     assert roles["rel-grpojob-ops-crds"] == [
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]}
     ]
+    assert roles["rel-grpojob-ops-kueue"] == [KUEUE_READS]
     for binding in by_kind(objects, "ClusterRoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-grpojob", "namespace": "ops"}]
         assert binding["roleRef"]["name"] == binding["metadata"]["name"]
@@ -190,10 +211,11 @@ def test_namespaced_rbac_is_a_role_per_watched_namespace_and_a_flag_each(helm: P
     bindings = by_kind(objects, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert all(b["subjects"][0]["namespace"] == "ops" for b in bindings)
-    # Cluster-scoped: only the read-only CRD and namespace watches.
+    # Cluster-scoped: only the read-only CRD and namespace watches, and the reads of Kueue's setup.
     cluster_rules = [rule for o in by_kind(objects, "ClusterRole") for rule in o["rules"]]
     assert cluster_rules == [
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        KUEUE_READS,
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     ]
     (deployment,) = by_kind(objects, "Deployment")
@@ -210,6 +232,8 @@ def test_namespaced_rbac_is_a_role_per_watched_namespace_and_a_flag_each(helm: P
         "rbac.listNamespaces=false",
         "--set",
         "rbac.watchCustomResourceDefinitions=false",
+        "--set",
+        "kueue.enabled=false",
     )
     assert not [o for o in strict if o["kind"].startswith("Cluster")]
 
