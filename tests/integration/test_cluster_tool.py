@@ -56,6 +56,7 @@ def test_up_lists_gpu_nodes_and_down_leaves_no_process():
             "kube-scheduler",
             "kwok",
             "kuberay-operator",
+            "kueue",
         }
         assert all(process_alive(pid) for pid in pids.values())
     finally:
