@@ -8,7 +8,8 @@ that cluster instead (kind, for example). Each test gets a namespace of its own.
 kube-proxy, CoreDNS; root only) and without kwok's fake nodes, for tests/e2e.
 
 With ``GRPOJOB_CI=1`` (set by `.ci/run`) a test skipped for a missing setup step (root, the image
-tools, the node packages, a cluster program such as Kueue) fails instead: CI installs all of them, so such a skip is a broken CI.
+tools, the node packages, a cluster program such as Kueue) fails instead: CI installs all of them, so
+such a skip is a broken CI.
 """
 
 from __future__ import annotations
