@@ -273,6 +273,10 @@ def _finished(job: api.GRPOJob, plan_: Plan, observed: Observed, now: datetime) 
 def _suspend(job: api.GRPOJob, plan_: Plan, observed: Observed, now: datetime) -> None:
     status = plan_.status
     plan_.actions += _child_deletions(job, observed, trainer=True)
+    workload = names.ChildNames(job.metadata.name).workload
+    if observed.has("Workload", workload) and not _deleting(observed.get("Workload", workload)):
+        # A suspended job holds no quota: its Workload goes, and a new one queues when it resumes.
+        plan_.actions.append(Delete(kueue.API_VERSION, "Workload", workload))
     status.phase = Phase.SUSPENDED
     status.reason, status.message = "Suspended", "spec.suspend is true"
     status.start_time = None  # like a Kubernetes Job, activeDeadlineSeconds restarts on resume

@@ -204,3 +204,20 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_is_queued_then_resumes
     assert resumed["attempt"] == status["attempt"] == 1, "a preemption is not a failed attempt"
     assert (jobs.condition("low", "Admitted") or {}).get("status") == "True"
     assert any(reason == "PhaseQueued" for reason, _ in jobs.events("low"))
+
+
+def test_a_suspended_job_frees_its_quota_for_the_next_and_queues_again_when_resumed(operator, jobs, queue: Queue):
+    jobs.create(queue.job("paused"))
+    jobs.wait_phase("paused", "Running", timeout=90)
+    jobs.create(queue.job("waiting"))
+    jobs.wait_phase("waiting", "Queued")
+
+    jobs.patch_spec("paused", {"suspend": True})
+    jobs.wait_phase("paused", "Suspended")
+    jobs.wait_phase("waiting", "Running", timeout=90)  # the suspended job's quota went with its Workload
+
+    jobs.patch_spec("paused", {"suspend": False})
+    jobs.wait_phase("paused", "Queued", timeout=60)
+    finish(jobs, "waiting")
+    jobs.wait_phase("paused", "Running", timeout=90)
+    assert [w["metadata"]["ownerReferences"][0]["name"] for w in queue.workloads()].count("paused") == 1

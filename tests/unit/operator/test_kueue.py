@@ -155,3 +155,14 @@ def test_an_unlabelled_job_has_no_workload():
     assert "Workload" not in [a.manifest["kind"] for a in plan.actions if isinstance(a, state.Create)]
     assert plan.status.phase != Phase.QUEUED
     assert manifests.build_raycluster(api.parse_job(job_body()), SETTINGS)["kind"] == "RayCluster"
+
+
+def test_a_suspended_job_gives_its_workload_up_and_queues_anew_when_resumed():
+    admitted = workload_body(
+        [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}], ADMISSION
+    )
+    body = labelled_body(phase="Running", attempt=1)
+    body["spec"]["suspend"] = True
+    plan = state.plan(body, observed_with(admitted), SETTINGS, NOW)
+    assert ("Workload", "demo-workload") in [(a.kind, a.name) for a in plan.actions if isinstance(a, state.Delete)]
+    assert plan.status.phase == Phase.SUSPENDED
