@@ -245,6 +245,19 @@ def build_model_cache_claim(job: api.GRPOJob) -> Manifest:
     }
 
 
+def _run_once_job(job: api.GRPOJob, metadata: Manifest, labels: dict[str, str], pod_spec: Manifest) -> Manifest:
+    """A batch/v1 Job whose one pod runs once (never restarted, never retried: the operator decides what
+    follows a failure), placed as the trainer is (`spec.scheduling.trainer`: CPU pods of the trainer's
+    image)."""
+    template = {"metadata": {"labels": labels}, "spec": {"restartPolicy": "Never", **pod_spec}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {"backoffLimit": 0, "template": scheduled(template, job.spec.scheduling.trainer)},
+    }
+
+
 def build_model_download_job(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
     """The Job that downloads `spec.model.id` into the cache claim once, before any Ray pod starts
     (`grpojob download-model`): it reports the commit it resolved, or why it failed, in its termination
@@ -264,47 +277,35 @@ def build_model_download_job(job: api.GRPOJob, settings: OperatorSettings) -> Ma
     if model.token_secret is not None:
         ref = {"name": model.token_secret.name, "key": model.token_secret.key}
         env.append({"name": endpoints.HF_TOKEN, "valueFrom": {"secretKeyRef": ref}})
-    labels = _labels(job, "model-download")
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _metadata(job, names.ChildNames(job_name).model_download, "model-download"),
-        "spec": {
-            "backoffLimit": 0,
-            # The download pod is placed as the trainer pod is (a CPU pod of the same image).
-            "template": scheduled(
+    return _run_once_job(
+        job,
+        _metadata(job, names.ChildNames(job_name).model_download, "model-download"),
+        _labels(job, "model-download"),
+        {
+            "automountServiceAccountToken": False,
+            "securityContext": pod_security_context(),
+            "volumes": [
+                {"name": "cache", "persistentVolumeClaim": {"claimName": model_cache_claim(job)}},
+                {"name": "tmp", "emptyDir": {}},
+            ],
+            "containers": [
                 {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "automountServiceAccountToken": False,
-                        "securityContext": pod_security_context(),
-                        "volumes": [
-                            {"name": "cache", "persistentVolumeClaim": {"claimName": model_cache_claim(job)}},
-                            {"name": "tmp", "emptyDir": {}},
-                        ],
-                        "containers": [
-                            {
-                                "name": "download",
-                                "image": job.spec.images.trainer or settings.default_trainer_image(),
-                                "command": command,
-                                "env": env,
-                                "terminationMessagePath": TERMINATION_LOG,
-                                "terminationMessagePolicy": "FallbackToLogsOnError",
-                                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
-                                "volumeMounts": [
-                                    {"name": "cache", "mountPath": HUB_CACHE_MOUNT},
-                                    {"name": "tmp", "mountPath": "/tmp"},
-                                ],
-                                "securityContext": read_only_container_security_context(),
-                            }
-                        ],
-                    },
-                },
-                job.spec.scheduling.trainer,
-            ),
+                    "name": "download",
+                    "image": job.spec.images.trainer or settings.default_trainer_image(),
+                    "command": command,
+                    "env": env,
+                    "terminationMessagePath": TERMINATION_LOG,
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+                    "volumeMounts": [
+                        {"name": "cache", "mountPath": HUB_CACHE_MOUNT},
+                        {"name": "tmp", "mountPath": "/tmp"},
+                    ],
+                    "securityContext": read_only_container_security_context(),
+                }
+            ],
         },
-    }
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -866,61 +867,50 @@ def build_trainer_job(
         *log_mounts,
     ]
     volumes, mounts = share_claims(volumes, mounts)
-    labels = {**_labels(job, "trainer"), **attempt_label}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _metadata(job, child.trainer, "trainer", attempt_label),
-        "spec": {
-            "backoffLimit": 0,
-            "template": scheduled(
+    return _run_once_job(
+        job,
+        _metadata(job, child.trainer, "trainer", attempt_label),
+        {**_labels(job, "trainer"), **attempt_label},
+        {
+            "serviceAccountName": child.trainer,
+            "securityContext": pod_security_context(),
+            "volumes": volumes,
+            "containers": [
                 {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "serviceAccountName": child.trainer,
-                        "securityContext": pod_security_context(),
-                        "volumes": volumes,
-                        "containers": [
-                            {
-                                "name": "trainer",
-                                "image": job.spec.images.trainer or settings.default_trainer_image(),
-                                "command": ["grpojob", "train", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
-                                "envFrom": [*_endpoints_env_from(job), *tracking_env_from(job)],
-                                "env": [
-                                    *ray_auth_env(job),
-                                    *hub_env(job),
-                                    _pod_attempt_env(attempt),
-                                    *endpoints.TrainerEnv(
-                                        progress_config_map=child.progress,
-                                        model_path=model_path(job, model_commit),
-                                        dataset_path=dataset_path,
-                                        checkpoint_dir=checkpoint_dir,
-                                        output_dir=output_dir,
-                                        log_dir=attempt_log_dir(log_dir, attempt),
-                                        metrics_port=endpoints.TRAINER_METRICS_PORT,
-                                    ).env(),
-                                    {
-                                        "name": endpoints.POD_NAMESPACE,
-                                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
-                                    },
-                                    *tracking_env(job),
-                                ],
-                                "ports": [{"name": "metrics", "containerPort": endpoints.TRAINER_METRICS_PORT}],
-                                "resources": {
-                                    "requests": {"cpu": "2", "memory": "8Gi"},
-                                    "limits": {"memory": "8Gi"},
-                                },
-                                "volumeMounts": mounts,
-                                "securityContext": read_only_container_security_context(),
-                            }
-                        ],
+                    "name": "trainer",
+                    "image": job.spec.images.trainer or settings.default_trainer_image(),
+                    "command": ["grpojob", "train", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+                    "envFrom": [*_endpoints_env_from(job), *tracking_env_from(job)],
+                    "env": [
+                        *ray_auth_env(job),
+                        *hub_env(job),
+                        _pod_attempt_env(attempt),
+                        *endpoints.TrainerEnv(
+                            progress_config_map=child.progress,
+                            model_path=model_path(job, model_commit),
+                            dataset_path=dataset_path,
+                            checkpoint_dir=checkpoint_dir,
+                            output_dir=output_dir,
+                            log_dir=attempt_log_dir(log_dir, attempt),
+                            metrics_port=endpoints.TRAINER_METRICS_PORT,
+                        ).env(),
+                        {
+                            "name": endpoints.POD_NAMESPACE,
+                            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+                        },
+                        *tracking_env(job),
+                    ],
+                    "ports": [{"name": "metrics", "containerPort": endpoints.TRAINER_METRICS_PORT}],
+                    "resources": {
+                        "requests": {"cpu": "2", "memory": "8Gi"},
+                        "limits": {"memory": "8Gi"},
                     },
-                },
-                job.spec.scheduling.trainer,
-            ),
+                    "volumeMounts": mounts,
+                    "securityContext": read_only_container_security_context(),
+                }
+            ],
         },
-    }
+    )
 
 
 def tracking_env(job: api.GRPOJob) -> list[Manifest]:
