@@ -1,4 +1,5 @@
-"""Write a one-layer OCI image archive (an OCI image layout in a tar) from files, without any tool.
+"""Write an OCI image archive (an OCI image layout in a tar) from files, without any tool: one layer
+of the given files, on top of base layers given as tar files.
 
 The real test node cannot pull images, so its own small images (the pod sandbox image and the test
 workload) are written here and imported with ``ctr images import``. Archives are reproducible: every
@@ -60,17 +61,32 @@ def _json(value: dict) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def write_archive(path: Path, reference: str, files: list[ImageFile], entrypoint: list[str]) -> str:
-    """Write an OCI archive of a linux/amd64 image named ``reference`` to ``path``; return its
-    manifest digest. ``ctr images import`` names the image from the index's annotations."""
+def _file_descriptor(media_type: str, path: Path) -> dict:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return {"mediaType": media_type, "digest": "sha256:" + digest.hexdigest(), "size": path.stat().st_size}
+
+
+def write_archive(
+    path: Path, reference: str, files: list[ImageFile], entrypoint: list[str], base_layers: tuple[Path, ...] = ()
+) -> str:
+    """Write an OCI archive of a linux/amd64 image named ``reference`` to ``path``: the uncompressed
+    layer tars ``base_layers``, then one layer of ``files``. Return its manifest digest. ``ctr images
+    import`` names the image from the index's annotations."""
     layer = layer_tar(files)
-    layer_descriptor = _descriptor(LAYER_MEDIA_TYPE, layer)
+    base_descriptors = [_file_descriptor(LAYER_MEDIA_TYPE, base) for base in base_layers]
+    layer_descriptors = [*base_descriptors, _descriptor(LAYER_MEDIA_TYPE, layer)]
     config = _json(
         {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Entrypoint": entrypoint, "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"]},
-            "rootfs": {"type": "layers", "diff_ids": [layer_descriptor["digest"]]},
+            "config": {
+                "Entrypoint": entrypoint,
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            },
+            "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in layer_descriptors]},
         }
     )
     manifest = _json(
@@ -78,7 +94,7 @@ def write_archive(path: Path, reference: str, files: list[ImageFile], entrypoint
             "schemaVersion": 2,
             "mediaType": MANIFEST_MEDIA_TYPE,
             "config": _descriptor(CONFIG_MEDIA_TYPE, config),
-            "layers": [layer_descriptor],
+            "layers": layer_descriptors,
         }
     )
     manifest_descriptor = _descriptor(MANIFEST_MEDIA_TYPE, manifest)
@@ -96,4 +112,9 @@ def write_archive(path: Path, reference: str, files: list[ImageFile], entrypoint
         _tar_entry(tar, "blobs/sha256/", None, 0o755)
         for blob in sorted((layer, config, manifest), key=lambda b: hashlib.sha256(b).hexdigest()):
             _tar_entry(tar, "blobs/sha256/" + hashlib.sha256(blob).hexdigest(), blob, 0o644)
+        for base, descriptor in zip(base_layers, base_descriptors, strict=True):
+            info = tarfile.TarInfo("blobs/sha256/" + descriptor["digest"].removeprefix("sha256:"))
+            info.mtime, info.uid, info.gid, info.mode, info.size = 0, 0, 0, 0o644, descriptor["size"]
+            with base.open("rb") as file:
+                tar.addfile(info, file)
     return manifest_descriptor["digest"]

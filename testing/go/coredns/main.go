@@ -1,4 +1,6 @@
-// Command coredns runs CoreDNS with only the plugins the real test node's Corefile uses.
+// Command coredns runs CoreDNS with only the plugins the Corefiles of our test clusters use: the real
+// test node's, and the one kubeadm writes on a kind node (which adds prometheus, loop, reload and
+// loadbalance).
 package main
 
 import (
@@ -11,13 +13,19 @@ import (
 	_ "github.com/coredns/coredns/plugin/forward"
 	_ "github.com/coredns/coredns/plugin/health"
 	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/loadbalance"
 	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/loop"
+	_ "github.com/coredns/coredns/plugin/metrics"
 	_ "github.com/coredns/coredns/plugin/ready"
+	_ "github.com/coredns/coredns/plugin/reload"
 )
 
 // directives lists the linked plugins in the order of CoreDNS's plugin.cfg, which decides the order
 // in which a query passes through them.
-var directives = []string{"bind", "ready", "health", "errors", "log", "cache", "kubernetes", "forward"}
+var directives = []string{
+	"reload", "bind", "ready", "health", "prometheus", "errors", "log", "loadbalance", "cache", "kubernetes", "loop", "forward",
+}
 
 func init() {
 	dnsserver.Directives = directives
