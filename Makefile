@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint cluster-binaries cluster-up cluster-down image-tools images node-packages e2e
+.PHONY: demo test lint cluster-binaries cluster-up cluster-down image-tools images node-packages e2e e2e-kind
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ node-packages:
 # our images loaded into it, the chart helm-installed, GRPOJobs trained by real pods.
 e2e: cluster-binaries node-packages images
 	$(BIN)/pytest --real-node -rA tests/e2e
+
+# The same suite on a kind cluster with podman (root): our node image (`python -m grpojob_testing.kind
+# build-node-image`), our images and KubeRay loaded with `kind load image-archive` (testing/kind/e2e).
+e2e-kind: cluster-binaries image-tools images
+	testing/kind/e2e
 
 cluster-up: cluster-binaries
 	$(BIN)/python -m grpojob_testing.cluster up

@@ -31,16 +31,20 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 from grpojob_testing import base_image, build, images, node_images, oci
 
 KIND_DIR = build.TESTING_DIR / "kind"
 NODE_FILES = KIND_DIR / "node"
 PACKAGE_LISTS = (build.TESTING_DIR / "node-packages.txt", build.TESTING_DIR / "kind-node-packages.txt")
 REPOSITORY = "grpojob.dev/kind"
+SUITE = "bookworm"
 KUBERNETES_VERSION = build.load_components()["kubernetes"].version
 NODE_IMAGE = f"{REPOSITORY}/node:{KUBERNETES_VERSION}"
 KUBERAY_IMAGE = f"{REPOSITORY}/kuberay-operator:{build.load_components()['kuberay'].version}"
-SUITE = "bookworm"
+KUBERAY_PROGRAM = "/usr/local/bin/ray-operator"
+KUBERAY_NAMESPACE = "kuberay-system"
 MIRROR = "http://deb.debian.org/debian"
 SOURCES = (
     f"deb {MIRROR} {SUITE} main\n"
@@ -63,6 +67,8 @@ UNWANTED_UNITS = (
 )
 CHANGES = ("ENV=container=docker", "STOPSIGNAL=SIGRTMIN+3", 'ENTRYPOINT=["/usr/local/bin/entrypoint", "/sbin/init"]')
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+NODE_PROGRAMS = ("kubernetes", "etcd", "coredns", "local-path-provisioner", "kind")
+DEBIAN_IMAGE = f"{REPOSITORY}/debian:{SUITE}"
 
 
 def debian_packages() -> list[str]:
@@ -71,12 +77,13 @@ def debian_packages() -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def control_plane_images() -> dict[str, tuple[str, str]]:
-    """Image name to (component of versions.toml, program) of every image kubeadm runs."""
+def cluster_images() -> dict[str, tuple[str, str]]:
+    """Image name to (component of versions.toml, program) of every image of one program the node
+    runs: those kubeadm runs, and the storage provisioner."""
     components = build.load_components()
     named = {f"{REPOSITORY}/{p}:{KUBERNETES_VERSION}": ("kubernetes", p) for p in (*CONTROL_PLANE, "kube-proxy")}
-    named[f"{REPOSITORY}/etcd:{components['etcd'].version}"] = ("etcd", "etcd")
-    named[f"{REPOSITORY}/coredns:{components['coredns'].version}"] = ("coredns", "coredns")
+    for name in ("etcd", "coredns", "local-path-provisioner"):
+        named[f"{REPOSITORY}/{name}:{components[name].version}"] = (name, name)
     return named
 
 
@@ -88,25 +95,32 @@ def _tree_digest(root: Path) -> list[tuple[str, str]]:
     ]
 
 
-def inputs_hash() -> str:
-    """A hash of everything the node image is made from: packages, suite, our files, the pinned
-    programs (by their cache directories, named by version and go.mod hash), kind's files, this module."""
-    components = build.load_components()
-    inputs = {
-        "suite": SUITE,
-        "sources": SOURCES,
-        "packages": debian_packages(),
-        "trim": TRIM,
-        "units": [ENABLED_UNITS, UNWANTED_UNITS],
-        "changes": CHANGES,
-        "files": _tree_digest(NODE_FILES),
-        "programs": sorted(components[name].bin_dir.name for name in ("kubernetes", "etcd", "coredns", "kind")),
-        "pause": hashlib.sha256(node_images.probe_binary().read_bytes()).hexdigest(),
-        "module": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
-        "oci": hashlib.sha256(Path(oci.__file__).read_bytes()).hexdigest(),
-        "debootstrap": base_image.debootstrap_version(),
-    }
+def _hash(inputs: dict) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def debian_inputs_hash() -> str:
+    """A hash of what the node's Debian root filesystem is made from."""
+    inputs = {"suite": SUITE, "sources": SOURCES, "packages": debian_packages(), "trim": TRIM}
+    return _hash({**inputs, "debootstrap": base_image.debootstrap_version()})
+
+
+def inputs_hash() -> str:
+    """A hash of everything the node image is made from: its Debian root filesystem, our files, the
+    pinned programs (by their cache directories, named by version and go.mod hash), this module."""
+    components = build.load_components()
+    return _hash(
+        {
+            "debian": debian_inputs_hash(),
+            "units": [ENABLED_UNITS, UNWANTED_UNITS],
+            "changes": CHANGES,
+            "files": _tree_digest(NODE_FILES),
+            "programs": sorted(components[name].bin_dir.name for name in NODE_PROGRAMS),
+            "pause": hashlib.sha256(node_images.probe_binary().read_bytes()).hexdigest(),
+            "module": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+            "oci": hashlib.sha256(Path(oci.__file__).read_bytes()).hexdigest(),
+        }
+    )
 
 
 def node_archive(digest: str) -> Path:
@@ -121,38 +135,58 @@ def _chroot(rootfs: Path, *command: str) -> None:
         raise RuntimeError(f"{' '.join(command)} in the node image failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
 
 
-def make_debian_rootfs(rootfs: Path) -> None:
-    """Debootstrap bookworm into ``rootfs`` and install the pinned packages (no service starts)."""
-    subprocess.run(
-        ["debootstrap", "--variant=minbase", SUITE, str(rootfs), MIRROR], check=True, stdout=subprocess.DEVNULL
-    )
-    (rootfs / "etc/apt/sources.list").write_text(SOURCES)
-    policy = rootfs / "usr/sbin/policy-rc.d"
-    policy.write_text("#!/bin/sh\nexit 101\n")
-    policy.chmod(0o755)
-    _chroot(rootfs, "apt-get", "update", "-qq")
-    _chroot(rootfs, "apt-get", "install", "-qq", "--yes", "--no-install-recommends", *debian_packages())
-    _chroot(rootfs, "apt-get", "clean")
-    policy.unlink()
-    for pattern in TRIM:
-        for path in rootfs.glob(pattern):
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+def _tar(rootfs: Path, target: Path) -> None:
+    excludes = [f"--exclude=./{d}/*" for d in ("dev", "proc", "sys", "run", "tmp")]
+    subprocess.run(["tar", "-C", str(rootfs), *excludes, "--sort=name", "-cf", str(target), "."], check=True)
 
 
-def write_control_plane_archives(rootfs: Path, base_layer: Path, directory: Path) -> None:
-    """The images kubeadm runs, one archive each, into ``directory``: one static program each, but
-    kube-proxy, which calls iptables, on top of the node's own Debian root filesystem (``base_layer``),
-    whose iptables it shares (kind's entrypoint picks legacy or nft; kube-proxy's image does the same)."""
+def debian_rootfs_tar() -> Path:
+    """The node's Debian root filesystem as a tar, made unless cached: debootstrap of bookworm and
+    the pinned packages installed (no service started), trimmed."""
+    target = build.cache_root() / "images" / f"kind-node-{SUITE}-{debian_inputs_hash()}.rootfs.tar"
+    if target.exists():
+        return target
+    for stale in target.parent.glob(f"kind-node-{SUITE}-*.rootfs.tar"):
+        stale.unlink()
+    with tempfile.TemporaryDirectory(prefix="grpojob-kind-debian-", dir=target.parent) as scratch:
+        rootfs = Path(scratch) / "rootfs"
+        try:
+            subprocess.run(
+                ["debootstrap", "--variant=minbase", SUITE, str(rootfs), MIRROR], check=True, stdout=subprocess.DEVNULL
+            )
+            (rootfs / "etc/apt/sources.list").write_text(SOURCES)
+            policy = rootfs / "usr/sbin/policy-rc.d"
+            policy.write_text("#!/bin/sh\nexit 101\n")
+            policy.chmod(0o755)
+            _chroot(rootfs, "apt-get", "update", "-qq")
+            _chroot(rootfs, "apt-get", "install", "-qq", "--yes", "--no-install-recommends", *debian_packages())
+            _chroot(rootfs, "apt-get", "clean")
+            policy.unlink()
+        finally:
+            # An interrupted debootstrap leaves /proc mounted in the tree it was writing.
+            subprocess.run(["umount", "--lazy", str(rootfs / "proc")], capture_output=True, check=False)
+        for pattern in TRIM:
+            for path in rootfs.glob(pattern):
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        partial = target.with_name(target.name + ".partial")
+        _tar(rootfs, partial)
+        partial.rename(target)
+    return target
+
+
+def write_cluster_images(debian: Path, directory: Path) -> None:
+    """The images the node runs, one archive each, into ``directory``: those kubeadm runs, the
+    storage provisioner, the pause image, and the node's Debian (local-path-provisioner's helper).
+    Each holds one static program of ours, but kube-proxy, which calls iptables, is on top of the
+    Debian root filesystem too (whose iptables kind's entrypoint set to the node's mode)."""
     bins = {name: build.build(component) for name, component in build.load_components().items()}
     directory.mkdir(parents=True, exist_ok=True)
-    for reference, (component, program) in control_plane_images().items():
-        binary = bins[component] / program
-        files = [oci.ImageFile(f"/usr/local/bin/{program}", binary.read_bytes(), 0o755)]
-        base = (base_layer,) if program == "kube-proxy" else ()
-        entrypoint = ["/coredns"] if program == "coredns" else [f"/usr/local/bin/{program}"]
-        if program == "coredns":
-            files = [oci.ImageFile("/coredns", binary.read_bytes(), 0o755)]
-        oci.write_archive(directory / f"{program}.oci.tar", reference, files, entrypoint, base)
+    for reference, (component, program) in cluster_images().items():
+        path = "/coredns" if program == "coredns" else f"/usr/local/bin/{program}"
+        files = [oci.ImageFile(path, (bins[component] / program).read_bytes(), 0o755)]
+        base = (debian,) if program == "kube-proxy" else ()
+        oci.write_archive(directory / f"{program}.oci.tar", reference, files, [path], base)
+    oci.write_archive(directory / "debian.oci.tar", DEBIAN_IMAGE, [], ["/bin/sh"], (debian,))
     for name, archive in node_images.write_archives(directory).items():
         if name != node_images.PAUSE_IMAGE:
             archive.unlink()
@@ -193,19 +227,16 @@ def build_node_image(log=sys.stderr) -> tuple[Path, bool]:
             subprocess.run(["podman", "load", "--quiet", "--input", str(archive)], check=True)
         return archive, False
     started = time.monotonic()
-    archive.parent.mkdir(parents=True, exist_ok=True)
+    debian = debian_rootfs_tar()
+    print(f"node root filesystem ready after {time.monotonic() - started:.0f}s", file=log, flush=True)
     with tempfile.TemporaryDirectory(prefix="grpojob-kind-node-", dir=archive.parent) as scratch:
         rootfs = Path(scratch) / "rootfs"
-        make_debian_rootfs(rootfs)
-        print(f"node root filesystem ready after {time.monotonic() - started:.0f}s", file=log, flush=True)
-        base_layer = Path(scratch) / "debian.tar"
-        excludes = [f"--exclude=./{d}/*" for d in ("dev", "proc", "sys", "run", "tmp")]
-        subprocess.run(["tar", "-C", str(rootfs), *excludes, "--sort=name", "-cf", str(base_layer), "."], check=True)
-        write_control_plane_archives(rootfs, base_layer, rootfs / "kind" / "images")
-        base_layer.unlink()
+        rootfs.mkdir()
+        subprocess.run(["tar", "-C", str(rootfs), "-xpf", str(debian)], check=True)
+        write_cluster_images(debian, rootfs / "kind" / "images")
         add_node_files(rootfs)
         node_tar = Path(scratch) / "node.tar"
-        subprocess.run(["tar", "-C", str(rootfs), *excludes, "--sort=name", "-cf", str(node_tar), "."], check=True)
+        _tar(rootfs, node_tar)
         changes = [*CHANGES, f"LABEL={base_image.INPUTS_LABEL}={digest}"]
         subprocess.run(
             ["podman", "import", "--quiet", *(f"--change={c}" for c in changes), str(node_tar), NODE_IMAGE],
@@ -224,16 +255,125 @@ def build_node_image(log=sys.stderr) -> tuple[Path, bool]:
     return archive, True
 
 
+def kuberay_archive() -> Path:
+    """The KubeRay operator's image (our pinned build, its one static program), written unless cached."""
+    bin_dir = build.build(build.load_components()["kuberay"])
+    target = build.cache_root() / "images" / f"kind-{bin_dir.name}.oci.tar"
+    if not target.exists():
+        program = oci.ImageFile(KUBERAY_PROGRAM, (bin_dir / "ray-operator").read_bytes(), 0o755)
+        partial = target.with_name(target.name + ".partial")
+        oci.write_archive(partial, KUBERAY_IMAGE, [program], [KUBERAY_PROGRAM])
+        partial.rename(target)
+    return target
+
+
+def archives() -> list[Path]:
+    """Every image archive tests/e2e needs on the node: ours built from this tree (`images`), the
+    KubeRay operator and the probe image."""
+    found = []
+    for image in images.images():
+        archive = images.tree_archive(image)
+        if archive is None:
+            raise RuntimeError(f"{image.key} is not built from this tree: python -m grpojob_testing.images build")
+        found.append(archive)
+    probe = node_images.write_archives(build.cache_root() / "images" / "kind-node-images")[node_images.PROBE_IMAGE]
+    return [*found, kuberay_archive(), probe]
+
+
+def kuberay_objects() -> list[dict]:
+    """The KubeRay operator as the test control plane runs it (no leader election), as a Deployment of
+    our image, allowed everything (a test cluster's operator)."""
+    namespace, name = KUBERAY_NAMESPACE, "kuberay-operator"
+    labels = {"app.kubernetes.io/name": name}
+    probe = {"httpGet": {"path": "/readyz", "port": 8082}, "periodSeconds": 2}
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": name,
+                        "containers": [
+                            {
+                                "name": name,
+                                "image": KUBERAY_IMAGE,
+                                "imagePullPolicy": "Never",
+                                "args": [
+                                    "--health-probe-bind-address=:8082",
+                                    "--metrics-addr=:8080",
+                                    "--enable-leader-election=false",
+                                    "--log-stdout-encoder=console",
+                                ],
+                                "readinessProbe": probe,
+                                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                            }
+                        ],
+                    },
+                },
+            },
+        },
+    ]
+
+
+def install_kuberay(kubeconfig: Path) -> None:
+    """Install KubeRay's CRDs and its operator into the cluster of ``kubeconfig``; wait until it is ready."""
+    bins = build.build(build.load_components()["kuberay"])
+    kubectl = [str(build.build(build.load_components()["kubernetes"]) / "kubectl"), f"--kubeconfig={kubeconfig}"]
+    subprocess.run([*kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(bins / "crds")], check=True)
+    manifest = yaml.safe_dump_all(kuberay_objects())
+    subprocess.run([*kubectl, "apply", "--server-side", "-f", "-"], input=manifest, text=True, check=True)
+    subprocess.run(
+        [
+            *kubectl,
+            "--namespace",
+            KUBERAY_NAMESPACE,
+            "rollout",
+            "status",
+            "deployment/kuberay-operator",
+            "--timeout=5m",
+        ],
+        check=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module's docstring)."""
     parser = argparse.ArgumentParser(prog="python -m grpojob_testing.kind", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("build-node-image", help=f"build {NODE_IMAGE} unless cached, load it into podman")
+    commands.add_parser("archives", help="print the image archives tests/e2e needs, one a line")
+    install = commands.add_parser("install-kuberay", help="install KubeRay's CRDs and operator")
+    install.add_argument("kubeconfig", type=Path)
+    commands.add_parser("bin-dir", help="print the directory of our kind build")
     args = parser.parse_args(argv)
     if args.command == "build-node-image":
         with images.build_lock():
             archive, built = build_node_image()
         print(f"{NODE_IMAGE}: {archive} ({'built' if built else 'cached'})")
+    elif args.command == "archives":
+        try:
+            print("\n".join(str(archive) for archive in archives()))
+        except RuntimeError as error:
+            print(error, file=sys.stderr)
+            return 1
+    elif args.command == "install-kuberay":
+        install_kuberay(args.kubeconfig)
+    else:
+        print(build.build(build.load_components()["kind"]))
     return 0
 
 
