@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint cluster-binaries cluster-up cluster-down image-tools images node-packages e2e e2e-kind
+.PHONY: demo test lint cluster-binaries cluster-up cluster-down image-tools images node-packages e2e kind-node-image e2e-kind
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,9 +56,14 @@ node-packages:
 e2e: cluster-binaries node-packages images
 	$(BIN)/pytest --real-node -rA tests/e2e
 
-# The same suite on a kind cluster with podman (root): our node image (`python -m grpojob_testing.kind
-# build-node-image`), our images and KubeRay loaded with `kind load image-archive` (testing/kind/e2e).
-e2e-kind: cluster-binaries image-tools images
+# The kind node image of Kubernetes v1.34.4 from our programs and pinned Debian packages, into
+# ~/.cache/grpojob/images unless cached, and into podman's storage (root).
+kind-node-image: cluster-binaries image-tools
+	$(BIN)/python -m grpojob_testing.kind build-node-image
+
+# The same suite on a kind cluster with podman (root): our node image, our images and KubeRay loaded
+# with `kind load image-archive`, kind's cluster deleted at the end (testing/kind/e2e).
+e2e-kind: kind-node-image images
 	testing/kind/e2e
 
 cluster-up: cluster-binaries

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import shutil
 import subprocess
@@ -65,7 +66,7 @@ UNWANTED_UNITS = (
     "lib/systemd/system/sockets.target.wants/*initctl*",
     "lib/systemd/system/basic.target.wants/*",
 )
-CHANGES = ("ENV=container=docker", "STOPSIGNAL=SIGRTMIN+3", 'ENTRYPOINT=["/usr/local/bin/entrypoint", "/sbin/init"]')
+CHANGES = ("ENV=container=docker", "STOPSIGNAL=SIGRTMIN+3", 'ENTRYPOINT=["/usr/local/bin/entrypoint","/sbin/init"]')
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 NODE_PROGRAMS = ("kubernetes", "etcd", "coredns", "local-path-provisioner", "kind")
 DEBIAN_IMAGE = f"{REPOSITORY}/debian:{SUITE}"
@@ -107,7 +108,8 @@ def debian_inputs_hash() -> str:
 
 def inputs_hash() -> str:
     """A hash of everything the node image is made from: its Debian root filesystem, our files, the
-    pinned programs (by their cache directories, named by version and go.mod hash), this module."""
+    pinned programs (by their cache directories, named by version and go.mod hash), the code that
+    puts them together."""
     components = build.load_components()
     return _hash(
         {
@@ -117,7 +119,7 @@ def inputs_hash() -> str:
             "files": _tree_digest(NODE_FILES),
             "programs": sorted(components[name].bin_dir.name for name in NODE_PROGRAMS),
             "pause": hashlib.sha256(node_images.probe_binary().read_bytes()).hexdigest(),
-            "module": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+            "code": [inspect.getsource(f) for f in (cluster_images, write_cluster_images, add_node_files)],
             "oci": hashlib.sha256(Path(oci.__file__).read_bytes()).hexdigest(),
         }
     )
@@ -222,6 +224,13 @@ def build_node_image(log=sys.stderr) -> tuple[Path, bool]:
     its archive and whether it was built."""
     digest = inputs_hash()
     archive = node_archive(digest)
+    if archive.exists() and base_image.image_inputs(NODE_IMAGE) == digest:
+        return archive, False
+    with images.build_lock():
+        return _build_node_image_locked(digest, archive, log)
+
+
+def _build_node_image_locked(digest: str, archive: Path, log) -> tuple[Path, bool]:
     if archive.exists():
         if base_image.image_inputs(NODE_IMAGE) != digest:
             subprocess.run(["podman", "load", "--quiet", "--input", str(archive)], check=True)
@@ -361,8 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("bin-dir", help="print the directory of our kind build")
     args = parser.parse_args(argv)
     if args.command == "build-node-image":
-        with images.build_lock():
-            archive, built = build_node_image()
+        archive, built = build_node_image()
         print(f"{NODE_IMAGE}: {archive} ({'built' if built else 'cached'})")
     elif args.command == "archives":
         try:
