@@ -2,7 +2,8 @@
 
     python -m grpojob_testing.kind build-node-image           # unless cached; loads it into podman
     python -m grpojob_testing.kind install-kuberay KUBECONFIG  # the KubeRay operator as a pod
-    python -m grpojob_testing.kind archives                    # the image archives to `kind load`
+    python -m grpojob_testing.kind archives                    # the image archives tests/e2e needs
+    python -m grpojob_testing.kind load-images CLUSTER         # `kind load image-archive` each
 
 No registry can be reached, so nothing of kind's own node image (``kindest/node``) is used but the
 files kind's module ships for it (entrypoint, ``/kind/bin``, systemd units). The root filesystem is
@@ -14,6 +15,8 @@ which no module proxy serves). The control-plane images kubeadm runs (kube-apise
 manager, the scheduler, kube-proxy, etcd, CoreDNS) are written from our programs under
 ``grpojob.dev/kind`` (testing/kind/cluster.yaml names them through kubeadm config patches) into
 ``/kind/images``, which a unit imports into the node's containerd at boot, before the kubelet starts.
+The default StorageClass (``/kind/manifests/default-storage.yaml``, which kind applies) is our build
+of local-path-provisioner, whose helper pods run the node's Debian as an image.
 
 The image is cached as a docker-archive in ``~/.cache/grpojob/images/`` by a hash of its inputs and
 loaded into podman's storage as ``NODE_IMAGE``, labelled with that hash.
@@ -289,6 +292,16 @@ def archives() -> list[Path]:
     return [*found, kuberay_archive(), probe]
 
 
+def load_images(cluster: str) -> None:
+    """``kind load image-archive`` every archive of `archives` into the kind cluster ``cluster``,
+    holding the image-build lock so that no build replaces an archive meanwhile."""
+    with images.build_lock():
+        for archive in archives():
+            command = ["kind", "load", "image-archive", "--name", cluster, str(archive)]
+            print(" ".join(command), flush=True)
+            subprocess.run(command, check=True)
+
+
 def kuberay_objects() -> list[dict]:
     """The KubeRay operator as the test control plane runs it (no leader election), as a Deployment of
     our image, allowed everything (a test cluster's operator)."""
@@ -365,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("build-node-image", help=f"build {NODE_IMAGE} unless cached, load it into podman")
     commands.add_parser("archives", help="print the image archives tests/e2e needs, one a line")
+    load = commands.add_parser("load-images", help="kind load image-archive each of them (kind on PATH)")
+    load.add_argument("cluster", help="the kind cluster's name")
     install = commands.add_parser("install-kuberay", help="install KubeRay's CRDs and operator")
     install.add_argument("kubeconfig", type=Path)
     commands.add_parser("bin-dir", help="print the directory of our kind build")
@@ -375,6 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "archives":
         try:
             print("\n".join(str(archive) for archive in archives()))
+        except RuntimeError as error:
+            print(error, file=sys.stderr)
+            return 1
+    elif args.command == "load-images":
+        try:
+            load_images(args.cluster)
         except RuntimeError as error:
             print(error, file=sys.stderr)
             return 1
