@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # The GPU session's steps on the device machine (an H200 with torch 2.11 and transformers, no vLLM/Ray):
 #   part DIR     copy one part of the wheels (../shared/gpu/pack-wheels.sh output, one ≤ 60 MiB folder per call)
-#   install      unpack every part and install the wheels into /tmp/site
+#   install      unpack every part and install the wheels into /tmp/site-packages
 #   tests        the GPU tests (tests/gpu)
 #   prepare      write the benchmark's model and rows (before legs run side by side)
 #   bench LEG [TIMEOUT]
 #                one leg of benchmarks/gpu_grpo.py (results under /root/bench, copied to $OUT); the leg
 #                uses the GPUs of CUDA_VISIBLE_DEVICES, so two legs can run at once on two GPUs
 set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
+# The wheels go to a folder named site-packages: dill (datasets' fingerprinting) pickles any module whose file is
+# neither under the interpreter's prefix nor in a 'site-packages' path by value, and pickling pyarrow by value
+# fails (`PicklingError: Can't pickle <class 'MonthDayNano'>`: what stopped the grpo-trl leg in session 5).
+export PYTHONPATH=/tmp/site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
 export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 case $1 in
   part) mkdir -p /root/parts && cp "$2"/* /root/parts/ && ls /root/parts | wc -l ;;
   install)
     mkdir -p /root/whl && (cd /root/parts && cat part_* | tar xf - -C /root/whl) && cp /root/parts/*.whl /root/whl/ \
-      && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /root/whl/*.whl \
-      && python3 -c "import vllm, ray, trl; print('vllm', vllm.__version__, 'ray', ray.__version__, 'trl', trl.__version__)" ;;
+      && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-packages /root/whl/*.whl \
+      && python3 -c "import vllm, ray, trl; print('vllm', vllm.__version__, 'ray', ray.__version__, 'trl', trl.__version__)" \
+      && python3 -c "import datasets; datasets.Dataset.from_list([{'a': 1}]); print('datasets', datasets.__version__)" ;;
   prepare) python3 benchmarks/gpu_grpo.py prepare --out /root/bench ;;
   tests) python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" ;;
   bench)
