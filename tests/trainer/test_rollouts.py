@@ -39,6 +39,12 @@ def test_rollouts_of_two_environments_come_back_in_input_order_with_metrics(env_
     assert batch.metrics["rollout/turns/min"] == 1
     assert batch.metrics["rollout/turns/max"] >= 2
     assert batch.metrics["rollout/reward/mean"] == pytest.approx(sum(s.reward for s in batch.samples) / 6)
+    for outcome in batch.outcomes:  # each rollout's own span, on the batch's clock
+        assert 0 <= outcome.started_s < outcome.finished_s
+    durations = [o.finished_s - o.started_s for o in batch.outcomes]
+    assert batch.metrics["rollout/seconds/max"] == pytest.approx(max(durations))
+    assert batch.metrics["rollout/seconds/min"] <= batch.metrics["rollout/seconds/p90"] <= max(durations)
+    assert 0 <= batch.metrics["rollout/tail_s"] <= max(o.finished_s for o in batch.outcomes)
 
 
 class FlakyProxy:
@@ -99,6 +105,7 @@ def test_500s_are_retried_and_rows_that_keep_failing_are_counted_not_dropped(env
     assert [o.row_index for o in batch.failures] == [1, 4]
     assert all("answered 500" in o.error and "gave up after 3 attempts" in o.error for o in batch.failures)
     assert all(o.attempts == 2 for o in batch.outcomes if o.ok), "one 500, then success"
+    assert all(o.finished_s >= o.started_s for o in batch.outcomes), "failures are timed too"
     assert len(batch.samples) == 4
     assert batch.metrics["rollout/failed"] == 2
     assert batch.metrics["rollout/failure_rate"] == pytest.approx(2 / 6)

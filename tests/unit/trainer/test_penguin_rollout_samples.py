@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from grpojob_trainer.penguin.conversion import RolloutConversionError, result_to_sample
-from grpojob_trainer.penguin.metrics import rollout_metrics, summarize
+from grpojob_trainer.penguin.metrics import percentile, rollout_metrics, summarize, timing_metrics
 from grpojob_trainer.penguin.protocol import Row, RunResult
 from grpojob_trainer.penguin.rollouts import PolicySampling
 from grpojob_trainer.samples import TrainingSample
@@ -99,3 +99,27 @@ def test_policy_sampling_overwrites_temperature_and_top_p_and_caps_output_tokens
         "max_output_tokens": 64,
     }
     assert row.responses_create_params.temperature == 0.1, "the caller's row is not modified"
+
+
+def test_percentile_interpolates_between_ranks_and_refuses_nonsense():
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)
+    assert percentile([5.0], 90) == 5.0
+    assert percentile([1.0, 9.0], 0) == 1.0 and percentile([1.0, 9.0], 100) == 9.0
+    with pytest.raises(ValueError, match="no values"):
+        percentile([], 50)
+    with pytest.raises(ValueError, match="within"):
+        percentile([1.0], 101)
+
+
+def test_timing_metrics_give_each_rollouts_time_and_the_tail_after_the_90th_percentile():
+    # ten rollouts sent at once; nine end within a second, one straggles until 5 s
+    spans = [(0.0, 0.1 * (i + 1)) for i in range(9)] + [(0.0, 5.0)]
+
+    metrics = timing_metrics(spans)
+
+    assert metrics["rollout/seconds/max"] == 5.0
+    assert metrics["rollout/seconds/median"] == pytest.approx(0.55)
+    assert metrics["rollout/seconds/p90"] == pytest.approx(0.9 + 0.1 * (5.0 - 0.9))
+    assert metrics["rollout/tail_s"] == pytest.approx(5.0 - metrics["rollout/seconds/p90"])
+    assert timing_metrics([]) == {}

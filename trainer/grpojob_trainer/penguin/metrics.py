@@ -1,4 +1,4 @@
-"""Per-sample rollout metrics, each summarised as mean/max/min/median/std."""
+"""Per-sample rollout metrics, each summarised as mean/max/min/median/std, and the batch's timing."""
 
 from __future__ import annotations
 
@@ -49,4 +49,32 @@ def rollout_metrics(samples: Sequence[TrainingSample], failed: int, prefix: str 
     for quantity, values in per_sample_values(samples).items():
         for statistic, value in summarize(values).items():
             metrics[f"{prefix}{quantity}/{statistic}"] = value
+    return metrics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values`` by linear interpolation between the nearest ranks."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be within [0, 100], got {q}")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def timing_metrics(spans: Sequence[tuple[float, float]], prefix: str = "rollout/") -> dict[str, float]:
+    """From each successful rollout's (sent, finished) seconds after the batch began:
+    ``rollout/seconds/<statistic>`` (each rollout's own time, as the driver saw it), ``rollout/seconds/p90``,
+    and ``rollout/tail_s``: seconds from the 90th-percentile rollout finishing to the last one (the batch
+    waits that long for its slowest tenth). Empty → {}."""
+    if not spans:
+        return {}
+    durations = [finished - sent for sent, finished in spans]
+    finished = [end for _, end in spans]
+    metrics = {f"{prefix}seconds/{statistic}": value for statistic, value in summarize(durations).items()}
+    metrics[f"{prefix}seconds/p90"] = percentile(durations, 90)
+    metrics[f"{prefix}tail_s"] = max(finished) - percentile(finished, 90)
     return metrics

@@ -16,6 +16,7 @@ which made the rollout path, not the engine, the slowest part of a GPU step.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from pydantic import ValidationError
 
 from grpojob_trainer.penguin.conversion import RolloutConversionError, result_to_sample
 from grpojob_trainer.penguin.gym_errors import inner_client_error
-from grpojob_trainer.penguin.metrics import rollout_metrics
+from grpojob_trainer.penguin.metrics import rollout_metrics, timing_metrics
 from grpojob_trainer.penguin.protocol import Row, RunResult, describe
 from grpojob_trainer.samples import TrainingSample
 
@@ -62,6 +63,10 @@ class RolloutOutcome:
     attempts: int
     sample: TrainingSample | None = None
     error: str | None = None
+    started_s: float | None = None
+    """Seconds after the batch began when the last attempt was sent (None: abandoned before one)."""
+    finished_s: float | None = None
+    """Seconds after the batch began when the outcome was decided (None: abandoned at the deadline)."""
 
     @property
     def ok(self) -> bool:
@@ -136,6 +141,7 @@ async def collect_rollouts(
     bodies = [(sampling.apply(row) if sampling else row).model_dump_json(exclude_unset=True) for row in parsed]
     groups = list(group_indices) if group_indices is not None else list(range(len(rows)))
     semaphore = asyncio.Semaphore(concurrency)
+    began = time.perf_counter()
     session = {
         "connector": aiohttp.TCPConnector(limit=concurrency),
         "cookie_jar": aiohttp.DummyCookieJar(),
@@ -147,7 +153,17 @@ async def collect_rollouts(
         async def one(index: int) -> RolloutOutcome:
             url = env_urls[names[index]].rstrip("/") + "/run"
             return await _run_with_retries(
-                client, semaphore, url, bodies[index], index, names[index], groups[index], timeout_s, retries, backoff_s
+                client,
+                semaphore,
+                url,
+                bodies[index],
+                index,
+                names[index],
+                groups[index],
+                timeout_s,
+                retries,
+                backoff_s,
+                began,
             )
 
         tasks = [asyncio.create_task(one(i)) for i in range(len(rows))]
@@ -165,7 +181,11 @@ async def collect_rollouts(
                 outcomes.append(RolloutOutcome(index, names[index], attempts=0, error=error))
         await asyncio.gather(*tasks, return_exceptions=True)
     samples = [o.sample for o in outcomes if o.sample is not None]
-    return RolloutBatch(outcomes, rollout_metrics(samples, failed=len(outcomes) - len(samples)))
+    timed = [
+        (o.started_s, o.finished_s) for o in outcomes if o.ok and o.started_s is not None and o.finished_s is not None
+    ]
+    metrics = rollout_metrics(samples, failed=len(outcomes) - len(samples)) | timing_metrics(timed)
+    return RolloutBatch(outcomes, metrics)
 
 
 async def _run_with_retries(
@@ -179,25 +199,36 @@ async def _run_with_retries(
     timeout_s: float,
     retries: int,
     backoff_s: float,
+    began: float,
 ) -> RolloutOutcome:
     error = ""
+    sent = None
+
+    def since_began() -> float:
+        return time.perf_counter() - began
+
     for attempt in range(retries + 1):
         if attempt:
             await asyncio.sleep(min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
         try:
             async with semaphore:
+                sent = since_began()
                 result = await asyncio.wait_for(_post_run(client, url, body), timeout_s)
             sample = result_to_sample(result, group_index)
-            return RolloutOutcome(index, env_name, attempt + 1, sample=sample)
+            return RolloutOutcome(index, env_name, attempt + 1, sample=sample, started_s=sent, finished_s=since_began())
         except _Permanent as failure:
-            return RolloutOutcome(index, env_name, attempt + 1, error=str(failure))
+            return RolloutOutcome(
+                index, env_name, attempt + 1, error=str(failure), started_s=sent, finished_s=since_began()
+            )
         except RolloutConversionError as failure:
-            return RolloutOutcome(index, env_name, attempt + 1, error=f"bad rollout: {failure}")
+            error = f"bad rollout: {failure}"
+            return RolloutOutcome(index, env_name, attempt + 1, error=error, started_s=sent, finished_s=since_began())
         except TimeoutError:
             error = f"POST {url} timed out after {timeout_s}s"
         except _Transient as failure:
             error = str(failure)
-    return RolloutOutcome(index, env_name, retries + 1, error=f"{error} (gave up after {retries + 1} attempts)")
+    error = f"{error} (gave up after {retries + 1} attempts)"
+    return RolloutOutcome(index, env_name, retries + 1, error=error, started_s=sent, finished_s=since_began())
 
 
 async def _post_run(client: aiohttp.ClientSession, url: str, body: str) -> RunResult:
