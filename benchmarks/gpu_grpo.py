@@ -17,7 +17,21 @@ Legs (each in a process of its own, so one engine's memory is gone before the ne
   policy on one GPU and the engine on another (weights by NCCL broadcast); ``grpo-ours-2gpu-async``: that
   job with ``maxOffPolicySteps: 1`` (the next step's rollouts generated while a step trains).
 - ``grpo-trl``: TRL's `GRPOTrainer` (vLLM colocated, bf16) on the same model, rows, group size,
-  completion length, micro-batch and one optimizer step per batch of generations: the anchor.
+  completion length, micro-batch and one optimizer step per batch of generations: the anchor. Besides the
+  step, its phases: generation and scoring (`_generate_and_score_completions`, vLLM's sampling inside it)
+  and the rest of the step (training).
+- ``generation-breakdown``: where the GRPO step's generation phase goes. The same rollouts as
+  ``grpo-ours`` (32 prompts x 8 through the arithmetic environment server, the engine with the colocated
+  job's memory share, the prefix cache dropped before each step as a weight load does) without training
+  between the steps; the driver (`collect_rollouts`) in a process of its own, as in ``grpojob run``. Per step:
+  the phase's wall time; the engine window (first request in to last response out at the generation server);
+  the head (driver start to the first request at the server) and the end (last response to the driver
+  done): the environment hops around the engine; each request's time at the server against each
+  rollout's time at the driver (their difference: the HTTP/environment hops of one rollout); the tail
+  (90th-percentile rollout to the last). Then ``generation-replay`` (a process of its own) replays every
+  step's exact prompt token ids and output lengths on vLLM's offline `LLM` with the same engine settings
+  (``max_tokens = min_tokens = n``, ``ignore_eos``), once in full and once prefill only (one token each):
+  the decode floor for the same work, and how much of it prefill is.
 
 The model is random-init with the dimensions of Qwen2.5-1.5B (``grpojob tiny-model --shape``), written
 under ``--out`` on first use. Step times are medians over the steps after the first (warm-up).
@@ -62,6 +76,8 @@ class Workload:
     colocated_generation_memory: float = 0.35
     trl_use_vllm: bool = True
     """False: TRL generates with transformers (how the leg is smoke-tested on a CPU)."""
+    breakdown_backend: str = "vllm"
+    """``transformers``: the breakdown leg on a CPU, without the raw replay (its smoke test)."""
 
 
 def model_dir(out: Path, workload: Workload) -> Path:
@@ -311,6 +327,9 @@ def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1, ahead: int = 0) 
         "training_seconds": median_after_warmup(rows, "time/training"),
         "weight_sync_seconds": median_after_warmup(rows, "time/weight_sync"),
         "rollout_wait_seconds": median_after_warmup(rows, "time/rollout_wait"),
+        "rollout_seconds_p50": median_after_warmup(rows, "rollout/seconds/median"),
+        "rollout_seconds_p90": median_after_warmup(rows, "rollout/seconds/p90"),
+        "rollout_tail_seconds": median_after_warmup(rows, "rollout/tail_s"),
         "generated_tokens_per_s": median_after_warmup(rows, "throughput/generated_tokens_per_s"),
         "train_tokens_per_s": train_tps,
         "tokens_per_step": median_after_warmup(rows, "tokens"),
@@ -347,17 +366,37 @@ def leg_grpo_trl(out: Path, workload: Workload) -> dict[str, Any]:
         return [sum(score_answer(t, e).values()) for t, e in zip(texts, expected_answer, strict=True)]
 
     step_times: list[float] = []
+    phase_times: list[dict[str, float]] = []
+    current: dict[str, float] = {}
+
+    def synchronize() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
 
     class StepTimes(TrainerCallback):
         def on_step_begin(self, *_: Any, **__: Any) -> None:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            synchronize()
+            current.clear()
             self.started = time.perf_counter()
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            synchronize()
             step_times.append(time.perf_counter() - self.started)
+            phase_times.append(dict(current))
+
+    def timed(name: str, method: Any) -> Any:
+        """``method`` adding its seconds to the current step's ``name``."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            synchronize()
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                synchronize()
+                current[name] = current.get(name, 0.0) + time.perf_counter() - started
+
+        return call
 
     sequences = workload.prompts_per_step * workload.generations_per_prompt
     accumulation = sequences // workload.micro_batch_size
@@ -396,17 +435,301 @@ def leg_grpo_trl(out: Path, workload: Workload) -> dict[str, Any]:
         processing_class=AutoTokenizer.from_pretrained(model, local_files_only=True),
         callbacks=[StepTimes()],
     )
+    # TRL's generation phase: sampling (vLLM, weight sync included), rewards, advantages and, with the
+    # importance-sampling correction, the old policy's log-probabilities; once per optimizer step here.
+    trainer._generate_and_score_completions = timed("generation", trainer._generate_and_score_completions)
+    trainer._generate_single_turn = timed("sampling", trainer._generate_single_turn)
     started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started
     import trl
 
+    generation = [p.get("generation", 0.0) for p in phase_times]
+    sampling = [p.get("sampling", 0.0) for p in phase_times]
+    lengths = [row["completions/mean_length"] for row in trainer.state.log_history if "completions/mean_length" in row]
+    sequences_per_step = workload.prompts_per_step * workload.generations_per_prompt
+
+    def median_after_first(values: list[float]) -> float:
+        return statistics.median(values[1:]) if len(values) > 1 else float("nan")
+
     return {
         "wall_seconds": wall,
         "steps": len(step_times),
-        "step_seconds": statistics.median(step_times[1:]) if len(step_times) > 1 else float("nan"),
+        "step_seconds": median_after_first(step_times),
+        "generation_seconds": median_after_first(generation),
+        "sampling_seconds": median_after_first(sampling),
+        "training_seconds": median_after_first([t - g for t, g in zip(step_times, generation, strict=True)]),
+        "generated_tokens_per_step": median_after_first([m * sequences_per_step for m in lengths]),
+        "sampling_tokens_per_s": median_after_first(
+            [m * sequences_per_step / s for m, s in zip(lengths, sampling, strict=False) if s > 0]
+        ),
+        "step_seconds_each": step_times,
+        "generation_seconds_each": generation,
         "trl_version": trl.__version__,
     }
+
+
+# --------------------------------------------------------------------------------------------------
+# generation breakdown: the GRPO step's generation phase against raw vLLM on the same lengths
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """One request as the generation server saw it (``time.perf_counter``: the same clock in every process
+    of the machine, CLOCK_MONOTONIC)."""
+
+    arrived: float
+    finished: float
+    prompt_token_ids: tuple[int, ...]
+    generated: int
+
+
+def record_requests(engine: Any, records: list[EngineRecord]) -> None:
+    """Wrap the server's ``engine.generate`` (`DirectEngine` or `BatchingEngine`) to append an `EngineRecord`
+    per request to ``records``."""
+    generate = engine.generate
+
+    async def timed(request: Any) -> Any:
+        arrived = time.perf_counter()
+        result = await generate(request)
+        records.append(EngineRecord(arrived, time.perf_counter(), request.prompt_token_ids, len(result.token_ids)))
+        return result
+
+    engine.generate = timed
+
+
+def drive_rollout_step(
+    env_urls: dict[str, str], rows: list[dict[str, Any]], generations: int, sampling: tuple[float, float, int]
+) -> dict[str, Any]:
+    """One step's rollouts as the driver collects them (run in a process of its own): every row
+    ``generations`` times, all in flight at once. Returns the step's start and end on the machine's clock and
+    each successful rollout's (sent, finished) seconds after the batch began."""
+    from grpojob_trainer.driver import expand_groups
+    from grpojob_trainer.penguin.protocol import Row
+    from grpojob_trainer.penguin.rollouts import PolicySampling, collect_rollouts
+
+    expanded, groups = expand_groups([Row.model_validate(r) for r in rows], generations)
+    began = time.perf_counter()
+    batch = asyncio.run(
+        collect_rollouts(
+            expanded,
+            env_urls,
+            concurrency=len(expanded),
+            group_indices=groups,
+            sampling=PolicySampling(*sampling),
+        )
+    )
+    ended = time.perf_counter()
+    return {
+        "began": began,
+        "ended": ended,
+        "spans": [(o.started_s, o.finished_s) for o in batch.outcomes if o.ok],
+        "failed": len(batch.failures),
+        "errors": [o.error for o in batch.failures[:3]],
+        "generated": sum(s.generated_tokens for s in batch.samples),
+    }
+
+
+def latency_summary(values: list[float]) -> dict[str, float]:
+    """sum, p50, p90 and max of per-request seconds."""
+    from grpojob_trainer.penguin.metrics import percentile
+
+    return {
+        "sum": sum(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "max": max(values),
+    }
+
+
+def step_breakdown(driver: dict[str, Any], engine: list[EngineRecord]) -> dict[str, Any]:
+    """Where one step's generation phase went: the driver's view (`drive_rollout_step`) against the
+    generation server's (`record_requests`), both on the machine's clock."""
+    from grpojob_trainer.penguin.metrics import percentile
+
+    if not engine or not driver["spans"]:
+        raise ValueError(f"no completed requests to break down (rollout errors: {driver.get('errors')})")
+    wall = driver["ended"] - driver["began"]
+    first_in = min(r.arrived for r in engine)
+    last_out = max(r.finished for r in engine)
+    generated = sum(r.generated for r in engine)
+    engine_seconds = [r.finished - r.arrived for r in engine]
+    rollout_seconds = [finished - sent for sent, finished in driver["spans"]]
+    finished = [end for _, end in driver["spans"]]
+    engine_finished = [r.finished for r in engine]
+    return {
+        "wall_s": wall,
+        "engine_window_s": last_out - first_in,
+        "head_s": first_in - driver["began"],
+        "end_s": driver["ended"] - last_out,
+        "arrival_spread_s": max(r.arrived for r in engine) - first_in,
+        "requests": len(engine),
+        "rollouts": len(rollout_seconds),
+        "failed_rollouts": driver["failed"],
+        "prompt_tokens": sum(len(r.prompt_token_ids) for r in engine),
+        "generated_tokens": generated,
+        "tokens_per_s": generated / wall,
+        "engine_tokens_per_s": generated / (last_out - first_in),
+        "engine_request_s": latency_summary(engine_seconds),
+        "driver_rollout_s": latency_summary(rollout_seconds),
+        "hops_p50_s": percentile(rollout_seconds, 50) - percentile(engine_seconds, 50),
+        "tail_s": max(finished) - percentile(finished, 90),
+        "engine_tail_s": max(engine_finished) - percentile(engine_finished, 90),
+    }
+
+
+def replay_step(engine: list[EngineRecord]) -> list[dict[str, Any]]:
+    """The step's requests in arrival order: prompt token ids and how many tokens each generated."""
+    return [
+        {"prompt": list(r.prompt_token_ids), "generated": r.generated} for r in sorted(engine, key=lambda r: r.arrived)
+    ]
+
+
+def medians(steps: list[dict[str, Any]], skip_first: bool = True) -> dict[str, float]:
+    """The median of every numeric field (nested ones as ``outer.inner``) over the steps after the first."""
+    rows = steps[1:] if skip_first and len(steps) > 1 else steps
+    flat: dict[str, list[float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            items = value.items() if isinstance(value, dict) else [(None, value)]
+            for inner, number in items:
+                if isinstance(number, int | float) and not isinstance(number, bool):
+                    flat.setdefault(key if inner is None else f"{key}.{inner}", []).append(float(number))
+    return {key: statistics.median(values) for key, values in flat.items()}
+
+
+def breakdown_engine_settings(workload: Workload) -> dict[str, Any]:
+    """The colocated job's engine (`grpojob run` with ``job_yaml(colocated=True)``), for both legs."""
+    return {
+        "max_model_len": workload.max_new_tokens + 256,
+        "gpu_memory_utilization": workload.colocated_generation_memory,
+        "dtype": "bfloat16",
+        "seed": 0,
+    }
+
+
+def leg_generation_breakdown(out: Path, workload: Workload) -> dict[str, Any]:
+    from grpojob_api import v1alpha1 as api
+    from grpojob_trainer.generation.app import ServerConfig, create_app
+    from grpojob_trainer.generation.backend import GenerationBackend, SamplingParams
+    from grpojob_trainer.local_environments import EnvironmentProcesses
+    from grpojob_trainer.penguin.http import ThreadedServer
+
+    model = model_dir(out, workload)
+    rows = [json.loads(line) for line in dataset_path(out, workload).open()]
+    engine_settings = breakdown_engine_settings(workload)
+    backend: GenerationBackend
+    if workload.breakdown_backend == "vllm":
+        from grpojob_trainer.generation.vllm_backend import VLLMBackend
+
+        backend = VLLMBackend(model, **engine_settings)
+
+        def drop_prefix_cache() -> None:  # as every weight load does in the job
+            backend._run(backend.engine.reset_prefix_cache())
+    else:
+        from grpojob_trainer.generation.transformers_backend import TransformersBackend
+
+        backend = TransformersBackend(model, max_model_len=engine_settings["max_model_len"], device="cpu")
+
+        def drop_prefix_cache() -> None:
+            pass
+
+    app = create_app(backend, ServerConfig("policy", SamplingParams(1.0, 1.0, workload.max_new_tokens)))
+    records: list[EngineRecord] = []
+    record_requests(app.state.engine, records)
+    environment = api.EnvironmentSpec.model_validate(
+        {"name": "arithmetic", "command": ["python", "-m", "grpojob_trainer.environments", "arithmetic"]}
+    )
+    steps: list[dict[str, Any]] = []
+    replay: list[list[dict[str, Any]]] = []
+    with (
+        ThreadedServer(app) as server,
+        EnvironmentProcesses(
+            [environment],
+            policy_base_url=f"{server.url}/v1",
+            policy_model_name="policy",
+            gcs_address="unused",
+            log_dir=out / "breakdown-environments",
+        ) as env_urls,
+        multiprocessing.get_context("spawn").Pool(1) as driver,
+    ):
+        for step in range(workload.steps):
+            drop_prefix_cache()
+            records.clear()
+            batch = rows[step * workload.prompts_per_step : (step + 1) * workload.prompts_per_step]
+            sampling = (1.0, 1.0, workload.max_new_tokens)
+            result = driver.apply(drive_rollout_step, (env_urls, batch, workload.generations_per_prompt, sampling))
+            steps.append(step_breakdown(result, list(records)))
+            replay.append(replay_step(list(records)))
+            print(f"step {step + 1}: " + json.dumps({k: v for k, v in steps[-1].items() if not isinstance(v, dict)}))
+    limits = scheduler_limits(getattr(backend, "engine", None))
+    if workload.breakdown_backend == "vllm":
+        backend.shutdown()
+    result: dict[str, Any] = {"steps": steps, "median": medians(steps), "scheduler": limits}
+    if workload.breakdown_backend != "vllm":
+        return result
+    replay_file = out / "generation-breakdown-replay.json"
+    replay_file.write_text(json.dumps({"model": str(model), "engine": engine_settings, "steps": replay}))
+    # The raw engine in a fresh process: this one's engine is gone and its memory with it.
+    subprocess.run([sys.executable, __file__, "generation-replay", "--out", str(out)], check=True)
+    raw = json.loads((out / "generation-replay.json").read_text())
+    result["raw"] = {key: raw[key] for key in ("median", "scheduler")}
+    ours, floor = result["median"], raw["median"]
+    result["in_step_over_raw_tokens_per_s"] = ours["tokens_per_s"] / floor["tokens_per_s"]
+    result["engine_window_over_raw_tokens_per_s"] = ours["engine_tokens_per_s"] / floor["tokens_per_s"]
+    return result
+
+
+def leg_generation_replay(out: Path, workload: Workload) -> dict[str, Any]:
+    """Replay ``generation-breakdown-replay.json`` on vLLM's offline engine: every step's prompts with their
+    exact output lengths, prefill only and in full, the prefix cache dropped before each."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = json.loads((out / "generation-breakdown-replay.json").read_text())
+    llm = LLM(
+        model=spec["model"],
+        **spec["engine"],
+        logprobs_mode="processed_logprobs",
+        enable_prefix_caching=True,
+    )
+
+    def exactly(tokens: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=1.0,
+            top_p=1.0,
+            max_tokens=tokens,
+            min_tokens=tokens,
+            ignore_eos=True,
+            logprobs=0,
+            detokenize=False,
+        )
+
+    def run(prompts: list[Any], params: list[Any]) -> tuple[float, int]:
+        llm.reset_prefix_cache()
+        started = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - started, sum(len(o.outputs[0].token_ids) for o in outputs)
+
+    first = spec["steps"][0][0]
+    run([TokensPrompt(prompt_token_ids=first["prompt"])], [exactly(first["generated"])])  # warm-up
+    steps = []
+    for requests in spec["steps"]:
+        prompts = [TokensPrompt(prompt_token_ids=r["prompt"]) for r in requests]
+        prefill_s, _ = run(prompts, [exactly(1) for _ in requests])
+        seconds, generated = run(prompts, [exactly(r["generated"]) for r in requests])
+        expected = sum(r["generated"] for r in requests)
+        if generated != expected:
+            raise RuntimeError(f"the replay generated {generated} tokens, the step {expected}")
+        steps.append(
+            {
+                "wall_s": seconds,
+                "prefill_only_s": prefill_s,
+                "generated_tokens": generated,
+                "tokens_per_s": generated / seconds,
+            }
+        )
+    return {"steps": steps, "median": medians(steps), "scheduler": scheduler_limits(llm.llm_engine)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -460,6 +783,27 @@ def table(out: Path) -> str:
         f"{fmt(ours.get('training_mfu'))} | | |",
         f"| weight sync ms, same GPU (CUDA IPC) | {fmt((ours.get('weight_sync_seconds') or 0) * 1000, 1)} | | |",
     ]
+    if trl.get("generation_seconds") is not None:
+        lines += [
+            f"| TRL's step: generation and scoring (its sampling) / the rest s | | "
+            f"{fmt(trl.get('generation_seconds'))} ({fmt(trl.get('sampling_seconds'))}) / "
+            f"{fmt(trl.get('training_seconds'))} | |",
+        ]
+    breakdown = legs.get("generation-breakdown", {})
+    if breakdown.get("median"):
+        b, floor = breakdown["median"], breakdown.get("raw", {}).get("median", {})
+        lines += [
+            f"| generation phase outside training: wall / engine window / head / end / tail s | "
+            f"{fmt(b.get('wall_s'))} / {fmt(b.get('engine_window_s'))} / {fmt(b.get('head_s'))} / "
+            f"{fmt(b.get('end_s'))} / {fmt(b.get('tail_s'))} | raw replay {fmt(floor.get('wall_s'))} "
+            f"(prefill only {fmt(floor.get('prefill_only_s'))}) | {ratio(b.get('wall_s'), floor.get('wall_s'))} |",
+            f"| per request p50 / p90 s: at the generation server; per rollout at the driver | "
+            f"{fmt(b.get('engine_request_s.p50'))} / {fmt(b.get('engine_request_s.p90'))}; "
+            f"{fmt(b.get('driver_rollout_s.p50'))} / {fmt(b.get('driver_rollout_s.p90'))} | | |",
+            f"| generated tokens/s: phase, engine window vs raw replay of the same lengths | "
+            f"{fmt(b.get('tokens_per_s'), 0)}, {fmt(b.get('engine_tokens_per_s'), 0)} | "
+            f"{fmt(floor.get('tokens_per_s'), 0)} | {ratio(b.get('tokens_per_s'), floor.get('tokens_per_s'))} |",
+        ]
     if two:
         lines += [
             f"| 2 GPUs (policy / engine): step s, weight sync ms (NCCL) | {fmt(two.get('step_seconds'))}, "
@@ -484,6 +828,8 @@ LEGS = {
     "grpo-ours-2gpu": lambda out, workload: leg_grpo_ours(out, workload, gpus=2),
     "grpo-ours-2gpu-async": lambda out, workload: leg_grpo_ours(out, workload, gpus=2, ahead=1),
     "grpo-trl": leg_grpo_trl,
+    "generation-breakdown": leg_generation_breakdown,
+    "generation-replay": leg_generation_replay,
 }
 
 
