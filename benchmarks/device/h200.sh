@@ -4,9 +4,10 @@
 #   install      unpack every part and install the wheels into /tmp/site-packages
 #   tests        the GPU tests (tests/gpu)
 #   prepare      write the benchmark's model and rows (before legs run side by side)
-#   bench LEG [TIMEOUT]
-#                one leg of benchmarks/gpu_grpo.py (results under /root/bench, copied to $OUT); the leg
-#                uses the GPUs of CUDA_VISIBLE_DEVICES, so two legs can run at once on two GPUs
+#   bench LEG [TIMEOUT [ARGS...]]
+#                one leg of benchmarks/gpu_grpo.py (results under /root/bench, copied to $OUT; ARGS go to the
+#                script, e.g. --steps 6); the leg uses the GPUs of CUDA_VISIBLE_DEVICES, so two legs can run at
+#                once on two GPUs
 set -uo pipefail
 # The wheels go to a folder named site-packages: dill (datasets' fingerprinting) pickles any module whose file is
 # neither under the interpreter's prefix nor in a 'site-packages' path by value, and pickling pyarrow by value
@@ -24,7 +25,7 @@ case $1 in
   tests) python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" ;;
   bench)
     # A session of its own, so that what the leg started (vLLM engine, Ray) goes with it, and only that.
-    setsid timeout "${3:-280}" python3 benchmarks/gpu_grpo.py "$2" --out /root/bench > "$OUT/$2.log" 2>&1 &
+    setsid timeout "${3:-280}" python3 benchmarks/gpu_grpo.py "$2" --out /root/bench "${@:4}" > "$OUT/$2.log" 2>&1 &
     leg=$!
     wait "$leg"
     echo "$2: exit $?"; grep -E '^(Traceback|[A-Za-z]*Error)' "$OUT/$2.log" | head -5
