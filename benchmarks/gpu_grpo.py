@@ -671,7 +671,9 @@ def leg_generation_breakdown(out: Path, workload: Workload) -> dict[str, Any]:
     replay_file = out / "generation-breakdown-replay.json"
     replay_file.write_text(json.dumps({"model": str(model), "engine": engine_settings, "steps": replay}))
     # The raw engine in a fresh process: this one's engine is gone and its memory with it.
-    subprocess.run([sys.executable, __file__, "generation-replay", "--out", str(out)], check=True)
+    replayed = subprocess.run([sys.executable, __file__, "generation-replay", "--out", str(out)])
+    if replayed.returncode != 0:  # keep what was measured; the replay's log says why
+        return result | {"raw_error": f"generation-replay exited {replayed.returncode}"}
     raw = json.loads((out / "generation-replay.json").read_text())
     result["raw"] = {key: raw[key] for key in ("median", "scheduler")}
     ours, floor = result["median"], raw["median"]
@@ -718,14 +720,12 @@ def leg_generation_replay(out: Path, workload: Workload) -> dict[str, Any]:
         prompts = [TokensPrompt(prompt_token_ids=r["prompt"]) for r in requests]
         prefill_s, _ = run(prompts, [exactly(1) for _ in requests])
         seconds, generated = run(prompts, [exactly(r["generated"]) for r in requests])
-        expected = sum(r["generated"] for r in requests)
-        if generated != expected:
-            raise RuntimeError(f"the replay generated {generated} tokens, the step {expected}")
         steps.append(
             {
                 "wall_s": seconds,
                 "prefill_only_s": prefill_s,
                 "generated_tokens": generated,
+                "step_generated_tokens": sum(r["generated"] for r in requests),  # equal, unless vLLM stopped early
                 "tokens_per_s": generated / seconds,
             }
         )
