@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -62,8 +63,11 @@ from grpojob_api.v1alpha1 import AdvantageSpec, GRPOJobSpec, LossAggregation, Op
 from grpojob_trainer.grpo import LossConfig, LossInputs, group_advantages, policy_loss
 from grpojob_trainer.logprobs import logprob_head
 from grpojob_trainer.metrics import PREPARE, TRAINING, StepTimer, tokens_per_second
+from grpojob_trainer.packing import attention_per_sequence, forward_kwargs, pack, supports_packing, varlen_available
 from grpojob_trainer.ranks import all_reduce, full_tensor, micro_batches_per_rank, rank_bounds, shard_model
 from grpojob_trainer.samples import TrainingSample
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -147,12 +151,18 @@ FULL_LOGITS_BYTES = 8 << 30
 chunked head computes the log-probabilities without them (see the module's docstring)."""
 
 
-def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
+def token_logprobs(
+    model: torch.nn.Module, batch: TokenBatch, temperature: float, *, packed: bool = False
+) -> torch.Tensor:
     """``[B, L - 1]`` float32 log-probabilities of each target under ``softmax(logits / temperature)``.
 
-    Gradients flow unless called under ``torch.no_grad()``. Padding positions hold meaningless values;
-    mask them with ``batch.loss_mask``.
+    ``packed``: the forward runs on the batch's sequences packed into one row, attention per sequence
+    (`grpojob_trainer.packing`), logits only where a real token is predicted; otherwise on the padded
+    ``[B, L]`` batch. Same values either way. Gradients flow unless called under ``torch.no_grad()``.
+    Padding positions hold meaningless values (0 when packed); mask them with ``batch.loss_mask``.
     """
+    if packed:
+        return packed_token_logprobs(model, batch, temperature)
     inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
     vocabulary = model.get_output_embeddings().weight.shape[0]
     if batch.input_ids.numel() * vocabulary * 4 <= FULL_LOGITS_BYTES:
@@ -162,6 +172,22 @@ def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float
     targets = torch.nn.functional.pad(batch.target_ids, (0, 1))  # the last position predicts no target
     with logprob_head(model, targets, temperature):
         return model(**inputs).logits[:, :-1]
+
+
+def packed_token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
+    """`token_logprobs` through one packed row: no padding token is computed, and the float32 logits (or,
+    above `FULL_LOGITS_BYTES`, the chunked head) cover only the positions that predict a real token."""
+    row = pack(batch.input_ids, batch.attention_mask)
+    vocabulary = model.get_output_embeddings().weight.shape[0]
+    with attention_per_sequence(model):
+        if row.keep.numel() * vocabulary * 4 <= FULL_LOGITS_BYTES:
+            logits = model(**forward_kwargs(row)).logits[0].float() / temperature
+            values = logits.gather(-1, row.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        else:
+            with logprob_head(model, row.targets[None], temperature):
+                values = model(**forward_kwargs(row)).logits[0]
+    grid = torch.zeros(batch.target_ids.shape, dtype=torch.float32, device=values.device)
+    return grid.masked_scatter(row.grid, values)
 
 
 @dataclass
@@ -204,6 +230,7 @@ class PolicyTrainer:
         precision: str = "fp32",
         mesh: Any = None,
         mini_batches: int = 1,
+        packed: bool | None = None,
     ) -> None:
         if precision not in ("bf16", "fp32"):
             raise ValueError(f"precision must be bf16 or fp32, got {precision!r}")
@@ -229,6 +256,11 @@ class PolicyTrainer:
         self.max_grad_norm = optimizer.max_grad_norm
         on_gpu = self.device.type == "cuda"
         self.autocast_dtype = torch.bfloat16 if on_gpu and precision == "bf16" else None
+        if packed is None:  # packing pays with a variable-length attention kernel, which needs 16-bit floats
+            packed = varlen_available(self.device) and self.autocast_dtype is not None and supports_packing(model)
+        self.packed = packed
+        """Whether forwards run on packed rows (`packed_token_logprobs`) rather than padded batches."""
+        log.info("policy forwards: %s", "packed, variable-length attention" if packed else "right-padded")
         self.reference_model: torch.nn.Module | None = None
         if loss.kl_coef > 0:
             self.reference_model = reference_model if reference_model is not None else copy.deepcopy(model)
@@ -340,9 +372,9 @@ class PolicyTrainer:
             ref = old = None
             with self._autocast():
                 if self.reference_model is not None:
-                    ref = token_logprobs(self.reference_model, batch, self.temperature)
+                    ref = token_logprobs(self.reference_model, batch, self.temperature, packed=self.packed)
                 if old_logprobs:
-                    old = token_logprobs(self.model, batch, self.temperature)
+                    old = token_logprobs(self.model, batch, self.temperature, packed=self.packed)
             prepared.append(
                 PreparedBatch(
                     batch=batch, advantages=advantages[start : start + size], ref_logprobs=ref, old_logprobs=old
@@ -376,7 +408,7 @@ class PolicyTrainer:
         total_loss = 0.0
         for part in prepared:
             with self._autocast():
-                logprobs = token_logprobs(self.model, part.batch, self.temperature)
+                logprobs = token_logprobs(self.model, part.batch, self.temperature, packed=self.packed)
             inputs = LossInputs(
                 logprobs=logprobs,
                 # With one mini-batch these weights are still the old policy: its own forward, detached.
