@@ -42,7 +42,7 @@ def step_samples(count: int = 7) -> list[TrainingSample]:
     return out
 
 
-def new_trainer(aggregation: str = "token", mesh=None) -> PolicyTrainer:
+def new_trainer(aggregation: str = "token", mesh=None, packed: bool = False) -> PolicyTrainer:
     return PolicyTrainer(
         tiny_causal_lm(seed=2, tied=True),
         optimizer=OptimizerSpec(learningRate=1e-3, weightDecay=0.01),
@@ -52,6 +52,7 @@ def new_trainer(aggregation: str = "token", mesh=None) -> PolicyTrainer:
         temperature=0.9,
         pad_token_id=0,
         mesh=mesh,
+        packed=packed,
     )
 
 
@@ -98,6 +99,32 @@ def test_a_step_on_two_ranks_equals_the_step_on_one():
         for key in ("tokens", "generated_tokens", "reward_mean", "advantage_abs_mean"):
             assert two["metrics"][key] == metrics[key], (case, key)
         assert ranks[1][case]["metrics"]["loss"] == two["metrics"]["loss"]
+
+
+PACKED_CASES = [("token", 5), ("token", 1)]
+"""Cases where rank 1 runs padding micro-batches (an empty loss mask), trained packed."""
+
+
+def rank_packed_steps(rank: int, world: int, host: str, port: int) -> dict:
+    mesh = join(rank, world, host, port)
+    out = {}
+    for aggregation, count in PACKED_CASES:
+        trainer = new_trainer(aggregation, mesh, packed=True)
+        metrics = trainer.train_step(step_samples(count))
+        out[aggregation, count] = {"metrics": metrics, "after": gathered(trainer)}
+    return out
+
+
+def test_a_packed_step_on_two_ranks_equals_the_padded_step_on_one():
+    ranks = run_on_ranks(rank_packed_steps, 2)
+    for case in PACKED_CASES:
+        trainer = new_trainer(case[0])
+        metrics = trainer.train_step(step_samples(case[1]))
+        two = ranks[0][case]
+        for name, param in gathered(trainer).items():
+            torch.testing.assert_close(two["after"][name], param, atol=2e-6, rtol=1e-4, msg=f"{case}: {name}")
+        for key in ("loss", "grad_norm", "kl", "ratio_mean", "is_weight_mean", "tokens", "generated_tokens"):
+            assert two["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), (case, key)
 
 
 def full_state(trainer: PolicyTrainer) -> tuple[dict, dict]:
