@@ -1,19 +1,23 @@
-"""One training micro-batch of the GRPO step, four ways: forward + backward seconds and tokens/s.
+"""One training micro-batch of the GRPO step, several ways: forward + backward seconds, tokens/s, peak GiB.
 
     padded       right-padded [B, L] with an attention mask, [B, L, V] float32 logits (the old path)
     padded-head  right-padded, the chunked log-probability head (`grpojob_trainer.logprobs`)
     packed-sdpa  one packed row, block-diagonal causal mask (SDPA), the chunked head
     packed-flex  one packed row, flex attention's block-sparse mask, the chunked head
     packed-full  one packed row (SDPA), [1, N, V] float32 logits
+    packed-varlen  what the policy trains with on CUDA: one packed row, attention per sequence through
+                 torch's varlen_attn flash kernel, float32 logits of the real targets only
+                 (`grpojob_trainer.policy.packed_token_logprobs`; needs torch 2.10 or later)
 
 Usage (a GPU; the model written by `benchmarks/gpu_grpo.py prepare`):
     python benchmarks/packing.py --model /root/bench/model-qwen2.5-1.5b [--sequences 16] [--repeats 5]
-        [--ways padded,packed-sdpa] [--chunk-mib 1024]
+        [--ways padded,packed-varlen] [--chunk-mib 1024]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -23,6 +27,9 @@ import transformers
 
 from grpojob_trainer import logprobs
 from grpojob_trainer.logprobs import logprob_head
+from grpojob_trainer.packing import varlen_available
+from grpojob_trainer.policy import TokenBatch, build_batch, packed_token_logprobs
+from grpojob_trainer.samples import TrainingSample
 
 
 def lengths(sequences: int, seed: int) -> list[int]:
@@ -31,11 +38,33 @@ def lengths(sequences: int, seed: int) -> list[int]:
     return [40 + int(torch.randint(16, 257, (1,), generator=generator)) for _ in range(sequences)]
 
 
+@functools.cache
+def varlen_batch(sizes: tuple[int, ...], vocab: int, device: str) -> TokenBatch:
+    """A micro-batch of ``sizes`` random sequences (the last 80 % of each generated), built once: the
+    trainer builds its batches before the training phase."""
+    samples = []
+    for n in sizes:
+        prompt = n // 5 or 1
+        samples.append(
+            TrainingSample(
+                token_ids=tuple(torch.randint(1, vocab, (n,)).tolist()),
+                generated_mask=(False,) * prompt + (True,) * (n - prompt),
+                generation_log_probs=(0.0,) * n,
+                reward=0.0,
+                group_index=0,
+            )
+        )
+    return build_batch(samples, pad_token_id=0).to(torch.device(device))
+
+
 def run(model: torch.nn.Module, way: str, sizes: list[int], vocab: int) -> float:
     device = next(model.parameters()).device
     ids = [torch.randint(1, vocab, (n,), device=device) for n in sizes]
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        if way.startswith("padded"):
+        if way == "packed-varlen":
+            batch = varlen_batch(tuple(sizes), vocab, str(device))
+            loss = packed_token_logprobs(model, batch, 1.0).sum()
+        elif way.startswith("padded"):
             length = max(sizes)
             batch = torch.zeros(len(sizes), length, dtype=torch.long, device=device)
             mask = torch.zeros_like(batch)
@@ -69,9 +98,20 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--sequences", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--ways", default="padded,padded-head,packed-sdpa,packed-flex")
+    parser.add_argument(
+        "--ways",
+        default="padded,packed-varlen",
+        help="of padded, padded-head, packed-sdpa, packed-flex, packed-full, packed-varlen",
+    )
     parser.add_argument("--chunk-mib", type=int, help="the head's float32 logits per chunk (logprobs.CHUNK_BYTES)")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    if "packed-varlen" in args.ways.split(",") and not varlen_available(torch.device("cuda")):
+        parser.error(
+            f"packed-varlen needs torch.nn.attention.varlen.varlen_attn (torch 2.10 or later); this is torch "
+            f"{torch.__version__}"
+        )
     if args.chunk_mib:
         logprobs.CHUNK_BYTES = args.chunk_mib << 20
     sizes = lengths(args.sequences, 0)
