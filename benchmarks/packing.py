@@ -90,7 +90,18 @@ def run(model: torch.nn.Module, way: str, sizes: list[int], vocab: int) -> float
                 with logprob_head(model, targets, 1.0):
                     loss = model(input_ids=packed, position_ids=positions, use_cache=False).logits.sum()
     loss.backward()
-    return float(loss)
+    return float(loss.detach())
+
+
+def print_profile(model: torch.nn.Module, way: str, sizes: list[int], vocab: int) -> None:
+    """One more forward + backward under the profiler: the CUDA time by operation."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        run(model, way, sizes, vocab)
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+    print(f"--- {way}: CUDA time by operation")
+    print(profile.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60), flush=True)
 
 
 def main() -> None:
@@ -104,6 +115,7 @@ def main() -> None:
         help="of padded, padded-head, packed-sdpa, packed-flex, packed-full, packed-varlen",
     )
     parser.add_argument("--chunk-mib", type=int, help="the head's float32 logits per chunk (logprobs.CHUNK_BYTES)")
+    parser.add_argument("--profile", action="store_true", help="also print each way's 20 costliest CUDA operations")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
@@ -139,6 +151,8 @@ def main() -> None:
                 "tokens_per_s": sum(sizes) / seconds,
                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
             }
+            if args.profile:
+                print_profile(model, way, sizes, vocab)
         except Exception as error:  # a way that does not run here is reported, not fatal
             results[way] = {"error": f"{type(error).__name__}: {error}"[:300]}
         print(json.dumps({way: results[way]}), flush=True)

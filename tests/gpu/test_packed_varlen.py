@@ -1,0 +1,72 @@
+"""The packed forward with torch's varlen_attn flash kernel on a GPU: chosen by the trainer there, and a
+bf16 step through it agrees with the padded forward's and with float32 training.
+
+Runs where CUDA and ``torch.nn.attention.varlen`` (torch 2.10+) are present (the H200); elsewhere it
+skips and says why. ``benchmarks/varlen_check.py`` prints the same comparisons with their figures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpojob_trainer.packing import varlen_available
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or not varlen_available(torch.device("cuda")),
+    reason="needs a CUDA GPU and torch's varlen_attn (runs on the H200)",
+)
+
+
+def samples(count: int = 16):
+    from grpojob_trainer.samples import TrainingSample
+
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for index in range(count):
+        length = int(torch.randint(20, 120, (1,), generator=generator))
+        tokens = torch.randint(8, 100, (length,), generator=generator).tolist()
+        out.append(
+            TrainingSample(
+                token_ids=tuple(tokens),
+                generated_mask=(False,) * 16 + (True,) * (length - 16),
+                generation_log_probs=(0.0,) * 16 + (-4.6,) * (length - 16),
+                reward=float(index % 3 == 0),
+                group_index=index // 4,
+            )
+        )
+    return out
+
+
+def trainer(tmp_path, precision: str, packed: bool | None):
+    from transformers import AutoModelForCausalLM
+
+    from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
+    from grpojob_trainer.grpo import LossConfig
+    from grpojob_trainer.policy import PolicyTrainer
+    from grpojob_trainer.tiny_model import SHAPES, write_tiny_model
+
+    path = write_tiny_model(tmp_path / "model", SHAPES["small"])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).cuda()
+    return PolicyTrainer(
+        model,
+        optimizer=OptimizerSpec(learning_rate=1e-4),
+        loss=LossConfig(kl_coef=0.01),
+        advantage=AdvantageSpec(),
+        micro_batch_size=8,
+        temperature=1.0,
+        pad_token_id=0,
+        precision=precision,
+        packed=packed,
+    )
+
+
+def test_a_bf16_step_through_varlen_attention_matches_the_padded_step_and_float32(tmp_path):
+    packed = trainer(tmp_path / "a", "bf16", packed=None)  # the trainer's own choice on this GPU
+    padded = trainer(tmp_path / "b", "bf16", packed=False)
+    fp32 = trainer(tmp_path / "c", "fp32", packed=None)
+    assert (packed.packed, padded.packed, fp32.packed) == (True, False, False)
+    metrics = {name: t.train_step(samples()) for name, t in (("packed", packed), ("padded", padded), ("fp32", fp32))}
+    print({name: (round(m["loss"], 5), round(m["grad_norm"], 4), round(m["kl"], 6)) for name, m in metrics.items()})
+    for reference in ("padded", "fp32"):
+        assert metrics["packed"]["loss"] == pytest.approx(metrics[reference]["loss"], abs=2e-2), reference
+        assert metrics["packed"]["grad_norm"] == pytest.approx(metrics[reference]["grad_norm"], rel=0.1), reference
