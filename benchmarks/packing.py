@@ -25,7 +25,7 @@ import time
 import torch
 import transformers
 
-from grpojob_trainer import logprobs
+from grpojob_trainer import logprobs, policy
 from grpojob_trainer.logprobs import logprob_head
 from grpojob_trainer.packing import varlen_available
 from grpojob_trainer.policy import TokenBatch, build_batch, packed_token_logprobs
@@ -115,6 +115,11 @@ def main() -> None:
         help="of padded, padded-head, packed-sdpa, packed-flex, packed-full, packed-varlen",
     )
     parser.add_argument("--chunk-mib", type=int, help="the head's float32 logits per chunk (logprobs.CHUNK_BYTES)")
+    parser.add_argument(
+        "--full-logits-gib",
+        type=float,
+        help="packed-varlen: float32 logits up to this size, the chunked head above (policy.FULL_LOGITS_BYTES)",
+    )
     parser.add_argument("--profile", action="store_true", help="also print each way's 20 costliest CUDA operations")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -124,6 +129,8 @@ def main() -> None:
             f"packed-varlen needs torch.nn.attention.varlen.varlen_attn (torch 2.10 or later); this is torch "
             f"{torch.__version__}"
         )
+    if args.full_logits_gib is not None:
+        policy.FULL_LOGITS_BYTES = int(args.full_logits_gib * 2**30)
     if args.chunk_mib:
         logprobs.CHUNK_BYTES = args.chunk_mib << 20
     sizes = lengths(args.sequences, 0)

@@ -138,9 +138,8 @@ def _flash(
         else:  # query head h reads key/value head h // groups, as transformers' repeat_kv
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    return kernel(
-        q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, cu_seqlens, max_length, max_length, **options
-    )
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # no copy when they already are
+    return kernel(q, k, v, cu_seqlens, cu_seqlens, max_length, max_length, **options)
 
 
 def _per_sequence(
@@ -187,8 +186,10 @@ def varlen_attention(
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [N, heads, D]
     dtype = torch.get_autocast_dtype(q.device.type) if torch.is_autocast_enabled(q.device.type) else q.dtype
     if varlen_available(q.device) and dtype in (torch.float16, torch.bfloat16):
-        # the rotary embedding leaves q and k float32 under autocast; the kernel takes one 16-bit dtype
-        out = _flash(q.to(dtype), k.to(dtype), v.to(dtype), cu_seqlens, max_length, scale)
+        # the rotary embedding leaves q and k float32 under autocast; the kernel takes one 16-bit dtype and
+        # contiguous heads: one copy each
+        q, k, v = (t.to(dtype=dtype, memory_format=torch.contiguous_format) for t in (q, k, v))
+        out = _flash(q, k, v, cu_seqlens, max_length, scale)
     else:
         out = _per_sequence(q, k, v, cu_seqlens, scale)
     return out[None], None
