@@ -6,11 +6,18 @@ logits at position ``t`` predict token ``t + 1``, so every per-token tensor here
 ``generated_mask[1:]`` and the generation engine's log-probabilities are ``generation_log_probs[1:]``.
 (The first token has no prefix and is never trained; it is always part of a prompt.)
 
-Logits. Up to `FULL_LOGITS_BYTES` the ``[B, L, V]`` float32 logits are materialised and log-softmaxed:
-on the H200 at the GRPO benchmark's sizes that is faster than the chunked head of
-`grpojob_trainer.logprobs` (which recomputes each chunk's logits in the backward pass) and than packing
-the sequences into one row (SDPA's block-diagonal mask costs more than the padding it saves):
-`benchmarks/packing.py`, docs/benchmarks.md. Above it (long sequences, large micro-batches) the chunked
+Packing. On a GPU with bf16 and torch's variable-length flash kernel (``varlen_attn``, torch 2.10+), the
+forwards run on each micro-batch's sequences packed into one row with attention per sequence
+(`grpojob_trainer.packing`): no padding token is computed and logits exist only where a real token is
+predicted; the log-probabilities are scattered back into the ``[B, L - 1]`` grid, so the loss, the masks
+and the metrics are the same either way. Elsewhere (the CPU, float32, an older torch) the forwards run
+on the right-padded ``[B, L]`` batch. On the H200 at the GRPO benchmark's lengths packing is 1.3x faster
+at 32 sequences per micro-batch and 1.5x at 64, and about even at 16, where launching the kernels from the
+CPU takes longer than running them (`benchmarks/packing.py`, docs/benchmarks.md).
+
+Logits. Up to `FULL_LOGITS_BYTES` the float32 logits are materialised and log-softmaxed: at the GRPO
+benchmark's sizes that is faster than the chunked head of `grpojob_trainer.logprobs` (which recomputes
+each chunk's logits in the backward pass). Above it (long sequences, large micro-batches) the chunked
 head computes the same log-probabilities without the vocabulary-wide tensor.
 
 Temperature. Rollouts are sampled from ``softmax(logits / temperature)``, so the trainer computes its
