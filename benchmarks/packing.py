@@ -8,6 +8,7 @@
     packed-varlen  what the policy trains with on CUDA: one packed row, attention per sequence through
                  torch's varlen_attn flash kernel, float32 logits of the real targets only
                  (`grpojob_trainer.policy.packed_token_logprobs`; needs torch 2.10 or later)
+    WAY-compile  WAY with each decoder layer compiled (torch.compile, dynamic shapes; an experiment)
 
 Usage (a GPU; the model written by `benchmarks/gpu_grpo.py prepare`):
     python benchmarks/packing.py --model /root/bench/model-qwen2.5-1.5b [--sequences 16] [--repeats 5]
@@ -58,6 +59,7 @@ def varlen_batch(sizes: tuple[int, ...], vocab: int, device: str) -> TokenBatch:
 
 
 def run(model: torch.nn.Module, way: str, sizes: list[int], vocab: int) -> float:
+    way = way.removesuffix("-compile")
     device = next(model.parameters()).device
     ids = [torch.randint(1, vocab, (n,), device=device) for n in sizes]
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -112,7 +114,8 @@ def main() -> None:
     parser.add_argument(
         "--ways",
         default="padded,packed-varlen",
-        help="of padded, padded-head, packed-sdpa, packed-flex, packed-full, packed-varlen",
+        help="of padded, padded-head, packed-sdpa, packed-flex, packed-full, packed-varlen; a -compile suffix "
+        "compiles each decoder layer (torch.compile, dynamic shapes) first",
     )
     parser.add_argument("--chunk-mib", type=int, help="the head's float32 logits per chunk (logprobs.CHUNK_BYTES)")
     parser.add_argument(
@@ -124,7 +127,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    if "packed-varlen" in args.ways.split(",") and not varlen_available(torch.device("cuda")):
+    if any(w.startswith("packed-varlen") for w in args.ways.split(",")) and not varlen_available(torch.device("cuda")):
         parser.error(
             f"packed-varlen needs torch.nn.attention.varlen.varlen_attn (torch 2.10 or later); this is torch "
             f"{torch.__version__}"
@@ -141,6 +144,9 @@ def main() -> None:
             args.model, torch_dtype=torch.float32, attn_implementation=attention
         ).cuda()
         model.gradient_checkpointing_disable()
+        if way.endswith("-compile"):
+            for layer in model.model.layers:
+                layer.compile(dynamic=True)
         vocab = model.config.vocab_size
         times = []
         try:
