@@ -57,13 +57,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--micro-batches", default="16,32", help="sequences per micro-batch, comma-separated")
-    parser.add_argument("--ways", default="padded,packed")
+    parser.add_argument(
+        "--ways", default="padded,packed", help="of padded, packed, packed-compile (decoder layers compiled)"
+    )
     parser.add_argument("--steps", type=int, default=4, help="measured steps, after one warm-up step")
     parser.add_argument("--samples", type=int, default=256, help="sequences per step")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    if "packed" in args.ways.split(",") and not varlen_available(torch.device("cuda")):
+    if any(w.startswith("packed") for w in args.ways.split(",")) and not varlen_available(torch.device("cuda")):
         parser.error(
             f"packed needs torch.nn.attention.varlen.varlen_attn (torch 2.10+); this is torch {torch.__version__}"
         )
@@ -79,7 +81,8 @@ def main() -> None:
                 temperature=1.0,
                 pad_token_id=0,
                 precision="bf16",
-                packed=way == "packed",
+                packed=way.startswith("packed"),
+                compile_layers=way.endswith("-compile"),
             )
             samples = step_samples(args.samples, model.config.vocab_size)
             mean_sequence = sum(len(s.token_ids) for s in samples) / len(samples)
@@ -95,6 +98,7 @@ def main() -> None:
                     "train_tokens_per_s": round(tokens_per_s),
                     "mfu": round(tokens_per_s * flops_per_token(model, mean_sequence) / (BF16_PEAK_TFLOPS * 1e12), 3),
                     "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+                    "each_step_s": [round(r["time/training"], 3) for r in rows],  # the first warms up (compiles)
                 }
             except torch.OutOfMemoryError as error:
                 result = {"error": f"OutOfMemoryError: {error}"[:200]}

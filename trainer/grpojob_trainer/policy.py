@@ -71,7 +71,14 @@ from grpojob_trainer.grpo import LossConfig, LossInputs, group_advantages, polic
 from grpojob_trainer.logprobs import logprob_head
 from grpojob_trainer.metrics import PREPARE, TRAINING, StepTimer, tokens_per_second
 from grpojob_trainer.packing import attention_per_sequence, forward_kwargs, pack, supports_packing, varlen_available
-from grpojob_trainer.ranks import all_reduce, full_tensor, micro_batches_per_rank, rank_bounds, shard_model
+from grpojob_trainer.ranks import (
+    all_reduce,
+    decoder_layers,
+    full_tensor,
+    micro_batches_per_rank,
+    rank_bounds,
+    shard_model,
+)
 from grpojob_trainer.samples import TrainingSample
 
 log = logging.getLogger(__name__)
@@ -238,6 +245,7 @@ class PolicyTrainer:
         mesh: Any = None,
         mini_batches: int = 1,
         packed: bool | None = None,
+        compile_layers: bool = False,
     ) -> None:
         if precision not in ("bf16", "fp32"):
             raise ValueError(f"precision must be bf16 or fp32, got {precision!r}")
@@ -276,6 +284,10 @@ class PolicyTrainer:
             shard_model(self.model, mesh)
             if self.reference_model is not None:
                 shard_model(self.reference_model, mesh)
+        if compile_layers:  # an experiment (benchmarks/train_phase.py): each decoder layer through torch.compile
+            for module in (self.model, self.reference_model):
+                for layer in decoder_layers(module) if module is not None else ():
+                    layer.compile(dynamic=True)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=optimizer.learning_rate,
