@@ -71,6 +71,8 @@ class Workload:
     generations_per_prompt: int = 8
     max_new_tokens: int = 256
     micro_batch_size: int = 16
+    torch_compile: bool = False
+    """Our leg: `spec.training.torchCompile` (decoder layers through torch.compile)."""
     steps: int = 8
     learning_rate: float = 1e-6
     colocated_generation_memory: float = 0.35
@@ -244,6 +246,7 @@ def job_yaml(out: Path, workload: Workload, name: str, colocated: bool, ahead: i
             "training": {
                 "gpusPerReplica": 1,
                 "microBatchSize": workload.micro_batch_size,
+                "torchCompile": workload.torch_compile,
                 "optimizer": {"learningRate": workload.learning_rate},
             },
             "grpo": {

@@ -305,6 +305,10 @@ class TrainingSpec(ApiModel):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory for longer sequences, about a third more
     compute."""
+    torch_compile: bool = False
+    """On GPUs: compile each decoder layer with `torch.compile` (dynamic shapes). On the H200 the training
+    phase ran about 1.4x faster with it; the first step spends 10-20 s compiling, and the trainer image
+    needs a C compiler (Triton builds its launchers). Ignored on the CPU."""
 
     @property
     def ranks_per_replica(self) -> int:

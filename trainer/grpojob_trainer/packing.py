@@ -18,7 +18,6 @@ selected for the duration of one forward (`attention_per_sequence`); transformer
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import itertools
 import math
@@ -104,10 +103,12 @@ def varlen_available(device: torch.device) -> bool:
     return device.type == "cuda" and varlen_kernel() is not None
 
 
-@functools.cache
+_KERNEL_PARAMETERS = frozenset(inspect.signature(varlen_kernel()).parameters) if varlen_kernel() else frozenset()
+"""The names ``varlen_attn`` takes in this torch (read once, outside anything torch.compile traces)."""
+
+
 def _kernel_parameters() -> frozenset[str]:
-    kernel = varlen_kernel()
-    return frozenset(inspect.signature(kernel).parameters) if kernel is not None else frozenset()
+    return _KERNEL_PARAMETERS
 
 
 def _flash(

@@ -284,7 +284,7 @@ class PolicyTrainer:
             shard_model(self.model, mesh)
             if self.reference_model is not None:
                 shard_model(self.reference_model, mesh)
-        if compile_layers:  # an experiment (benchmarks/train_phase.py): each decoder layer through torch.compile
+        if compile_layers and on_gpu:  # each decoder layer through torch.compile (spec.training.torchCompile)
             for module in (self.model, self.reference_model):
                 for layer in decoder_layers(module) if module is not None else ():
                     layer.compile(dynamic=True)
@@ -320,6 +320,7 @@ class PolicyTrainer:
             precision=spec.training.precision,
             mesh=mesh,
             mini_batches=spec.grpo.mini_batches,
+            compile_layers=spec.training.torch_compile,
         )
 
     @property

@@ -97,6 +97,7 @@ FIELDS: dict[Path_, list[Any]] = {
     ("spec", "training", "replicas"): INTEGERS,
     ("spec", "training", "microBatchSize"): INTEGERS,
     ("spec", "training", "gradientCheckpointing"): BOOLEANS,
+    ("spec", "training", "torchCompile"): BOOLEANS,
     ("spec", "training", "optimizer", "learningRate"): NUMBERS,
     ("spec", "training", "optimizer", "beta2"): [*NUMBERS, 0.999, 1.0],
     ("spec", "grpo", "maxSteps"): INTEGERS,

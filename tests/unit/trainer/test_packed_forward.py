@@ -7,6 +7,8 @@ flash kernel instead (checked on the GPU by ``benchmarks/varlen_check.py`` and `
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -172,3 +174,20 @@ def test_packed_attention_without_sequence_bounds_is_refused_with_a_clear_error(
 
 def test_on_the_cpu_the_trainer_chooses_the_padded_forward():
     assert trainer(None).packed is False
+
+
+def test_torch_compile_is_read_from_the_spec_and_ignored_on_the_cpu():
+    from grpojob_api.v1alpha1 import GRPOJobSpec
+
+    spec = GRPOJobSpec.model_validate(
+        {
+            "model": {"path": "runs/tiny-model"},
+            "dataset": {"path": "train.jsonl"},
+            "environments": [{"name": "digits"}],
+            "training": {"torchCompile": True, "microBatchSize": 2},
+        }
+    )
+    assert spec.training.torch_compile
+    compiled = PolicyTrainer.from_spec(tiny_causal_lm(seed=6, tied=True), spec, pad_token_id=0)
+    assert compiled.packed is False  # the CPU: padded, uncompiled
+    assert math.isfinite(compiled.train_step(samples())["loss"])
