@@ -228,6 +228,11 @@ class PolicyTrainer:
     The reference policy, when ``loss.kl_coef > 0`` and none is given, is a frozen copy of ``model`` as
     it is at construction: when resuming, construct the trainer from the initial model and load the
     checkpoint afterwards, so that the reference stays the initial policy.
+
+    ``packed``: forwards on packed rows with attention per sequence (see the module's docstring); None
+    chooses them where they pay (CUDA, bf16, torch's ``varlen_attn``). ``compile_layers``: on a GPU,
+    each decoder layer (the policy's and the reference's) goes through ``torch.compile`` with dynamic
+    shapes (``spec.training.torchCompile``).
     """
 
     def __init__(
