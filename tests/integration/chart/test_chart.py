@@ -189,7 +189,7 @@ def _run_a_job_to_success_and_deletion(
     assert "Failed to post an event" not in log
 
 
-@pytest.mark.usefixtures("grpojob_crd")
+@pytest.mark.usefixtures("grpojob_crd", "fake_gpu_nodes")  # its job runs on kwok's GPU nodes
 def test_the_operator_under_the_charts_cluster_wide_rbac_takes_a_job_through_its_whole_life(
     release: Release,
     api_client,
@@ -293,7 +293,7 @@ def test_the_charts_rbac_denies_what_the_operator_does_not_need(
         sa.close()
 
 
-@pytest.mark.usefixtures("grpojob_crd")
+@pytest.mark.usefixtures("grpojob_crd", "fake_gpu_nodes")  # its job runs on kwok's GPU nodes
 def test_namespaced_mode_grants_rights_only_in_the_watched_namespaces(
     release: Release,
     api_client,
