@@ -10,31 +10,12 @@ import pytest
 import torch
 
 from grpojob_trainer.packing import varlen_available
+from tests.gpu.test_policy_training import samples
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or not varlen_available(torch.device("cuda")),
     reason="needs a CUDA GPU and torch's varlen_attn (runs on the H200)",
 )
-
-
-def samples(count: int = 16):
-    from grpojob_trainer.samples import TrainingSample
-
-    generator = torch.Generator().manual_seed(0)
-    out = []
-    for index in range(count):
-        length = int(torch.randint(20, 120, (1,), generator=generator))
-        tokens = torch.randint(8, 100, (length,), generator=generator).tolist()
-        out.append(
-            TrainingSample(
-                token_ids=tuple(tokens),
-                generated_mask=(False,) * 16 + (True,) * (length - 16),
-                generation_log_probs=(0.0,) * 16 + (-4.6,) * (length - 16),
-                reward=float(index % 3 == 0),
-                group_index=index // 4,
-            )
-        )
-    return out
 
 
 def trainer(tmp_path, precision: str, packed: bool | None):
@@ -65,7 +46,8 @@ def test_a_bf16_step_through_varlen_attention_matches_the_padded_step_and_float3
     padded = trainer(tmp_path / "b", "bf16", packed=False)
     fp32 = trainer(tmp_path / "c", "fp32", packed=None)
     assert (packed.packed, padded.packed, fp32.packed) == (True, False, False)
-    metrics = {name: t.train_step(samples()) for name, t in (("packed", packed), ("padded", padded), ("fp32", fp32))}
+    batch = samples(lengths=(20, 120))
+    metrics = {name: t.train_step(batch) for name, t in (("packed", packed), ("padded", padded), ("fp32", fp32))}
     print({name: (round(m["loss"], 5), round(m["grad_norm"], 4), round(m["kl"], 6)) for name, m in metrics.items()})
     for reference in ("padded", "fp32"):
         assert metrics["packed"]["loss"] == pytest.approx(metrics[reference]["loss"], abs=2e-2), reference

@@ -10,12 +10,15 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the H200)")
 
 
-def samples(count: int = 16, length: int = 48):
+def samples(count: int = 16, length: int = 48, lengths: tuple[int, int] | None = None):
+    """``count`` samples of ``length`` tokens (or of random lengths in ``lengths``), a 16-token prompt each."""
     from grpojob_trainer.samples import TrainingSample
 
     generator = torch.Generator().manual_seed(0)
     out = []
     for index in range(count):
+        if lengths is not None:
+            length = int(torch.randint(*lengths, (1,), generator=generator))
         tokens = torch.randint(8, 100, (length,), generator=generator).tolist()
         out.append(
             TrainingSample(
