@@ -75,6 +75,8 @@ CHANGES = ("ENV=container=docker", "STOPSIGNAL=SIGRTMIN+3", 'ENTRYPOINT=["/usr/l
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 NODE_PROGRAMS = ("kubernetes", "etcd", "coredns", "local-path-provisioner", "kind")
 DEBIAN_IMAGE = f"{REPOSITORY}/debian:{SUITE}"
+NODE_STORAGE = Path("/var/lib/containers/storage")
+"""Where podman keeps the node's ``/var`` volume, into which the images unpack."""
 
 
 def debian_packages() -> list[str]:
@@ -294,16 +296,33 @@ def archives() -> list[Path]:
     return [*found, kuberay_archive(), probe]
 
 
+def space_needed_to_load(sizes: list[int]) -> int:
+    """Bytes a node needs to load archives of ``sizes`` one at a time, each one's layer blobs dropped
+    after it is unpacked (`discard_layer_blobs`): every image unpacked, plus the blobs of the largest
+    while it unpacks, plus a tenth for containerd's metadata and the pods' own writes."""
+    return int((sum(sizes) + max(sizes, default=0)) * 1.1)
+
+
 def load_images(cluster: str) -> None:
     """``kind load image-archive`` every archive of `archives` into the kind cluster ``cluster``,
-    holding the image-build lock so that no build replaces an archive meanwhile; then drop the loaded
-    layers' blobs from the node's content store (`discard_layer_blobs`)."""
+    holding the image-build lock so that no build replaces an archive meanwhile, dropping each one's
+    layer blobs from the node's content store once it is unpacked (`discard_layer_blobs`). Refuses
+    at once, saying how much is missing, when the node's disk cannot hold them."""
     with images.build_lock():
-        for archive in archives():
+        loading = archives()
+        needed = space_needed_to_load([archive.stat().st_size for archive in loading])
+        free = shutil.disk_usage(NODE_STORAGE if NODE_STORAGE.exists() else Path("/")).free
+        if free < needed:
+            raise RuntimeError(
+                f"loading {len(loading)} images into the kind node needs about {needed / 2**30:.1f} GiB, "
+                f"but {free / 2**30:.1f} GiB is free: `python -m grpojob_testing.disk prune` removes what "
+                "this tree does not use"
+            )
+        for archive in loading:
             command = ["kind", "load", "image-archive", "--name", cluster, str(archive)]
             print(" ".join(command), flush=True)
             subprocess.run(command, check=True)
-    discard_layer_blobs(f"{cluster}-control-plane")
+            discard_layer_blobs(f"{cluster}-control-plane")
 
 
 def discard_layer_blobs(node: str) -> None:

@@ -1,0 +1,133 @@
+"""Disk space for the builds and clusters of CI: what the caches hold, and what this tree no longer uses.
+
+    python -m grpojob_testing.disk report   # free space, our caches and podman's storage, largest first
+    python -m grpojob_testing.disk prune    # remove image archives and podman images this tree does not use
+
+CI's machine keeps ``~/.cache/grpojob`` and podman's storage between runs, and earlier trees' archives
+(several GB each: the CPU trainer image is 6.5 GB) add up until a kind node, which unpacks every image
+again, runs out of space. `prune` keeps exactly what this tree's builds use; `.ci/run` calls it first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from grpojob_testing import base_image, build, images, kind
+
+GIB = 1 << 30
+SCRATCH_PREFIXES = ("grpojob-base-", "grpojob-kind-node-", "grpojob-kind-debian-")
+"""The temporary directories of the base and kind node builds, which an interrupted build leaves."""
+OUR_REPOSITORIES = ("ghcr.io/grpojob/", "grpojob.dev/")
+"""Where the images we build are named: podman images elsewhere are never touched."""
+
+
+def free_bytes(path: Path = Path("/")) -> int:
+    """Bytes free for an unprivileged write on the filesystem of ``path``."""
+    return shutil.disk_usage(path).free
+
+
+def size_of(path: Path) -> int:
+    """Bytes a file or directory tree takes (``du``'s apparent size; symlinks not followed)."""
+    if path.is_symlink() or path.is_file():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def archives_in_use() -> set[Path]:
+    """Every file of ``~/.cache/grpojob/images`` that this tree's builds read: each image's archive at
+    its current inputs, the base's root filesystem, the kind node image, its Debian root filesystem
+    and the KubeRay archive."""
+    base_digest = base_image.inputs_hash()
+    base_tar = base_image.rootfs_tar(base_digest)
+    kind_debian = build.cache_root() / "images" / f"kind-node-{kind.SUITE}-{kind.debian_inputs_hash()}.rootfs.tar"
+    kuberay = build.cache_root() / "images" / f"kind-{build.load_components()['kuberay'].bin_dir.name}.oci.tar"
+    kept = {images.archive_path(image, images.inputs_hash(image, base_digest)) for image in images.images()}
+    kept |= {base_tar, base_tar.with_name(base_tar.name + ".packages"), kind_debian, kuberay}
+    kept.add(kind.node_archive(kind.inputs_hash()))
+    return kept
+
+
+def unused_archives(directory: Path, in_use: set[Path]) -> list[Path]:
+    """The image archives (``*.tar``), partial writes and leftover build scratch directories in
+    ``directory`` that are not ``in_use``; logs, locks and other directories stay."""
+    unused = []
+    for path in sorted(directory.iterdir()) if directory.is_dir() else []:
+        archive = path.is_file() and path.name.endswith((".tar", ".partial", ".tar.packages"))
+        scratch = path.is_dir() and path.name.startswith(SCRATCH_PREFIXES)
+        if (archive or scratch) and path not in in_use:
+            unused.append(path)
+    return unused
+
+
+def podman_images() -> list[dict]:
+    """podman's images: each with ``Id``, ``Names`` (may be empty) and ``Size``."""
+    listed = subprocess.run(["podman", "images", "--format", "json"], capture_output=True, text=True, check=False)
+    return json.loads(listed.stdout or "[]") if listed.returncode == 0 else []
+
+
+def unused_podman_images(listing: list[dict], wanted: set[str]) -> list[str]:
+    """The ids of images named only in our repositories (`OUR_REPOSITORIES`) by names this tree does not
+    build (``wanted``): an older tag of ours, or a GPU image this tree does not name."""
+    unused = []
+    for image in listing:
+        names = image.get("Names") or []
+        ours = names and all(name.startswith(OUR_REPOSITORIES) for name in names)
+        if ours and not set(names) & wanted:
+            unused.append(image["Id"])
+    return unused
+
+
+def wanted_podman_images() -> set[str]:
+    """The podman image names this tree builds or runs: our images, the base, the kind node image."""
+    return {*(image.name for image in images.images()), base_image.NAME, kind.NODE_IMAGE}
+
+
+def prune(log=sys.stdout) -> int:
+    """Remove the archives and podman images this tree does not use, stopped containers, unused
+    volumes and dangling layers; return the bytes freed."""
+    before = free_bytes()
+    directory = build.cache_root() / "images"
+    with images.build_lock():  # a build in progress owns its scratch directory and partial archive
+        for path in unused_archives(directory, archives_in_use()):
+            print(f"removing {path} ({size_of(path) / GIB:.1f} GiB)", file=log, flush=True)
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if shutil.which("podman"):
+            stale = unused_podman_images(podman_images(), wanted_podman_images())
+            if stale:
+                print(f"removing podman images {' '.join(i[:12] for i in stale)}", file=log, flush=True)
+                subprocess.run(["podman", "rmi", "--force", *stale], stdout=subprocess.DEVNULL, check=False)
+            for what in (["container", "prune"], ["volume", "prune"], ["image", "prune"]):
+                subprocess.run(["podman", *what, "--force"], stdout=subprocess.DEVNULL, check=False)
+    freed = max(free_bytes() - before, 0)
+    print(f"freed {freed / GIB:.1f} GiB; {free_bytes() / GIB:.1f} GiB free", file=log, flush=True)
+    return freed
+
+
+def report(log=sys.stdout) -> None:
+    """Print the free space and what our caches and podman's storage hold, largest first."""
+    print(f"{free_bytes() / GIB:.1f} GiB free on /", file=log)
+    places = [p for p in sorted(build.cache_root().glob("*")) if p.is_dir()]
+    places += [Path("/var/lib/containers/storage"), Path.home() / ".cache" / "pip"]
+    sizes = sorted(((size_of(p), p) for p in places if p.exists()), reverse=True)
+    for size, path in sizes:
+        print(f"{size / GIB:7.1f} GiB  {path}", file=log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module's docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m grpojob_testing.disk", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=("report", "prune"))
+    args = parser.parse_args(argv)
+    if args.command == "prune":
+        prune()
+    report()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

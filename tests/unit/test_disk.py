@@ -1,0 +1,59 @@
+"""CI's disk hygiene: what `grpojob_testing.disk prune` removes from a machine that keeps its caches,
+and how much room a kind node must have before our images are loaded into it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpojob_testing import disk, kind
+
+GIB = 1 << 30
+
+
+def test_prune_removes_other_trees_archives_and_leftover_scratch_but_keeps_this_trees(tmp_path: Path):
+    in_use = {tmp_path / "trainer-cpu-0.1.0-aaaa.docker.tar", tmp_path / "python-3.13-slim-trixie-bbbb.rootfs.tar"}
+    unused = {
+        tmp_path / "trainer-cpu-0.1.0-cccc.docker.tar",
+        tmp_path / "kind-node-v1.34.4-dddd.docker.tar",
+        tmp_path / "operator-0.1.0-eeee.docker.tar.partial",
+        tmp_path / "python-3.13-slim-trixie-ffff.rootfs.tar.packages",
+    }
+    kept_besides = {tmp_path / "trainer-cpu.build.log", tmp_path / ".lock"}
+    for path in in_use | unused | kept_besides:
+        path.write_bytes(b"x")
+    (tmp_path / "grpojob-kind-node-x1y2").mkdir()  # an interrupted node image build
+    (tmp_path / "kind-node-images").mkdir()  # the probe and pause archives, rewritten each run
+
+    found = disk.unused_archives(tmp_path, in_use)
+
+    assert set(found) == unused | {tmp_path / "grpojob-kind-node-x1y2"}
+
+
+def test_prune_takes_only_our_images_this_tree_does_not_name():
+    listing = [
+        {"Id": "trainer-now", "Names": ["ghcr.io/grpojob/trainer:0.1.0-cpu"]},
+        {"Id": "trainer-gpu", "Names": ["ghcr.io/grpojob/trainer:0.1.0-gpu"]},
+        {"Id": "old-node", "Names": ["grpojob.dev/kind/node:v1.33.0"]},
+        {"Id": "someone-elses", "Names": ["docker.io/library/postgres:16"]},
+        {"Id": "dangling", "Names": []},
+    ]
+    wanted = {"ghcr.io/grpojob/trainer:0.1.0-cpu", kind.NODE_IMAGE}
+
+    assert disk.unused_podman_images(listing, wanted) == ["trainer-gpu", "old-node"]
+
+
+def test_the_images_this_tree_uses_are_the_ones_ci_builds():
+    wanted = disk.wanted_podman_images()
+
+    assert "ghcr.io/grpojob/trainer:0.1.0-cpu" in wanted
+    assert kind.NODE_IMAGE in wanted
+    assert all(name.startswith((*disk.OUR_REPOSITORIES, "docker.io/library/python:")) for name in wanted)
+
+
+def test_a_kind_node_must_hold_every_image_unpacked_plus_the_largest_ones_blobs():
+    sizes = [6 * GIB, 1 * GIB, GIB // 4]
+
+    needed = kind.space_needed_to_load(sizes)
+
+    assert 13 * GIB < needed < 15 * GIB
+    assert kind.space_needed_to_load([]) == 0
