@@ -20,6 +20,7 @@ differing from the trainer's (applied to the policy-gradient term only, as verl 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -272,8 +273,18 @@ def policy_loss(
         below ``1 - clip_low``: no gradient), ``clip_frac_high`` (``A > 0`` and above ``1 + clip_high``),
         ``is_weight_mean``, ``is_weight_max``, ``is_capped_frac``, ``gen_logprob_abs_diff`` (mean
         ``|old_logp - gen_logp|``: how far the engine's numerics are from the trainer's), and ``kl``
-        when a reference is given.
+        when a reference is given. Maxima of a batch without generated tokens are 0.
     """
+    loss, statistics = policy_loss_statistics(inputs, config, normalizer=normalizer)
+    return loss, statistics_to_floats(statistics)
+
+
+def policy_loss_statistics(
+    inputs: LossInputs, config: LossConfig, *, normalizer: float | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`policy_loss` with its diagnostics left as 0-dim tensors on the loss's device (maxima of no
+    token are ``-inf``): nothing waits for the accelerator, so a training loop can queue the next
+    micro-batch's kernels before this one's finish and read every statistic once, at the end."""
     mask = inputs.mask.bool()
     ratio = torch.exp(inputs.logprobs - inputs.old_logprobs.detach())
     advantages = inputs.advantages.detach()
@@ -301,23 +312,33 @@ def policy_loss(
             if config.importance_sampling_cap is not None
             else torch.zeros_like(mask)
         )
-        metrics = {
-            "loss": float(loss.detach()),
-            "ratio_mean": float(masked_mean(ratio, mask)),
-            "ratio_max": _masked_max(ratio, mask),
-            "clip_frac_low": float(masked_mean(clipped_low.to(ratio.dtype), mask)),
-            "clip_frac_high": float(masked_mean(clipped_high.to(ratio.dtype), mask)),
-            "is_weight_mean": float(masked_mean(weights, mask)),
-            "is_weight_max": _masked_max(weights, mask),
-            "is_capped_frac": float(masked_mean(capped.to(ratio.dtype), mask)),
-            "gen_logprob_abs_diff": float(masked_mean((inputs.old_logprobs - inputs.generation_logprobs).abs(), mask)),
+        statistics = {
+            "loss": loss.detach(),
+            "ratio_mean": masked_mean(ratio, mask),
+            "ratio_max": masked_max(ratio, mask),
+            "clip_frac_low": masked_mean(clipped_low.to(ratio.dtype), mask),
+            "clip_frac_high": masked_mean(clipped_high.to(ratio.dtype), mask),
+            "is_weight_mean": masked_mean(weights, mask),
+            "is_weight_max": masked_max(weights, mask),
+            "is_capped_frac": masked_mean(capped.to(ratio.dtype), mask),
+            "gen_logprob_abs_diff": masked_mean((inputs.old_logprobs - inputs.generation_logprobs).abs(), mask),
         }
         if kl is not None:
-            metrics["kl"] = float(masked_mean(kl.detach(), mask))
-    return loss, metrics
+            statistics["kl"] = masked_mean(kl.detach(), mask)
+    return loss, statistics
 
 
-def _masked_max(values: torch.Tensor, mask: torch.Tensor) -> float:
-    if not bool(mask.any()):
-        return 0.0
-    return float(values.detach()[mask].max())
+def masked_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Maximum of ``values`` where ``mask`` is true, as a 0-dim tensor (``-inf`` when the mask is empty)."""
+    return torch.where(mask, values.detach(), torch.full_like(values, -math.inf, dtype=values.dtype)).max()
+
+
+def statistics_to_floats(statistics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """0-dim tensors to floats in one transfer from the device; the ``-inf`` maximum of no token is 0."""
+    if not statistics:
+        return {}
+    values = torch.stack([value.detach().double().reshape(()) for value in statistics.values()]).tolist()
+    return {
+        key: 0.0 if key.endswith("_max") and value == -math.inf else value
+        for key, value in zip(statistics, values, strict=True)
+    }

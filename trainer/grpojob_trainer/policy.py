@@ -67,7 +67,7 @@ from typing import Any
 import torch
 
 from grpojob_api.v1alpha1 import AdvantageSpec, GRPOJobSpec, LossAggregation, OptimizerSpec
-from grpojob_trainer.grpo import LossConfig, LossInputs, group_advantages, policy_loss
+from grpojob_trainer.grpo import LossConfig, LossInputs, group_advantages, policy_loss_statistics
 from grpojob_trainer.logprobs import logprob_head
 from grpojob_trainer.metrics import PREPARE, TRAINING, StepTimer, tokens_per_second
 from grpojob_trainer.packing import attention_per_sequence, forward_kwargs, pack, supports_packing, varlen_available
@@ -427,10 +427,11 @@ class PolicyTrainer:
             if sum(p.batch.generated_tokens for p in prepared) == 0:
                 raise ValueError("the step's samples have no generated token to train on")
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
+        # The statistics stay on the device until every micro-batch is queued: one transfer at the end.
+        sums: dict[str, torch.Tensor] = {}
         weights: dict[str, float] = {}
-        maxima: dict[str, float] = {}
-        total_loss = 0.0
+        maxima: dict[str, torch.Tensor] = {}
+        total_loss: torch.Tensor | float = 0.0
         for part in prepared:
             with self._autocast():
                 logprobs = token_logprobs(self.model, part.batch, self.temperature, packed=self.packed)
@@ -443,19 +444,22 @@ class PolicyTrainer:
                 mask=part.batch.loss_mask,
                 ref_logprobs=part.ref_logprobs,
             )
-            loss, metrics = policy_loss(inputs, self.loss_config, normalizer=normalizer)
+            loss, statistics = policy_loss_statistics(inputs, self.loss_config, normalizer=normalizer)
             loss.backward()
-            total_loss += float(loss.detach())
-            tokens = float(part.batch.generated_tokens)
-            for key, value in metrics.items():  # padding (no tokens) adds the keys, not the values
-                if key == "loss":
-                    continue
+            total_loss = total_loss + statistics.pop("loss")
+            tokens = part.batch.generated_tokens
+            for key, value in statistics.items():  # padding (no tokens) adds the keys, not the values
                 if key.endswith("_max"):
-                    maxima[key] = max(maxima.get(key, -math.inf), value if tokens else -math.inf)
+                    maxima[key] = torch.maximum(maxima[key], value) if key in maxima else value
                 else:
                     sums[key] = sums.get(key, 0.0) + value * tokens
                     weights[key] = weights.get(key, 0.0) + tokens
-        return combine_rank_metrics(total_loss, sums, weights, maxima)
+        loss_value, *values = torch.stack(
+            [torch.as_tensor(total_loss).double(), *(v.double() for v in [*sums.values(), *maxima.values()])]
+        ).tolist()
+        host_sums = dict(zip(sums, values[: len(sums)], strict=True))
+        host_maxima = dict(zip(maxima, values[len(sums) :], strict=True))
+        return combine_rank_metrics(loss_value, host_sums, weights, host_maxima)
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip the accumulated gradients to ``max_grad_norm`` (their norm over all ranks' shards) and

@@ -18,6 +18,7 @@ from grpojob_trainer.grpo import (
     importance_weights,
     kl_estimate,
     policy_loss,
+    policy_loss_statistics,
 )
 
 # --------------------------------------------------------------------------------------------------
@@ -105,6 +106,30 @@ def test_token_aggregation_is_the_mean_over_all_generated_tokens():
     assert metrics["clip_frac_low"] == pytest.approx(2 / 5)  # r=0.5 and r=0.7 with A<0
     assert metrics["is_weight_mean"] == 1.0
     assert "kl" not in metrics
+
+
+def test_the_training_loop_reads_the_diagnostics_as_device_tensors_the_same_as_policy_losss_floats():
+    config = LossConfig(importance_sampling_cap=2.0)
+    inputs = _inputs_from_ratios(RATIOS, ADVANTAGES, MASK)
+
+    loss, statistics = policy_loss_statistics(inputs, config)
+    _, metrics = policy_loss(inputs, config)
+
+    # 0-dim tensors, not floats: reading none of them waits for the accelerator until the step's end.
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad for v in statistics.values())
+    assert {key: value.item() for key, value in statistics.items()} == pytest.approx(metrics)
+    assert loss.requires_grad
+
+
+def test_the_maxima_of_a_batch_without_generated_tokens_are_0_as_floats_and_minus_infinity_as_tensors():
+    inputs = _inputs_from_ratios(RATIOS, ADVANTAGES, [[False] * 4, [False] * 4])
+
+    _, statistics = policy_loss_statistics(inputs, LossConfig(), normalizer=1.0)
+    _, metrics = policy_loss(inputs, LossConfig(), normalizer=1.0)
+
+    assert statistics["ratio_max"].item() == -math.inf
+    assert metrics["ratio_max"] == 0.0 and metrics["is_weight_max"] == 0.0
+    assert metrics["ratio_mean"] == 0.0
 
 
 def test_sequence_aggregation_is_the_mean_of_per_sequence_means():
