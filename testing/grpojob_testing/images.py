@@ -227,14 +227,25 @@ def _build_locked(keys: list[str] | None) -> dict[str, Path]:
 
 def load_into_containerd(archive: Path, address: str | Path, namespace: str = "k8s.io") -> list[str]:
     """Import an image archive into the containerd at socket `address` (namespace ``k8s.io`` is the one
-    the kubelet's CRI uses), unpacked for its default snapshotter; return the names of the images."""
-    result = subprocess.run(
-        ["ctr", "--address", str(address), "--namespace", namespace, "images", "import", str(archive)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    the kubelet's CRI uses), unpacked for its default snapshotter, its layer blobs then dropped
+    (`discard_layer_blobs`); return the names of the images."""
+    ctr = ["ctr", "--address", str(address), "--namespace", namespace]
+    result = subprocess.run([*ctr, "images", "import", str(archive)], capture_output=True, text=True, check=True)
+    discard_layer_blobs(ctr)
     return re.findall(r"^unpacking (\S+) \(", result.stdout, re.MULTILINE)
+
+
+def discard_layer_blobs(ctr: list[str]) -> None:
+    """Remove the layer blobs (every blob of a megabyte or more; manifests and configs are smaller) from
+    the content store of the containerd that the command ``ctr`` (with its address and namespace)
+    reaches; their unpacked snapshots stay, and containers run from those. This is what containerd's
+    ``discard_unpacked_layers`` does for pulls but not for ``ctr images import``: without it the CPU
+    trainer image takes twice its 6.5 GB in a node."""
+    listing = subprocess.run([*ctr, "content", "ls"], capture_output=True, text=True, check=True).stdout
+    rows = [row.split() for row in listing.splitlines()[1:]]
+    layers = [row[0] for row in rows if len(row) > 1 and re.fullmatch(r"[\d.]+ ?[MG]i?B", row[1])]
+    if layers:
+        subprocess.run([*ctr, "content", "rm", *layers], capture_output=True, check=True)
 
 
 def load_all_into_containerd(address: str | Path, namespace: str = "k8s.io") -> list[str]:

@@ -29,7 +29,6 @@ import hashlib
 import inspect
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -326,20 +325,10 @@ def load_images(cluster: str) -> None:
 
 
 def discard_layer_blobs(node: str) -> None:
-    """Remove the layer blobs (every blob of a megabyte or more; manifests and configs are smaller)
-    from the containerd of kind node ``node``, which keeps their unpacked snapshots: what containerd's
-    ``discard_unpacked_layers`` does for pulls but not for ``ctr images import``, which kind loads
-    with. Without it the CPU trainer image takes twice its 6.5 GB in the node."""
+    """`images.discard_layer_blobs` in the containerd of kind node ``node``, which kind loads with
+    ``ctr images import``."""
     engine = os.environ.get("KIND_EXPERIMENTAL_PROVIDER", "docker")
-    listing = subprocess.run(
-        [engine, "exec", node, "ctr", "--namespace=k8s.io", "content", "ls"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()[1:]
-    layers = [row.split()[0] for row in listing if re.fullmatch(r"[\d.]+ ?[MG]i?B", " ".join(row.split()[1:2]))]
-    if layers:
-        subprocess.run([engine, "exec", node, "ctr", "--namespace=k8s.io", "content", "rm", *layers], check=True)
+    images.discard_layer_blobs([engine, "exec", node, "ctr", "--namespace=k8s.io"])
 
 
 def kuberay_objects() -> list[dict]:
