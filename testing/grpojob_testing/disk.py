@@ -1,11 +1,12 @@
 """Disk space for the builds and clusters of CI: what the caches hold, and what this tree no longer uses.
 
     python -m grpojob_testing.disk report   # free space, our caches and podman's storage, largest first
-    python -m grpojob_testing.disk prune    # remove image archives and podman images this tree does not use
+    python -m grpojob_testing.disk prune    # remove what this tree does not use, empty Go's build cache
 
 CI's machine keeps ``~/.cache/grpojob`` and podman's storage between runs, and earlier trees' archives
 (several GB each: the CPU trainer image is 6.5 GB) add up until a kind node, which unpacks every image
-again, runs out of space. `prune` keeps exactly what this tree's builds use; `.ci/run` calls it first.
+again, runs out of space. `prune` keeps exactly what this tree's builds use, and empties Go's build
+cache once the pinned programs are built; `.ci/run` calls it before and after the image builds.
 """
 
 from __future__ import annotations
@@ -104,9 +105,23 @@ def prune(log=sys.stdout) -> int:
                 subprocess.run(["podman", "rmi", "--force", *stale], stdout=subprocess.DEVNULL, check=False)
             for what in (["container", "prune"], ["volume", "prune"], ["image", "prune"]):
                 subprocess.run(["podman", *what, "--force"], stdout=subprocess.DEVNULL, check=False)
+    trim_go_build_cache(log)
     freed = max(free_bytes() - before, 0)
     print(f"freed {freed / GIB:.1f} GiB; {free_bytes() / GIB:.1f} GiB free", file=log, flush=True)
     return freed
+
+
+def trim_go_build_cache(log=sys.stdout) -> None:
+    """Empty Go's build cache (8 GB after a cold build of the cluster programs) once every pinned
+    program is built: the programs themselves are cached by version (`build.build`), and only a
+    version change rebuilds one, from its module sources, which stay."""
+    components = build.load_components().values()
+    if shutil.which("go") is None or not all(component.bin_dir.is_dir() for component in components):
+        return
+    cache = Path(build.go_env()["GOCACHE"])
+    if cache.is_dir():
+        print(f"emptying Go's build cache {cache} ({size_of(cache) / GIB:.1f} GiB)", file=log, flush=True)
+        subprocess.run(["go", "clean", "-cache"], env=build.go_env(), check=False)
 
 
 def report(log=sys.stdout) -> None:

@@ -3,9 +3,10 @@ and how much room a kind node must have before our images are loaded into it."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
-from grpojob_testing import disk, kind
+from grpojob_testing import build, disk, kind, node_images
 
 GIB = 1 << 30
 
@@ -57,3 +58,22 @@ def test_a_kind_node_must_hold_every_image_unpacked_plus_the_largest_ones_blobs(
 
     assert 13 * GIB < needed < 15 * GIB
     assert kind.space_needed_to_load([]) == 0
+
+
+def test_gos_build_cache_is_emptied_only_once_every_pinned_program_is_built(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("GRPOJOB_CACHE", str(tmp_path))
+    env = build.go_env()
+    program = ["go", "build", "-o", str(tmp_path / "probe"), "."]
+    subprocess.run(program, cwd=node_images.PROBE_SOURCE, env=env, check=True)
+    cache = Path(env["GOCACHE"])
+    filled = disk.size_of(cache)
+    components = list(build.load_components().values())
+    for component in components[1:]:
+        component.bin_dir.mkdir(parents=True)
+
+    disk.trim_go_build_cache()  # one program is missing: a rebuild would want the cache
+    assert disk.size_of(cache) == filled > 0
+
+    components[0].bin_dir.mkdir(parents=True)
+    disk.trim_go_build_cache()
+    assert disk.size_of(cache) < filled / 10
