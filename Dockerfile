@@ -3,8 +3,7 @@
 #   docker build --target operator    -t ghcr.io/grpojob/operator:0.1.0 .
 #   docker build --target penguin-env -t ghcr.io/grpojob/penguin-env:0.1.0 .
 #   docker build --target trainer     -t ghcr.io/grpojob/trainer:0.1.0 .            # GPU: vLLM
-#   docker build --target trainer     -t ghcr.io/grpojob/trainer:0.1.0-cpu \
-#     --build-arg BASE_IMAGE=python:3.13-slim-trixie --build-arg WITH_VLLM=false .
+#   docker build --target trainer     -t ghcr.io/grpojob/trainer:0.1.0-cpu --build-arg WITH_VLLM=false .
 #
 # (The NeMo Gym image has a Dockerfile of its own, images/nemo-gym/Dockerfile: none of this is in it.)
 #
@@ -19,11 +18,6 @@
 # operator's pods mount an emptyDir at /tmp, where every cache goes).
 
 ARG PYTHON_IMAGE=python:3.13-slim-trixie
-# The trainer's base. GPU (default): the Ray project's image of the Ray version every RayCluster
-# declares (rayVersion, grpojob_operator.settings.RAY_VERSION = 2.60.0) and our Python; it runs as
-# the user `ray` (UID 1000), the UID the operator's pod security context asks for. CPU: the plain
-# Python image.
-ARG BASE_IMAGE=rayproject/ray:2.60.0-py313-cu128
 
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
@@ -37,11 +31,10 @@ RUN python -m build --wheel --outdir /dist .
 # The trainer's dependencies as pinned in pyproject.toml, apart from the wheel: a change to the
 # sources rebuilds only the wheel's small layer.
 FROM ${PYTHON_IMAGE} AS requirements
-COPY pyproject.toml images/extra_requirements.py /src/
+COPY pyproject.toml images/extra_requirements.py images/vllm-requirements.txt /src/
 RUN mkdir /requirements \
     && python /src/extra_requirements.py /src/pyproject.toml trainer > /requirements/trainer.txt \
-    && python /src/extra_requirements.py /src/pyproject.toml trainer --without torch transformers fastapi \
-      > /requirements/trainer-with-vllm.txt
+    && cp /src/vllm-requirements.txt /requirements/trainer-with-vllm.txt
 
 FROM ${PYTHON_IMAGE} AS operator-install
 COPY --from=wheel /dist /dist
@@ -97,42 +90,44 @@ CMD ["arithmetic"]
 # The Ray head and workers of every GRPOJob's RayCluster (vLLM generation engines and policy
 # training) and the trainer Job (`grpojob train`) run this one image.
 #
-# The CPU variant (WITH_VLLM=false; generation uses the transformers backend) installs the `trainer`
-# extra into a virtual environment /opt/grpojob owned by UID 1000, and adds that user (`ray`, group
-# 100, as in the Ray images) where the base lacks it, so the libraries that look the user up
-# (getpass) find it. This is the variant built without a registry by `python -m
-# grpojob_testing.images build`.
+# Both variants start from the plain Python image (Debian trixie's Python 3.13, the Python of every
+# image of a job's Ray cluster), install into a virtual environment /opt/grpojob owned by UID 1000
+# and add that user (`ray`, group 100, as in the Ray images), so the libraries that look the user up
+# (getpass) find it.
 #
-# vLLM pins its own torch and transformers (vllm 0.33.0: torch 2.14.0, transformers < 5.21; the GPU
-# figures of docs/benchmarks.md were measured with vLLM 0.26.0), older than the `trainer` extra's,
-# so the GPU variant installs vLLM with its pins and the rest of the extra, then this package without
-# dependencies. The build fails if the installed Ray differs from the cluster's.
-FROM ${BASE_IMAGE} AS trainer
+# CPU (WITH_VLLM=false; generation uses the transformers backend): the `trainer` extra as pinned in
+# pyproject.toml. This is the variant the tests run (`python -m grpojob_testing.images build`).
+#
+# GPU (default): vLLM, which pins its own torch and transformers, older than the `trainer` extra's.
+# images/vllm-requirements.txt locks every package of that environment at the versions measured on
+# the H200 (docs/benchmarks.md: vLLM 0.26.0, torch 2.11.0 built for CUDA 13.0, transformers 5.17.0,
+# Ray 2.60.0) and the rest of the `trainer` extra; it is installed as it is, then this package
+# without dependencies. Triton and vLLM compile small C helpers when they start, with the system's
+# compiler and Python's headers: gcc and python3-dev (trixie's versions). The build fails if the
+# installed Ray differs from the cluster's (rayVersion, grpojob_operator.settings.RAY_VERSION).
+FROM ${PYTHON_IMAGE} AS trainer
 ARG RAY_VERSION=2.60.0
-ARG VLLM_VERSION=0.33.0
 ARG WITH_VLLM=true
 LABEL org.opencontainers.image.title="grpojob-trainer" \
       org.opencontainers.image.description="GRPOJob trainer, vLLM generation and Ray workers" \
       org.opencontainers.image.source="https://github.com/grpojob/grpojob" \
       org.opencontainers.image.licenses="Apache-2.0"
-USER 0
-RUN if [ "${WITH_VLLM}" != "true" ]; then \
-      (getent passwd 1000 >/dev/null || useradd --uid 1000 --gid 100 --home-dir /tmp/home --no-create-home ray) \
-      && python -m venv /opt/grpojob \
-      && chown -R 1000:100 /opt/grpojob; \
-    fi
-# KubeRay's default liveness and readiness probes of Ray pods run `wget`; the Ray project's images
-# have it, the plain Python base has not (found by the e2e suite: Ray heads never became ready).
-# The version is trixie's, the Debian release of the Python base.
-RUN if ! command -v wget >/dev/null; then \
-      apt-get update && apt-get install -y --no-install-recommends wget=1.25.0-2 \
-      && rm -rf /var/lib/apt/lists/*; \
-    fi
+RUN (getent passwd 1000 >/dev/null || useradd --uid 1000 --gid 100 --home-dir /tmp/home --no-create-home ray) \
+    && python -m venv /opt/grpojob \
+    && chown -R 1000:100 /opt/grpojob
+# KubeRay's default liveness and readiness probes of Ray pods run `wget`, which the plain Python base
+# lacks (found by the e2e suite: Ray heads never became ready).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends wget=1.25.0-2 \
+    && if [ "${WITH_VLLM}" = "true" ]; then \
+      apt-get install -y --no-install-recommends gcc=4:14.2.0-1 python3-dev=3.13.5-1; \
+    fi \
+    && rm -rf /var/lib/apt/lists/*
 USER 1000
 ENV PATH=/opt/grpojob/bin:$PATH
 COPY --from=requirements --chown=1000:100 /requirements /tmp/requirements
 RUN if [ "${WITH_VLLM}" = "true" ]; then \
-      pip install --no-cache-dir "vllm==${VLLM_VERSION}" --requirement /tmp/requirements/trainer-with-vllm.txt; \
+      pip install --no-cache-dir --no-deps --requirement /tmp/requirements/trainer-with-vllm.txt; \
     else \
       pip install --no-cache-dir --requirement /tmp/requirements/trainer.txt; \
     fi \

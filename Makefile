@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint cluster-binaries cluster-up cluster-down image-tools images node-packages e2e kind-node-image e2e-kind
+.PHONY: demo test lint cluster-binaries cluster-up cluster-down image-tools images gpu-image node-packages e2e kind-node-image e2e-kind
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ image-tools:
 # into ~/.cache/grpojob/images unless cached (each by the hash of its inputs).
 images: image-tools $(VENV)/.dev-installed
 	$(BIN)/python -m grpojob_testing.images build
+
+# The GPU trainer image (vLLM, torch for CUDA 13.0; ~9 GB) into podman's storage unless cached: no
+# test node runs it, its smoke test does (tests/integration/test_images.py).
+gpu-image: image-tools $(VENV)/.dev-installed
+	$(BIN)/python -m grpojob_testing.images build-gpu
 
 test: lint cluster-binaries
 	$(BIN)/pytest

@@ -8,7 +8,7 @@ that cluster instead (kind, for example). Each test gets a namespace of its own.
 kube-proxy, CoreDNS; root only) and without kwok's fake nodes, for tests/e2e.
 
 With ``GRPOJOB_CI=1`` (set by `.ci/run`) a test skipped for a missing setup step (root, the image
-tools, the node packages, a cluster program such as Kueue) fails instead: CI installs all of them, so
+tools, the node packages, a cluster program such as Kueue, the GPU image) fails instead: CI installs all of them, so
 such a skip is a broken CI.
 """
 
@@ -24,7 +24,13 @@ import pytest
 
 EXISTING_CLUSTER_ENV = "GRPOJOB_TEST_KUBECONFIG"
 CI_ENV = "GRPOJOB_CI"
-SETUP_SKIP_REASONS = ("needs root", "make image-tools", "make node-packages", "make cluster-binaries")
+SETUP_SKIP_REASONS = (
+    "needs root",
+    "make image-tools",
+    "make node-packages",
+    "make cluster-binaries",
+    "make gpu-image",
+)
 """Words of the skips that only a machine without CI's setup may take."""
 
 

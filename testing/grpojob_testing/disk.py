@@ -84,8 +84,9 @@ def unused_podman_images(listing: list[dict], wanted: set[str]) -> list[str]:
 
 
 def wanted_podman_images() -> set[str]:
-    """The podman image names this tree builds or runs: our images, the base, the kind node image."""
-    return {*(image.name for image in images.images()), base_image.NAME, kind.NODE_IMAGE}
+    """The podman image names this tree builds or runs: our images (the GPU trainer's too), the base,
+    the kind node image."""
+    return {*(image.name for image in [*images.images(), images.gpu_image()]), base_image.NAME, kind.NODE_IMAGE}
 
 
 def prune(log=sys.stdout) -> int:

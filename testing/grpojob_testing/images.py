@@ -1,6 +1,7 @@
 """Build our images here with buildah from our Dockerfiles, export them, load them into containerd.
 
     python -m grpojob_testing.images build [NAME ...]   # base, then operator, trainer-cpu, penguin-env, nemo-gym
+    python -m grpojob_testing.images build-gpu          # the GPU trainer image (vLLM), into podman only
     python -m grpojob_testing.images list               # name, image, archive, whether it is built
     python -m grpojob_testing.images load ADDRESS       # import every archive into a containerd
 
@@ -38,6 +39,7 @@ PROJECT_FILES = (
     "pyproject.toml",
     "README.md",
     "images/extra_requirements.py",
+    "images/vllm-requirements.txt",
     "api/grpojob_api",
     "operator/grpojob_operator",
     "trainer/grpojob_trainer",
@@ -87,7 +89,7 @@ class Image:
 def images() -> list[Image]:
     """The images of this repository, with the names the chart (values.yaml) and the operator use."""
     tag = version()
-    cpu = {"BASE_IMAGE": f"python:{base_image.TAG}", "WITH_VLLM": "false"}
+    cpu = {"WITH_VLLM": "false"}
     return [
         Image("operator", f"ghcr.io/grpojob/operator:{tag}", "Dockerfile", "operator", PROJECT_FILES),
         Image("trainer-cpu", f"ghcr.io/grpojob/trainer:{tag}-cpu", "Dockerfile", "trainer", PROJECT_FILES, cpu),
@@ -151,26 +153,8 @@ def build_image(image: Image, base_digest: str) -> tuple[Path, bool]:
         if base_image.image_inputs(image.name) != digest:
             subprocess.run(["podman", "load", "--quiet", "--input", str(archive)], check=True)
         return archive, False
-    args = [f"--build-arg={key}={value}" for key, value in image.build_args.items()]
-    if image.target:
-        args.append(f"--target={image.target}")
-    # --force-rm: a failed build leaves no working containers (and their GBs) behind.
-    engine = ["buildah", "bud", "--layers", "--force-rm", "--pull=never", f"--runtime={RUNTIME}", "--network=host"]
-    engine += ulimits()
-    label = f"--label={base_image.INPUTS_LABEL}={digest}"
     archive.parent.mkdir(parents=True, exist_ok=True)
-    log = archive.parent / f"{image.key}.build.log"
-    with log.open("w") as out:
-        built = subprocess.run(
-            [*engine, *wheelhouse.build_volumes(), *args, label, "--tag", image.name, "--file", image.dockerfile, "."],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
-    if built.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-40:])
-        raise RuntimeError(f"building {image.name} failed (log: {log}):\n{tail}")
+    _buildah(image, digest, wheelhouse.build_volumes())
     partial = archive.with_name(archive.name + ".partial")
     partial.unlink(missing_ok=True)
     subprocess.run(
@@ -179,6 +163,58 @@ def build_image(image: Image, base_digest: str) -> tuple[Path, bool]:
     partial.rename(archive)
     _prune_archives(image, archive)
     return archive, True
+
+
+def _buildah(image: Image, digest: str, volumes: list[str]) -> None:
+    """Build `image` into podman's storage, labelled with its inputs ``digest``; raise with the log's
+    tail when the build fails."""
+    args = [f"--build-arg={key}={value}" for key, value in image.build_args.items()]
+    if image.target:
+        args.append(f"--target={image.target}")
+    # --force-rm: a failed build leaves no working containers (and their GBs) behind.
+    engine = ["buildah", "bud", "--layers", "--force-rm", "--pull=never", f"--runtime={RUNTIME}", "--network=host"]
+    engine += ulimits()
+    label = f"--label={base_image.INPUTS_LABEL}={digest}"
+    log = build.cache_root() / "images" / f"{image.key}.build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        built = subprocess.run(
+            [*engine, *volumes, *args, label, "--tag", image.name, "--file", image.dockerfile, "."],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    if built.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-40:])
+        raise RuntimeError(f"building {image.name} failed (log: {log}):\n{tail}")
+
+
+def gpu_image() -> Image:
+    """The GPU trainer image (vLLM): the Dockerfile's default trainer variant, which no test cluster
+    runs; built only when asked for (`build_gpu_image`)."""
+    return Image("trainer-gpu", f"ghcr.io/grpojob/trainer:{version()}", "Dockerfile", "trainer", PROJECT_FILES)
+
+
+def gpu_image_built() -> bool:
+    """Whether podman's storage holds the GPU trainer image built from this tree."""
+    image = gpu_image()
+    return base_image.image_inputs(image.name) == inputs_hash(image, base_image.inputs_hash())
+
+
+def build_gpu_image() -> bool:
+    """Build the GPU trainer image into podman's storage unless it holds it from the same inputs;
+    return whether it was built. No archive is written: at 9 GB it would double its space on disk,
+    and no test node loads it."""
+    image = gpu_image()
+    with build_lock():
+        base_digest = base_image.ensure()
+        digest = inputs_hash(image, base_digest)
+        if base_image.image_inputs(image.name) == digest:
+            return False
+        _buildah(image, digest, wheelhouse.build_volumes(gpu=True))
+        subprocess.run(["podman", "image", "prune", "--force"], stdout=subprocess.DEVNULL, check=False)
+        return True
 
 
 def build_all(keys: list[str] | None = None) -> dict[str, Path]:
@@ -266,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     build_command = commands.add_parser("build", help="build the images unless cached")
     build_command.add_argument("keys", nargs="*", help="operator, trainer-cpu, penguin-env, nemo-gym (default: all)")
+    commands.add_parser("build-gpu", help="build the GPU trainer image (vLLM) into podman's storage unless cached")
     commands.add_parser("list", help="show the images and their cached archives")
     load = commands.add_parser("load", help="import every built archive into a containerd")
     load.add_argument("address", help="containerd's socket")
@@ -279,6 +316,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         for key, archive in built.items():
             print(f"{key}: {archive} ({archive.stat().st_size / 2**20:.0f} MiB)")
+    elif args.command == "build-gpu":
+        started = time.monotonic()
+        try:
+            built = build_gpu_image()
+        except (RuntimeError, subprocess.CalledProcessError) as error:
+            print(error, file=sys.stderr)
+            return 1
+        print(f"{gpu_image().name}: {'built' if built else 'cached'} in {time.monotonic() - started:.0f}s")
     elif args.command == "list":
         for image in images():
             archive = tree_archive(image)

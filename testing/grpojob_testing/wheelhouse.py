@@ -10,9 +10,13 @@ NeMo Gym's ``openai<=2.7.2``):
 - NeMo Gym's: ``images/nemo-gym/requirements.txt``, a complete lock, taken as it is (``--no-deps``;
   one of its packages, ``antlr4-python3-runtime``, exists only as a source archive).
 
+The GPU trainer image's lock, ``images/vllm-requirements.txt`` (vLLM and its torch, with the rest of
+the trainer), is a third set in ``wheels/gpu/``, fetched only when that image is built (`ensure_gpu`;
+about 3.7 GB).
+
 Builds bind-mount that folder at ``/wheels`` and a ``pip.conf`` at ``/etc/pip.conf`` that says
-``no-index`` and ``find-links = /wheels``; the Dockerfiles are unchanged and still install from PyPI
-wherever they are built without these mounts.
+``no-index`` and ``find-links = /wheels`` (and ``/wheels/gpu`` for the GPU image); the Dockerfiles
+are unchanged and still install from PyPI wherever they are built without these mounts.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ EXTRAS = ("operator", "environment", "trainer")
 """The extras of pyproject that the images install."""
 DOCKERFILES = ("Dockerfile",)
 NEMO_GYM_LOCK = "images/nemo-gym/requirements.txt"
+GPU_LOCK = "images/vllm-requirements.txt"
 PIP_CONF = "[global]\nno-index = true\nfind-links = /wheels\n"
+GPU_PIP_CONF = "[global]\nno-index = true\nfind-links =\n    /wheels\n    /wheels/gpu\n"
 GLIBC_MINOR = 41
 """The base image's glibc is 2.41 (trixie): wheels of any manylinux_2_N with N up to this run there."""
 PLATFORMS = ["manylinux2014_x86_64", *(f"manylinux_2_{minor}_x86_64" for minor in range(17, GLIBC_MINOR + 1))]
@@ -67,25 +73,48 @@ def nemo_gym_requirements() -> list[str]:
     return [requirement for requirement in map(pinned, lines) if requirement]
 
 
+def gpu_requirements() -> list[str]:
+    """The GPU trainer image's lock: every package of its environment, pinned."""
+    lines = (REPO / GPU_LOCK).read_text().splitlines()
+    return [requirement for requirement in map(pinned, lines) if requirement]
+
+
+def _download(folder: Path, sets: list[tuple[list[str], list[str]]]) -> None:
+    """``pip download`` each (flags, requirements) set into ``folder`` for the base image's Python,
+    unless a stamp says these very sets are there already."""
+    inputs = "\n".join(
+        [base_image.PYTHON, *PLATFORMS, *(line for flags, reqs in sets for line in [*flags, *reqs, "--"])]
+    )
+    stamp = folder / f".complete-{hashlib.sha256(inputs.encode()).hexdigest()[:16]}"
+    if stamp.exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--dest", str(folder)]
+    target = ["--python-version", base_image.PYTHON, *(f"--platform={p}" for p in PLATFORMS)]
+    for flags, requirements_set in sets:
+        subprocess.run([*pip, *target, *flags, *requirements_set], check=True)
+    stamp.touch()
+
+
 def ensure() -> Path:
     """Download whatever the wheelhouse lacks (skipped when the requirements did not change)."""
-    ours, nemo_gym = requirements(), nemo_gym_requirements()
-    inputs = "\n".join([base_image.PYTHON, *PLATFORMS, *ours, "--", *nemo_gym])
-    digest = hashlib.sha256(inputs.encode()).hexdigest()[:16]
     folder = directory()
-    stamp = folder / f".complete-{digest}"
-    if not stamp.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--dest", str(folder)]
-        target = ["--python-version", base_image.PYTHON, *(f"--platform={p}" for p in PLATFORMS)]
-        subprocess.run([*pip, *target, "--only-binary=:all:", *ours], check=True)
-        subprocess.run([*pip, *target, "--no-deps", *nemo_gym], check=True)
-        stamp.touch()
+    _download(folder, [(["--only-binary=:all:"], requirements()), (["--no-deps"], nemo_gym_requirements())])
     (folder / "pip.conf").write_text(PIP_CONF)
     return folder
 
 
-def build_volumes() -> list[str]:
-    """The ``--volume`` arguments that make a build install from the wheelhouse."""
+def ensure_gpu() -> Path:
+    """`ensure`, and the GPU image's set in ``wheels/gpu`` (skipped when its lock did not change)."""
     folder = ensure()
-    return ["--volume", f"{folder}:/wheels:ro", "--volume", f"{folder / 'pip.conf'}:/etc/pip.conf:ro"]
+    _download(folder / "gpu", [(["--only-binary=:all:", "--no-deps"], gpu_requirements())])
+    (folder / "pip-gpu.conf").write_text(GPU_PIP_CONF)
+    return folder
+
+
+def build_volumes(*, gpu: bool = False) -> list[str]:
+    """The ``--volume`` arguments that make a build install from the wheelhouse (with the GPU image's
+    set when ``gpu``)."""
+    folder = ensure_gpu() if gpu else ensure()
+    conf = folder / ("pip-gpu.conf" if gpu else "pip.conf")
+    return ["--volume", f"{folder}:/wheels:ro", "--volume", f"{conf}:/etc/pip.conf:ro"]

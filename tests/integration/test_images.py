@@ -43,7 +43,7 @@ def archives() -> dict[str, Path]:
 
 
 def image_name(key: str) -> str:
-    return next(image.name for image in images.images() if image.key == key)
+    return next(image.name for image in [*images.images(), images.gpu_image()] if image.key == key)
 
 
 def podman_run(key: str, *command: str, user: str, options: tuple[str, ...] = (), timeout: float = 120) -> str:
@@ -74,6 +74,23 @@ def test_the_trainer_image_has_ray_torch_and_the_trainer_for_uid_1000(archives: 
     user, ray, torch, total = podman_run("trainer-cpu", "python", "-c", check, user=str(NON_ROOT_UID)).split()[-4:]
     # PyPI's Linux torch is the CUDA build (2.15.0+cu132); without a GPU it runs on the CPU.
     assert (user, ray, torch.split("+")[0], total) == ("ray", "2.60.0", "2.15.0", "4.0")
+
+
+def test_the_gpu_trainer_image_holds_the_versions_measured_on_the_h200_and_runs_the_cli_for_uid_1000():
+    if not images.gpu_image_built():
+        pytest.skip("the GPU trainer image is not built from this tree: make gpu-image")
+    check = (
+        "import getpass, os, sysconfig, ray, torch, transformers, vllm, grpojob_trainer.generation; "
+        "headers = os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')); "
+        "print(getpass.getuser(), vllm.__version__, torch.__version__, torch.version.cuda, "
+        "transformers.__version__, ray.__version__, headers)"
+    )
+    output = podman_run("trainer-gpu", "python", "-c", check, user=str(NON_ROOT_UID), timeout=300)
+    # vLLM imports without a GPU; torch is PyPI's CUDA 13.0 build, as measured on the H200.
+    assert output.split()[-7:] == ["ray", "0.26.0", "2.11.0+cu130", "13.0", "5.17.0", "2.60.0", "True"], output
+    # Triton and vLLM compile their C helpers with the image's gcc when they first run on a GPU.
+    assert "gcc" in podman_run("trainer-gpu", "gcc", "--version", user=str(NON_ROOT_UID))
+    assert "usage:" in podman_run("trainer-gpu", "grpojob", "--help", user=str(NON_ROOT_UID))
 
 
 def test_the_trainer_image_trains_the_tiny_model_with_grpojob_run(archives: dict[str, Path], tmp_path: Path):

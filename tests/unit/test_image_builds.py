@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 
 import yaml
 
@@ -30,14 +31,32 @@ def test_the_base_is_tagged_with_the_python_image_every_dockerfile_starts_from()
         if image.target:
             assert re.search(rf"^FROM \S+ AS {image.target}$", dockerfile, re.MULTILINE), image.target
     trainer = next(image for image in images.images() if image.key == "trainer-cpu")
-    assert f"docker.io/library/{trainer.build_args['BASE_IMAGE']}" == base_image.NAME
     assert trainer.build_args["WITH_VLLM"] == "false"
+    gpu = images.gpu_image()
+    assert (gpu.dockerfile, gpu.target, gpu.build_args) == ("Dockerfile", "trainer", {})  # WITH_VLLM=true
+    assert gpu.name == DEFAULT_RAY_IMAGE
 
 
 def test_every_image_runs_the_python_that_nemo_gym_and_the_job_s_ray_cluster_share():
     assert base_image.PYTHON == "3.13" and base_image.SUITE == "trixie"
-    gpu_base = re.search(r"^ARG BASE_IMAGE=(\S+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE).group(1)
-    assert gpu_base == f"rayproject/ray:{RAY_VERSION}-py313-cu128"
+    assert re.search(r"^FROM \$\{PYTHON_IMAGE\} AS trainer$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+
+
+def test_the_gpu_image_locks_the_versions_measured_on_the_h200_and_the_trainer_extras_own_pins():
+    locked = dict(requirement.split("==") for requirement in wheelhouse.gpu_requirements())
+    measured = {"vllm": "0.26.0", "torch": "2.11.0", "transformers": "5.17.0", "ray": RAY_VERSION}
+    assert {name: locked.get(name) for name in measured} == measured
+    # vLLM pins its own torch, transformers and fastapi; every other pin of the trainer extra holds.
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extra = [*pyproject["optional-dependencies"]["trainer"], *pyproject["optional-dependencies"]["environment"]]
+    for requirement in extra:
+        if requirement.startswith("grpojob["):
+            continue
+        name, version = requirement.split("==")
+        name = re.sub(r"\[.*\]", "", name).lower()
+        if name not in ("torch", "transformers", "fastapi"):
+            assert locked.get(name) == version, requirement
+    assert all(re.fullmatch(r"[a-z0-9\-]+==[\w.+]+", requirement) for requirement in wheelhouse.gpu_requirements())
 
 
 def test_the_wheelhouse_holds_every_pin_of_pyproject_and_the_dockerfiles():
