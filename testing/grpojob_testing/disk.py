@@ -45,12 +45,9 @@ def archives_in_use() -> set[Path]:
     and the KubeRay archive."""
     base_digest = base_image.inputs_hash()
     base_tar = base_image.rootfs_tar(base_digest)
-    kind_debian = build.cache_root() / "images" / f"kind-node-{kind.SUITE}-{kind.debian_inputs_hash()}.rootfs.tar"
-    kuberay = build.cache_root() / "images" / f"kind-{build.load_components()['kuberay'].bin_dir.name}.oci.tar"
     kept = {images.archive_path(image, images.inputs_hash(image, base_digest)) for image in images.images()}
-    kept |= {base_tar, base_tar.with_name(base_tar.name + ".packages"), kind_debian, kuberay}
-    kept.add(kind.node_archive(kind.inputs_hash()))
-    return kept
+    kept |= {base_tar, base_tar.with_name(base_tar.name + ".packages")}
+    return kept | {kind.debian_rootfs_path(), kind.kuberay_archive_path(), kind.node_archive(kind.inputs_hash())}
 
 
 def unused_archives(directory: Path, in_use: set[Path]) -> list[Path]:

@@ -209,10 +209,9 @@ def build_gpu_image() -> bool:
     image = gpu_image()
     with build_lock():
         base_digest = base_image.ensure()
-        digest = inputs_hash(image, base_digest)
-        if base_image.image_inputs(image.name) == digest:
+        if gpu_image_built():
             return False
-        _buildah(image, digest, wheelhouse.build_volumes(gpu=True))
+        _buildah(image, inputs_hash(image, base_digest), wheelhouse.build_volumes(gpu=True))
         subprocess.run(["podman", "image", "prune", "--force"], stdout=subprocess.DEVNULL, check=False)
         return True
 
@@ -279,7 +278,7 @@ def discard_layer_blobs(ctr: list[str]) -> None:
     trainer image takes twice its 6.5 GB in a node."""
     listing = subprocess.run([*ctr, "content", "ls"], capture_output=True, text=True, check=True).stdout
     rows = [row.split() for row in listing.splitlines()[1:]]
-    layers = [row[0] for row in rows if len(row) > 1 and re.fullmatch(r"[\d.]+ ?[MG]i?B", row[1])]
+    layers = [row[0] for row in rows if len(row) > 1 and re.fullmatch(r"[\d.]+[MG]i?B", row[1])]
     if layers:
         subprocess.run([*ctr, "content", "rm", *layers], capture_output=True, check=True)
 

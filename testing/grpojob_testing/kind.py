@@ -148,10 +148,15 @@ def _tar(rootfs: Path, target: Path) -> None:
     subprocess.run(["tar", "-C", str(rootfs), *excludes, "--sort=name", "-cf", str(target), "."], check=True)
 
 
+def debian_rootfs_path() -> Path:
+    """Where the node's Debian root filesystem of this tree's inputs is cached (`debian_rootfs_tar`)."""
+    return build.cache_root() / "images" / f"kind-node-{SUITE}-{debian_inputs_hash()}.rootfs.tar"
+
+
 def debian_rootfs_tar() -> Path:
     """The node's Debian root filesystem as a tar, made unless cached: debootstrap of bookworm and
     the pinned packages installed (no service started), trimmed."""
-    target = build.cache_root() / "images" / f"kind-node-{SUITE}-{debian_inputs_hash()}.rootfs.tar"
+    target = debian_rootfs_path()
     if target.exists():
         return target
     for stale in target.parent.glob(f"kind-node-{SUITE}-*.rootfs.tar"):
@@ -270,10 +275,15 @@ def _build_node_image_locked(digest: str, archive: Path, log) -> tuple[Path, boo
     return archive, True
 
 
+def kuberay_archive_path() -> Path:
+    """Where the KubeRay operator's image of the pinned version is cached (`kuberay_archive`)."""
+    return build.cache_root() / "images" / f"kind-{build.load_components()['kuberay'].bin_dir.name}.oci.tar"
+
+
 def kuberay_archive() -> Path:
     """The KubeRay operator's image (our pinned build, its one static program), written unless cached."""
     bin_dir = build.build(build.load_components()["kuberay"])
-    target = build.cache_root() / "images" / f"kind-{bin_dir.name}.oci.tar"
+    target = kuberay_archive_path()
     if not target.exists():
         program = oci.ImageFile(KUBERAY_PROGRAM, (bin_dir / "ray-operator").read_bytes(), 0o755)
         partial = target.with_name(target.name + ".partial")

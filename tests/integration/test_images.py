@@ -235,6 +235,10 @@ def test_an_image_archive_loads_into_containerd_and_runs_there(archives: dict[st
     ctr = ["ctr", "--address", str(containerd), "--namespace", "k8s.io"]
     listed = subprocess.run([*ctr, "images", "ls", "--quiet"], capture_output=True, text=True, check=True).stdout
     assert image_name("operator") in listed.split()
+    # Its layer blobs are gone once unpacked (the snapshots remain): only manifest and config, under a megabyte.
+    content = subprocess.run([*ctr, "content", "ls"], capture_output=True, text=True, check=True).stdout
+    sizes = [row.split()[1] for row in content.splitlines()[1:]]
+    assert sizes and not [size for size in sizes if size.endswith(("MB", "GB", "MiB", "GiB"))], content
     # ctr runs the image's own user (USER 65532:65532), as the kubelet does when the pod names none.
     run = [*ctr, "run", "--rm", "--read-only", image_name("operator"), f"t-{uuid.uuid4().hex[:8]}"]
     result = subprocess.run([*run, "grpojob-operator", "--help"], capture_output=True, text=True, timeout=60)

@@ -333,12 +333,18 @@ def masked_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, values.detach(), torch.full_like(values, -math.inf, dtype=values.dtype)).max()
 
 
-def statistics_to_floats(statistics: dict[str, torch.Tensor]) -> dict[str, float]:
-    """0-dim tensors to floats in one transfer from the device; the ``-inf`` maximum of no token is 0."""
-    if not statistics:
+def tensors_to_floats(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+    """0-dim tensors (on one device) to floats, in one transfer from the device."""
+    if not tensors:
         return {}
-    values = torch.stack([value.detach().double().reshape(()) for value in statistics.values()]).tolist()
+    values = torch.stack([value.detach().double().reshape(()) for value in tensors.values()]).tolist()
+    return dict(zip(tensors, values, strict=True))
+
+
+def statistics_to_floats(statistics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """`policy_loss_statistics`' diagnostics as floats (`tensors_to_floats`); the ``-inf`` maximum of no
+    token is 0."""
     return {
         key: 0.0 if key.endswith("_max") and value == -math.inf else value
-        for key, value in zip(statistics, values, strict=True)
+        for key, value in tensors_to_floats(statistics).items()
     }

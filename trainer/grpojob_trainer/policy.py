@@ -67,7 +67,13 @@ from typing import Any
 import torch
 
 from grpojob_api.v1alpha1 import AdvantageSpec, GRPOJobSpec, LossAggregation, OptimizerSpec
-from grpojob_trainer.grpo import LossConfig, LossInputs, group_advantages, policy_loss_statistics
+from grpojob_trainer.grpo import (
+    LossConfig,
+    LossInputs,
+    group_advantages,
+    policy_loss_statistics,
+    tensors_to_floats,
+)
 from grpojob_trainer.logprobs import logprob_head
 from grpojob_trainer.metrics import PREPARE, TRAINING, StepTimer, tokens_per_second
 from grpojob_trainer.packing import attention_per_sequence, forward_kwargs, pack, supports_packing, varlen_available
@@ -454,12 +460,10 @@ class PolicyTrainer:
                 else:
                     sums[key] = sums.get(key, 0.0) + value * tokens
                     weights[key] = weights.get(key, 0.0) + tokens
-        loss_value, *values = torch.stack(
-            [torch.as_tensor(total_loss).double(), *(v.double() for v in [*sums.values(), *maxima.values()])]
-        ).tolist()
-        host_sums = dict(zip(sums, values[: len(sums)], strict=True))
-        host_maxima = dict(zip(maxima, values[len(sums) :], strict=True))
-        return combine_rank_metrics(loss_value, host_sums, weights, host_maxima)
+        # Means and maxima have distinct keys (maxima end in "_max"); -inf (no token here) stays for the ranks' max.
+        host = tensors_to_floats({"loss": torch.as_tensor(total_loss), **sums, **maxima})
+        host_sums, host_maxima = {k: host[k] for k in sums}, {k: host[k] for k in maxima}
+        return combine_rank_metrics(host["loss"], host_sums, weights, host_maxima)
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip the accumulated gradients to ``max_grad_norm`` (their norm over all ranks' shards) and
