@@ -46,6 +46,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -291,6 +292,16 @@ def training_flops_per_token(model: Path, mean_sequence: float) -> float:
     return 6 * parameter_count(model) + 6 * config["num_hidden_layers"] * config["hidden_size"] * mean_sequence
 
 
+def clear_previous_run(out: Path, name: str) -> Path:
+    """Remove an earlier run of the leg ``name`` (its output and checkpoints) and return its run directory:
+    `grpojob run` resumes from the checkpoint it finds, so a leg run twice would otherwise train no step and
+    report the first run's metrics."""
+    run_dir = out / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.rmtree(out / f"{name}-checkpoints", ignore_errors=True)
+    return run_dir
+
+
 def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1, ahead: int = 0) -> dict[str, Any]:
     name = "ours-colocated" if gpus == 1 else "ours-2gpu" if ahead == 0 else f"ours-2gpu-async{ahead}"
     job = job_yaml(out, workload, name, colocated=gpus == 1, ahead=ahead)
@@ -298,7 +309,7 @@ def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1, ahead: int = 0) 
     if len(visible) < gpus:
         raise SystemExit(f"this leg needs {gpus} GPUs; CUDA_VISIBLE_DEVICES={','.join(visible)}")
     env = os.environ | {"CUDA_VISIBLE_DEVICES": ",".join(visible[:gpus])}
-    run_dir = out / name
+    run_dir = clear_previous_run(out, name)
     started = time.perf_counter()
     subprocess.run(
         [

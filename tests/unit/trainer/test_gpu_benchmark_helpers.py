@@ -73,3 +73,19 @@ def test_medians_skip_the_warm_up_step_and_flatten_nested_figures(bench):
 
     assert bench.medians(steps) == {"wall_s": 2.0, "engine_request_s.p50": 1.0}
     assert bench.medians(steps[:1]) == {"wall_s": 100.0, "engine_request_s.p50": 50.0}
+
+
+def test_a_leg_run_again_starts_from_scratch_not_from_the_last_runs_checkpoint(bench, tmp_path):
+    # `grpojob run` resumes from a checkpoint it finds: a finished run left in place would make the leg train
+    # no step and report the earlier run's metrics as its own
+    (tmp_path / "ours-colocated").mkdir()
+    (tmp_path / "ours-colocated" / "metrics.jsonl").write_text('{"step": 8}\n')
+    (tmp_path / "ours-colocated-checkpoints" / "step_8").mkdir(parents=True)
+    (tmp_path / "ours-2gpu").mkdir()
+
+    run_dir = bench.clear_previous_run(tmp_path, "ours-colocated")
+
+    assert run_dir == tmp_path / "ours-colocated"
+    assert not run_dir.exists()
+    assert not (tmp_path / "ours-colocated-checkpoints").exists()
+    assert (tmp_path / "ours-2gpu").exists()  # another leg's run is left alone
