@@ -75,6 +75,8 @@ class Workload:
     torch_compile: bool = False
     """Our leg: `spec.training.torchCompile` (decoder layers through torch.compile)."""
     steps: int = 8
+    environment_replicas: int = 1
+    """Our legs: the arithmetic environment's `replicas` (under `grpojob run`, that many server processes)."""
     learning_rate: float = 1e-6
     colocated_generation_memory: float = 0.35
     trl_use_vllm: bool = True
@@ -235,7 +237,11 @@ def job_yaml(out: Path, workload: Workload, name: str, colocated: bool, ahead: i
             "model": {"path": str(model), "servedModelName": "policy"},
             "dataset": {"path": str(data)},
             "environments": [
-                {"name": "arithmetic", "command": ["python", "-m", "grpojob_trainer.environments", "arithmetic"]}
+                {
+                    "name": "arithmetic",
+                    "command": ["python", "-m", "grpojob_trainer.environments", "arithmetic"],
+                    "replicas": workload.environment_replicas,
+                }
             ],
             "generation": {
                 "backend": "vllm",
@@ -652,7 +658,11 @@ def leg_generation_breakdown(out: Path, workload: Workload) -> dict[str, Any]:
     records: list[EngineRecord] = []
     record_requests(app.state.engine, records)
     environment = api.EnvironmentSpec.model_validate(
-        {"name": "arithmetic", "command": ["python", "-m", "grpojob_trainer.environments", "arithmetic"]}
+        {
+            "name": "arithmetic",
+            "command": ["python", "-m", "grpojob_trainer.environments", "arithmetic"],
+            "replicas": workload.environment_replicas,
+        }
     )
     steps: list[dict[str, Any]] = []
     replay: list[list[dict[str, Any]]] = []

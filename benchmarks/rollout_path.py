@@ -1,7 +1,7 @@
 """CPU benchmark of the rollout path's own cost: rollouts through an environment server against an engine
 that answers at once, so that only our HTTP hops and bookkeeping are timed.
 
-    python benchmarks/rollout_path.py [--rollouts 256] [--repeats 3]
+    python benchmarks/rollout_path.py [--rollouts 256] [--repeats 3] [--environment-replicas 1]
 
 Two legs, one process, the same generation server (our OpenAI-compatible app in front of an instant
 engine that returns a fixed 256-token answer):
@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--environment-replicas", type=int, default=1, help="environment server processes")
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -99,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         data = write_rows("arithmetic", args.rollouts, Path(scratch) / "rows.jsonl")
         rows = [json.loads(line) for line in data.read_text().splitlines()]
         environment = api.EnvironmentSpec(
-            name="arithmetic", command=["python", "-m", "grpojob_trainer.environments", "arithmetic"]
+            name="arithmetic",
+            command=["python", "-m", "grpojob_trainer.environments", "arithmetic"],
+            replicas=args.environment_replicas,
         )
         config = ServerConfig("policy", SamplingParams(1.0, 1.0, 512))
         anchor, ours = [], []

@@ -621,7 +621,8 @@ class EnvironmentSpec(ApiModel):
     args: list[str] = Field(default_factory=list)
     """Arguments to the entrypoint."""
     replicas: int = Field(default=1, ge=1, le=1024)
-    """Pods serving this environment behind one Service."""
+    """Pods serving this environment behind one Service; under `grpojob run`, that many local processes
+    (the driver spreads rollouts over them)."""
     port: int = Field(default=8080, ge=1024, le=65535)
     """Port the server listens on."""
     resources: Resources = Field(default_factory=Resources)

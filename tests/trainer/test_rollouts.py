@@ -218,3 +218,70 @@ def test_a_gym_500_wrapping_a_4xx_fails_at_once_with_its_message_and_a_wrapped_c
     assert crashed_outcome.attempts == 3 and "gave up after 3 attempts" in crashed_outcome.error
     assert app.state.calls == 4
     assert batch.metrics["rollout/failed"] == 2
+
+
+class CountingProxy:
+    """An environment replica in front of a real server: passes every /run on and counts them."""
+
+    def __init__(self, upstream: str) -> None:
+        self.runs = 0
+        self.app = FastAPI()
+
+        @self.app.post("/run")
+        async def run(request: Request) -> JSONResponse:
+            self.runs += 1
+            async with httpx.AsyncClient(timeout=60) as client:
+                upstream_response = await client.post(f"{upstream}/run", json=await request.json())
+            return JSONResponse(upstream_response.json(), status_code=upstream_response.status_code)
+
+
+def closed_port_url() -> str:
+    """A loopback URL where nothing listens: connections are refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_rollouts_are_spread_evenly_over_an_environments_replicas(env_urls, policy_sampling):
+    first, second = CountingProxy(env_urls["arithmetic"]), CountingProxy(env_urls["arithmetic"])
+
+    with ThreadedServer(first.app) as one, ThreadedServer(second.app) as two:
+        batch = asyncio.run(
+            collect_rollouts(
+                rows("arithmetic", 8, seed=7),
+                {"arithmetic": [one.url, two.url]},
+                concurrency=8,
+                timeout_s=30,
+                retries=0,
+                sampling=policy_sampling,
+            )
+        )
+
+    assert len(batch.samples) == 8 and not batch.failures
+    assert (first.runs, second.runs) == (4, 4)
+
+
+def test_a_rollout_whose_replica_is_down_is_retried_on_the_next_replica(env_urls, policy_sampling):
+    replica = CountingProxy(env_urls["arithmetic"])
+
+    with ThreadedServer(replica.app) as alive:
+        batch = asyncio.run(
+            collect_rollouts(
+                rows("arithmetic", 6, seed=8),
+                {"arithmetic": [closed_port_url(), alive.url]},
+                concurrency=6,
+                timeout_s=30,
+                retries=1,
+                backoff_s=0.01,
+                sampling=policy_sampling,
+            )
+        )
+
+    assert len(batch.samples) == 6 and not batch.failures
+    assert [o.attempts for o in batch.outcomes] == [2, 1, 2, 1, 2, 1], "rows sent first to the dead replica retried"
+    assert replica.runs == 6
+
+
+def test_an_environment_listed_with_no_url_is_refused_before_any_request():
+    with pytest.raises(ValueError, match=r"environments without a URL: \['arithmetic'\]"):
+        asyncio.run(collect_rollouts(rows("arithmetic", 1), {"arithmetic": []}))

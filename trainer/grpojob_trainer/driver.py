@@ -46,7 +46,7 @@ from grpojob_trainer.metrics import (
     step_line,
 )
 from grpojob_trainer.penguin.protocol import Row
-from grpojob_trainer.penguin.rollouts import PolicySampling, RolloutBatch, collect_rollouts
+from grpojob_trainer.penguin.rollouts import EnvironmentURLs, PolicySampling, RolloutBatch, collect_rollouts
 from grpojob_trainer.policy_group import PolicyGroup
 from grpojob_trainer.samples import TrainingSample
 from grpojob_trainer.weight_sync import weight_sync_for
@@ -94,7 +94,7 @@ async def run_loop(
     *,
     policy: PolicyGroup,
     engines: list[Any],
-    env_urls: dict[str, str],
+    env_urls: EnvironmentURLs,
     dataset: PromptDataset,
     logger: MetricsLogger,
     progress: ProgressPublisher,

@@ -28,7 +28,9 @@ def environment_command(env: api.EnvironmentSpec) -> list[str]:
 
 
 class EnvironmentProcesses:
-    """Start every environment of a job on a free loopback port; stop them on exit."""
+    """Start every environment of a job, ``replicas`` processes of each, every one on a free loopback port;
+    stop them on exit. Entering gives each environment's replica URLs (the driver spreads rollouts over
+    them, as a Service spreads them over an environment's pods)."""
 
     def __init__(
         self,
@@ -47,21 +49,26 @@ class EnvironmentProcesses:
         }
         self.log_dir = log_dir
         self.processes: dict[str, subprocess.Popen] = {}
+        """Keyed by replica name: the environment's name, then ``<name>-1``, ``<name>-2``, ... ."""
         self.urls: dict[str, str] = {}
 
-    def __enter__(self) -> dict[str, str]:
+    def __enter__(self) -> dict[str, list[str]]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             for index, env in enumerate(self.environments):
-                self._start(index, env)
-            for env in self.environments:
-                self._wait_healthy(env.name)
+                for replica in range(env.replicas):
+                    self._start(index, env, replica_name(env.name, replica))
+            for replica in self.processes:
+                self._wait_healthy(replica)
         except BaseException:
             self.__exit__()
             raise
-        return dict(self.urls)
+        return {
+            env.name: [self.urls[replica_name(env.name, replica)] for replica in range(env.replicas)]
+            for env in self.environments
+        }
 
-    def _start(self, index: int, env: api.EnvironmentSpec) -> None:
+    def _start(self, index: int, env: api.EnvironmentSpec, name: str) -> None:
         variables = {}
         for position, var in enumerate(env.env):
             if var.value is None:
@@ -71,8 +78,8 @@ class EnvironmentProcesses:
                 )
             variables[var.name] = var.value
         port = free_port()
-        log = open(self.log_dir / f"{env.name}.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.processes[env.name] = subprocess.Popen(
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+        self.processes[name] = subprocess.Popen(
             environment_command(env),
             env={**os.environ, **self.common_env, **variables, endpoints.PORT: str(port), endpoints.HOST: "127.0.0.1"},
             stdout=log,
@@ -80,7 +87,7 @@ class EnvironmentProcesses:
             start_new_session=True,
         )
         log.close()
-        self.urls[env.name] = f"http://127.0.0.1:{port}"
+        self.urls[name] = f"http://127.0.0.1:{port}"
 
     def _wait_healthy(self, name: str) -> None:
         def running() -> None:
@@ -100,6 +107,11 @@ class EnvironmentProcesses:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(5)
+
+
+def replica_name(environment: str, replica: int) -> str:
+    """A replica's name in logs and errors: the environment's for the first, ``<environment>-<n>`` after."""
+    return environment if replica == 0 else f"{environment}-{replica}"
 
 
 def wait_for_environments(urls: dict[str, str], timeout_s: float = 600.0) -> None:

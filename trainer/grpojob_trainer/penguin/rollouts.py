@@ -99,11 +99,24 @@ class _Permanent(Exception):
     """A failure that retrying will not fix."""
 
 
-def env_name_of(row: Row, env_urls: Mapping[str, str]) -> str:
+EnvironmentURLs = Mapping[str, str | Sequence[str]]
+"""Each environment's root URL, or the URLs of its replicas (`grpojob run` starts `replicas` processes of an
+environment; in the cluster its replicas are pods behind one Service URL)."""
+
+
+def replica_urls(env_urls: EnvironmentURLs) -> dict[str, tuple[str, ...]]:
+    """Every environment's URLs as a tuple (one for a single URL); raises `ValueError` for an empty list."""
+    urls = {name: (value,) if isinstance(value, str) else tuple(value) for name, value in env_urls.items()}
+    if empty := sorted(name for name, value in urls.items() if not value):
+        raise ValueError(f"environments without a URL: {empty}")
+    return urls
+
+
+def env_name_of(row: Row, env_urls: EnvironmentURLs) -> str:
     """The environment a row goes to: ``agent_ref.name``, or the only environment when there is one (a
     NeMo Gym environment's URL is listed under its name and its agent's)."""
     name = row.agent_ref.name if row.agent_ref is not None else None
-    if name is None and len(set(env_urls.values())) == 1:
+    if name is None and len(set(replica_urls(env_urls).values())) == 1:
         return next(iter(env_urls))
     if name not in env_urls:
         raise KeyError(f"row routed to environment {name!r}, but only {sorted(env_urls)} have URLs")
@@ -112,7 +125,7 @@ def env_name_of(row: Row, env_urls: Mapping[str, str]) -> str:
 
 async def collect_rollouts(
     rows: Sequence[Row | Mapping[str, Any]],
-    env_urls: Mapping[str, str],
+    env_urls: EnvironmentURLs,
     *,
     concurrency: int = 32,
     timeout_s: float = 300.0,
@@ -123,6 +136,8 @@ async def collect_rollouts(
     deadline_s: float | None = None,
 ) -> RolloutBatch:
     """Run every row through its environment's ``/run`` and convert the results to training samples.
+
+    An environment with several replica URLs gets row i at replica ``i % replicas``; a retry goes to the next.
 
     ``group_indices[i]`` becomes sample i's ``group_index`` (default: i). ``sampling`` overwrites each
     row's temperature/top-p (and caps max_output_tokens). Rollouts not done ``deadline_s`` after the call
@@ -137,7 +152,8 @@ async def collect_rollouts(
     if group_indices is not None and len(group_indices) != len(rows):
         raise ValueError(f"group_indices has {len(group_indices)} entries for {len(rows)} rows")
     parsed = [row if isinstance(row, Row) else Row.model_validate(row) for row in rows]
-    names = [env_name_of(row, env_urls) for row in parsed]
+    urls = replica_urls(env_urls)
+    names = [env_name_of(row, urls) for row in parsed]
     bodies = [(sampling.apply(row) if sampling else row).model_dump_json(exclude_unset=True) for row in parsed]
     groups = list(group_indices) if group_indices is not None else list(range(len(rows)))
     semaphore = asyncio.Semaphore(concurrency)
@@ -151,11 +167,13 @@ async def collect_rollouts(
     async with aiohttp.ClientSession(**session) as client:
 
         async def one(index: int) -> RolloutOutcome:
-            url = env_urls[names[index]].rstrip("/") + "/run"
+            replicas = urls[names[index]]
+            first = index % len(replicas)
+            targets = [replicas[(first + k) % len(replicas)].rstrip("/") + "/run" for k in range(len(replicas))]
             return await _run_with_retries(
                 client,
                 semaphore,
-                url,
+                targets,
                 bodies[index],
                 index,
                 names[index],
@@ -191,7 +209,7 @@ async def collect_rollouts(
 async def _run_with_retries(
     client: aiohttp.ClientSession,
     semaphore: asyncio.Semaphore,
-    url: str,
+    targets: Sequence[str],
     body: str,
     index: int,
     env_name: str,
@@ -208,6 +226,7 @@ async def _run_with_retries(
         return time.perf_counter() - began
 
     for attempt in range(retries + 1):
+        url = targets[attempt % len(targets)]
         if attempt:
             await asyncio.sleep(min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
         try:
