@@ -39,15 +39,16 @@ def generation_server(tiny_model_dir: Path) -> Iterator:
         yield server
 
 
-def start_environment(name: str, policy_base_url: str):
-    """An environment server (agent + resources) on a free port, calling the policy at ``policy_base_url``."""
+def start_environment(name: str, policy_base_url: str, **config):
+    """An environment server (agent + resources) on a free port, calling the policy at ``policy_base_url``
+    (``config``: more `AgentConfig` fields)."""
     from grpojob_trainer.environments import get_environment
     from grpojob_trainer.environments.app import AgentConfig, create_environment_app
     from grpojob_trainer.net import free_port
     from grpojob_trainer.penguin.http import ThreadedServer
 
     port = free_port()
-    config = AgentConfig(policy_base_url=policy_base_url, resources_url=f"http://127.0.0.1:{port}")
+    config = AgentConfig(policy_base_url=policy_base_url, resources_url=f"http://127.0.0.1:{port}", **config)
     return ThreadedServer(create_environment_app(get_environment(name), config), port=port).start()
 
 

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from grpojob_trainer.environments import get_environment
 from grpojob_trainer.penguin.conversion import result_to_sample
+from grpojob_trainer.penguin.http import ThreadedServer
 from grpojob_trainer.penguin.protocol import Row, RunResult
+from tests.trainer.conftest import start_environment
 
 
 def run(url: str, row: dict) -> httpx.Response:
@@ -90,3 +97,155 @@ def test_a_row_without_sampling_parameters_samples_with_the_jobs(env_urls):
 
     assert response.status_code == 200, response.text
     assert result_to_sample(RunResult.model_validate(response.json()), group_index=0).generated_tokens > 0
+
+
+ANSWER = {
+    "role": "assistant",
+    "content": "7",
+    "refusal": None,
+    "tool_calls": None,
+    "prompt_token_ids": [1, 2, 3],
+    "generation_token_ids": [4, 5],
+    "generation_log_probs": [-0.5, -0.25],
+}
+
+
+class ScriptedPolicy:
+    """A policy server that answers the scripted ``(status, body)`` pairs first (a str as plain text, as
+    uvicorn answers a crash), then the chat completion of `ANSWER`; it records every chat request's body
+    and ``Authorization`` header."""
+
+    def __init__(self, *script: tuple[int, object]) -> None:
+        self.script = list(script)
+        self.requests: list[tuple[dict, str | None]] = []
+        self.app = FastAPI()
+
+        @self.app.get("/v1/models")
+        async def models() -> dict:
+            return {"object": "list", "data": [{"id": "listed-policy", "object": "model"}]}
+
+        @self.app.post("/v1/chat/completions")
+        async def chat_completions(request: Request) -> Response:
+            self.requests.append((await request.json(), request.headers.get("authorization")))
+            if self.script:
+                status, body = self.script.pop(0)
+                if isinstance(body, str):
+                    return PlainTextResponse(body, status_code=status)
+                return JSONResponse(body, status_code=status)
+            usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+            choice = {"index": 0, "message": ANSWER, "finish_reason": None, "logprobs": None}
+            return JSONResponse({"id": "c", "object": "chat.completion", "choices": [choice], "usage": usage})
+
+
+@contextmanager
+def environment_against(policy: ScriptedPolicy, **config) -> Iterator[str]:
+    """The arithmetic environment server's URL, its agent calling ``policy``."""
+    with ThreadedServer(policy.app) as policy_server:
+        server = start_environment("arithmetic", f"{policy_server.url}/v1", **config)
+        try:
+            yield server.url
+        finally:
+            server.stop()
+
+
+def openai_error(status: int, message: str) -> dict:
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": status}}
+
+
+def test_the_agent_sends_the_chat_request_with_the_bearer_token_and_keeps_the_message_without_nones(
+    policy_sampling,
+):
+    policy = ScriptedPolicy()
+    row = example_row("arithmetic", 3, policy_sampling)
+
+    with environment_against(policy, policy_api_key="sk-test") as url:
+        response = run(url, row)
+
+    assert response.status_code == 200, response.text
+    [(body, authorization)] = policy.requests
+    params = row["responses_create_params"]
+    assert body == {
+        "model": "listed-policy",  # the row names none: the first model the policy lists
+        "messages": [{"role": "user", "content": params["input"][0]["content"]}],
+        "temperature": params["temperature"],
+        "top_p": params["top_p"],
+        "max_tokens": params["max_output_tokens"],
+    }
+    assert authorization == "Bearer sk-test"
+    result = response.json()
+    [message] = result["response"]["output"]
+    assert message["status"] == "completed", "no finish_reason reads as stop"
+    assert message["content"][0]["text"] == "7"
+    assert message["generation_token_ids"] == [4, 5]
+    assert message["generation_log_probs"] == [-0.5, -0.25]
+    assert result["response"]["usage"] == {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}
+    assert result["reward_components"]["exact"] == pytest.approx(0.5)
+
+
+def test_a_policy_5xx_is_retried_and_the_run_succeeds(policy_sampling):
+    policy = ScriptedPolicy((503, "Service Unavailable"), (500, openai_error(500, "engine restarting")))
+
+    with environment_against(policy) as url:
+        response = run(url, example_row("arithmetic", 3, policy_sampling))
+
+    assert response.status_code == 200, response.text
+    assert len(policy.requests) == 3, "two retries, then the answer"
+    assert response.json()["response"]["output"][0]["generation_token_ids"] == [4, 5]
+
+
+def test_a_policy_that_keeps_failing_makes_the_run_answer_502_naming_the_policy_call(policy_sampling):
+    policy = ScriptedPolicy(*[(500, "Internal Server Error")] * 3)
+
+    with environment_against(policy) as url:
+        response = run(url, example_row("arithmetic", 3, policy_sampling))
+
+    assert response.status_code == 502
+    detail = response.json()["detail"]
+    assert detail.startswith("the policy call failed: POST http://")
+    assert "/v1/chat/completions answered 500: Internal Server Error (gave up after 3 attempts)" in detail
+    assert len(policy.requests) == 3
+
+
+def test_an_unreachable_policy_makes_the_run_answer_502(policy_sampling):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    server = start_environment("arithmetic", closed, policy_model_name="policy")
+    try:
+        response = run(server.url, example_row("arithmetic", 3, policy_sampling))
+    finally:
+        server.stop()
+
+    assert response.status_code == 502
+    assert response.json()["detail"].startswith("the policy call failed: POST ")
+    assert "(gave up after 3 attempts)" in response.json()["detail"]
+
+
+def test_a_prompt_over_the_context_length_ends_the_episode_truncated(policy_sampling):
+    too_long = openai_error(400, "This model's maximum context length is 1024 tokens. However, ...")
+    policy = ScriptedPolicy((400, too_long))
+
+    with environment_against(policy) as url:
+        response = run(url, example_row("arithmetic", 3, policy_sampling))
+
+    assert response.status_code == 200, response.text
+    episode = response.json()["response"]
+    assert episode["status"] == "incomplete"
+    assert episode["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [item["content"][0]["text"] for item in episode["output"]] == [""]
+    assert "generation_token_ids" not in episode["output"][0]
+    assert len(policy.requests) == 1
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_another_policy_4xx_is_refused_with_400_and_not_retried(policy_sampling, status):
+    policy = ScriptedPolicy((status, openai_error(status, "temperature 0.5 differs from the server's 1.0")))
+
+    with environment_against(policy) as url:
+        response = run(url, example_row("arithmetic", 3, policy_sampling))
+
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert detail.startswith("the policy refused the request: POST http://")
+    assert f"answered {status}: " in detail and "temperature 0.5 differs" in detail
+    assert len(policy.requests) == 1

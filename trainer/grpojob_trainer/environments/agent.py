@@ -1,9 +1,9 @@
 """The agent loop behind ``POST /run``: seed the session, run one episode against the policy, verify.
 
 Like NeMo Gym's ``simple_agent``: the agent has no cookie jar; at every hop (run → seed_session →
-each tool call → verify) it sends the cookies of the previous response. The policy is called through
-the ``openai`` client's chat completions; Responses items are converted to chat messages and back
-(`grpojob_trainer.penguin.responses`), so earlier assistant turns go back with their token ids.
+each tool call → verify) it sends the cookies of the previous response. The policy's chat completions
+are called with plain JSON over aiohttp (`PolicyClient`); Responses items are converted to chat messages
+and back (`grpojob_trainer.penguin.responses`), so earlier assistant turns go back with their token ids.
 """
 
 from __future__ import annotations
@@ -15,17 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import openai
 
 from grpojob_trainer.environments.base import Environment
+from grpojob_trainer.environments.policy_client import ContextLengthExceeded, PolicyClient, drop_none
 from grpojob_trainer.penguin.protocol import EpisodeResponse, ResponsesCreateParams, Row, RunResult
 from grpojob_trainer.penguin.responses import chat_to_output_items, chat_tools, input_items, responses_to_chat
-
-CONTEXT_LENGTH_MARKER = "maximum context length"
-
-
-class PolicyRefused(Exception):
-    """The policy answered 4xx for a reason other than context length (e.g. off-policy sampling)."""
 
 
 @dataclass
@@ -75,12 +69,12 @@ class ResourcesClient:
 
 
 class Agent:
-    """Runs episodes of ``environment`` against the policy at ``policy`` (an `openai.AsyncOpenAI`)."""
+    """Runs episodes of ``environment`` against the policy at ``policy``."""
 
     def __init__(
         self,
         environment: Environment,
-        policy: openai.AsyncOpenAI,
+        policy: PolicyClient,
         resources: ResourcesClient,
         *,
         policy_model_name: str | None = None,
@@ -135,14 +129,14 @@ class Agent:
     async def model_name(self) -> str:
         """The policy's model name: configured, else the first model the server lists."""
         if self._model_name is None:
-            models = await self.policy.models.list()
-            self._model_name = models.data[0].id
+            self._model_name = await self.policy.first_model()
         return self._model_name
 
     async def _call_policy(
         self, params: ResponsesCreateParams, messages: list[dict[str, Any]], tools: Any, episode: Episode
     ) -> tuple[dict[str, Any], str] | None:
-        """The model's message and finish reason; None when the prompt no longer fits the context."""
+        """The model's message (None-valued keys dropped) and finish reason; None when the prompt no longer
+        fits the context. Raises `PolicyRefused` for another 4xx, `PolicyCallFailed` when the retries fail."""
         request: dict[str, Any] = {"model": episode.model, "messages": messages}
         optional = {
             "tools": tools,
@@ -152,18 +146,17 @@ class Agent:
         }
         request.update({k: v for k, v in optional.items() if v is not None})
         try:
-            completion = await self.policy.chat.completions.create(**request)
-        except openai.BadRequestError as error:
-            if CONTEXT_LENGTH_MARKER in str(error):
-                return None
-            raise PolicyRefused(f"the policy refused the request: {error}") from error
+            completion = await self.policy.chat_completion(request)
+        except ContextLengthExceeded:
+            return None
         episode.model_calls += 1
-        if completion.usage is not None:
-            episode.usage["input_tokens"] += completion.usage.prompt_tokens
-            episode.usage["output_tokens"] += completion.usage.completion_tokens
-            episode.usage["total_tokens"] += completion.usage.total_tokens
-        choice = completion.choices[0]
-        return choice.message.model_dump(mode="json", exclude_none=True), choice.finish_reason or "stop"
+        usage = completion.get("usage")
+        if usage is not None:
+            episode.usage["input_tokens"] += usage["prompt_tokens"]
+            episode.usage["output_tokens"] += usage["completion_tokens"]
+            episode.usage["total_tokens"] += usage["total_tokens"]
+        choice = completion["choices"][0]
+        return drop_none(choice["message"]), choice.get("finish_reason") or "stop"
 
     async def _call_tool(self, call: dict[str, Any], cookies: Cookies) -> str:
         """POST the decoded arguments to the tool route; the raw body text, whatever the status, is the output."""
