@@ -112,11 +112,11 @@ def replica_urls(env_urls: EnvironmentURLs) -> dict[str, tuple[str, ...]]:
     return urls
 
 
-def env_name_of(row: Row, env_urls: EnvironmentURLs) -> str:
+def env_name_of(row: Row, env_urls: Mapping[str, tuple[str, ...]]) -> str:
     """The environment a row goes to: ``agent_ref.name``, or the only environment when there is one (a
-    NeMo Gym environment's URL is listed under its name and its agent's)."""
+    NeMo Gym environment's URL is listed under its name and its agent's). ``env_urls``: `replica_urls`'."""
     name = row.agent_ref.name if row.agent_ref is not None else None
-    if name is None and len(set(replica_urls(env_urls).values())) == 1:
+    if name is None and len(set(env_urls.values())) == 1:
         return next(iter(env_urls))
     if name not in env_urls:
         raise KeyError(f"row routed to environment {name!r}, but only {sorted(env_urls)} have URLs")
