@@ -22,9 +22,13 @@ from typing import Any
 import kopf
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import metrics, names, state
+from grpojob_operator import config_cache, metrics, names
 from grpojob_operator.kube import ApiError, Kube, new_api_client
 from grpojob_operator.observe import KueueContext, Observed, summarize
+from grpojob_operator.plan import current_status, plan
+from grpojob_operator.plan.actions import Action, Create, Delete, DeleteJob, Patch, Plan, Replace
+from grpojob_operator.plan.conditions import reject
+from grpojob_operator.plan.events import transition_events
 from grpojob_operator.settings import OperatorSettings
 from grpojob_operator.unseen import Unseen
 
@@ -75,7 +79,7 @@ def reconcile(
     now: datetime,
     unseen: Unseen | None = None,
     pool: Executor | None = None,
-) -> state.Plan | None:
+) -> Plan | None:
     """One pass: plan, act in order, write the status if it changed (one patch with every change), post an
     Event if the phase changed. Independent writes go at once through ``pool`` (`write_groups`).
 
@@ -86,11 +90,11 @@ def reconcile(
     namespace, name = meta["namespace"], meta["name"]
     job = unseen.job(body)
     cached = kueue_context(job, cached, kube)
-    old_status = state.current_status(job)
-    plan = state.plan(job, unseen.observed(cached), settings, now)
+    old_status = current_status(job)
+    result = plan(job, unseen.observed(cached), settings, now, config_cache.config_map)
     where = f"{namespace}/{name}"
     try:
-        _carry_out(plan, kube, cached, unseen, namespace, name, where, pool)
+        _carry_out(result, kube, cached, unseen, namespace, name, where, pool)
     except ApiError as error:
         if error.is_transient():
             raise  # the loop retries with backoff
@@ -99,9 +103,9 @@ def reconcile(
             return None
         # The API refused a child as built from this spec (a quota, an admission webhook, a bad path):
         # retrying cannot help, so the job fails with the API's answer.
-        state.reject(plan, f"the API server refused a child of this job: {error}", now)
-        plan.events = state.transition_events(old_status, plan.status)
-    document = status_document(plan.status)
+        reject(result, f"the API server refused a child of this job: {error}", now)
+        result.events = transition_events(old_status, result.status)
+    document = status_document(result.status)
     if document != status_document(old_status) or not job.get("status"):
         try:
             version = kube.write_status(namespace, name, document)
@@ -110,13 +114,13 @@ def reconcile(
                 raise
             return None  # the job is gone; its worker stops at the deletion event
         unseen.wrote_status(meta.get("resourceVersion"), document, version)
-        log.info("%s: status %s", where, _status_change(old_status, plan.status))
-    for event in plan.events:
+        log.info("%s: status %s", where, _status_change(old_status, result.status))
+    for event in result.events:
         try:
             kube.post_event(body, event.type, event.reason, event.message, now)
         except ApiError as error:  # an Event is worth no retry of the pass
             log.warning("%s: event %s not posted: %s", where, event.reason, error)
-    return plan
+    return result
 
 
 def kueue_context(job: dict[str, Any], cached: Observed, kube: Kube) -> Observed:
@@ -155,15 +159,15 @@ def _status_change(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> str:
     return f"phase {phase}" + (f"; {', '.join(changed)}" if changed else "")
 
 
-def write_groups(actions: list[state.Action]) -> list[list[state.Action]]:
+def write_groups(actions: list[Action]) -> list[list[Action]]:
     """The plan's actions in the order given, grouped into writes that may be sent at once: creates go
     together up to and including a ConfigMap or PersistentVolumeClaim write (pods read ConfigMaps and mount
     claims, so whatever the plan puts after one waits for it: the endpoints before the environments and the
     trainer, a hub model's cache claim before its download Job); a delete or a patch goes alone."""
-    groups: list[list[state.Action]] = []
-    current: list[state.Action] = []
+    groups: list[list[Action]] = []
+    current: list[Action] = []
     for action in actions:
-        if isinstance(action, state.Create | state.Replace):
+        if isinstance(action, Create | Replace):
             current.append(action)
             if action.manifest["kind"] in ("ConfigMap", "PersistentVolumeClaim"):
                 groups.append(current)
@@ -179,7 +183,7 @@ def write_groups(actions: list[state.Action]) -> list[list[state.Action]]:
 
 
 def _carry_out(
-    plan: state.Plan,
+    result: Plan,
     kube: Kube,
     cached: Observed,
     unseen: Unseen,
@@ -189,7 +193,7 @@ def _carry_out(
     pool: Executor | None = None,
 ) -> None:
     """The plan's actions in order, each group of independent writes at once when there is a ``pool``."""
-    for group in write_groups(plan.actions):
+    for group in write_groups(result.actions):
         if pool is None or len(group) == 1:
             for action in group:
                 _act(action, kube, cached, unseen, namespace, name, where)
@@ -200,27 +204,25 @@ def _carry_out(
             raise errors[0]
 
 
-def _act(
-    action: state.Action, kube: Kube, cached: Observed, unseen: Unseen, namespace: str, name: str, where: str
-) -> None:
-    if isinstance(action, state.Create):
+def _act(action: Action, kube: Kube, cached: Observed, unseen: Unseen, namespace: str, name: str, where: str) -> None:
+    if isinstance(action, Create):
         kind, child = action.manifest["kind"], action.manifest["metadata"]["name"]
         if kube.create(action.manifest):
             log.info("%s: created %s %s", where, kind, child)
         unseen.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
-    elif isinstance(action, state.Replace):
+    elif isinstance(action, Replace):
         kind, child = action.manifest["kind"], action.manifest["metadata"]["name"]
         kube.replace_data(action.manifest, action.stale_keys)
         log.info("%s: updated %s %s", where, kind, child)
         unseen.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
-    elif isinstance(action, state.Patch):
+    elif isinstance(action, Patch):
         kube.patch(action.kind, namespace, action.name, action.patch, action.subresource)
         log.info("%s: patched %s %s", where, action.kind, action.name)
-    elif isinstance(action, state.Delete):
+    elif isinstance(action, Delete):
         kube.delete(action.kind, namespace, action.name, action.propagation)
         log.info("%s: deleted %s %s", where, action.kind, action.name)
         unseen.deleted_child(action.kind, action.name, cached.get(action.kind, action.name))
-    elif isinstance(action, state.DeleteJob):
+    elif isinstance(action, DeleteJob):
         kube.delete(api.KIND, namespace, name)
         log.info("%s: deleted (ttlSecondsAfterFinished)", where)
 
@@ -301,7 +303,7 @@ async def _run_worker(memo: kopf.Memo, namespace: str, name: str, worker: JobWor
                 woken = await _wait_for_wake(worker, memo.settings.reconcile_interval_seconds)
                 continue  # nothing changed and nothing is due: the pass would change nothing either
             try:
-                plan = await loop.run_in_executor(
+                result = await loop.run_in_executor(
                     memo.executor,
                     reconcile,
                     raw,
@@ -319,9 +321,9 @@ async def _run_worker(memo: kopf.Memo, namespace: str, name: str, worker: JobWor
                 continue
             failures = 0
             settled = None
-            if plan is not None:
-                metrics.observe_pass(raw, plan.status, time.monotonic() - started)
-                if not plan.actions and not plan.events and plan.status == state.current_status(raw):
+            if result is not None:
+                metrics.observe_pass(raw, result.status, time.monotonic() - started)
+                if not result.actions and not result.events and result.status == current_status(raw):
                     settled = inputs
             woken = await _wait_for_wake(worker, memo.settings.reconcile_interval_seconds)
     finally:

@@ -56,8 +56,27 @@ def test_the_tree_keeps_every_contract(tree: Path):
             "The trainer never imports the operator",
         ),
         ("operator/grpojob_operator/handlers.py", "import torch", "The operator imports no trainer, ML or HTTP-server"),
-        ("operator/grpojob_operator/state.py", "from grpojob_operator import kube", "Manifest builders and the state"),
-        ("operator/grpojob_operator/names.py", "import kubernetes", "Manifest builders and the state"),
+        (
+            "operator/grpojob_operator/plan/trainer.py",
+            "from grpojob_operator import kube",
+            "Manifest builders and the plan",
+        ),
+        (
+            "operator/grpojob_operator/plan/model.py",
+            "from grpojob_operator import config_cache",
+            "Manifest builders and the plan",
+        ),
+        ("operator/grpojob_operator/names.py", "import kubernetes", "Manifest builders and the plan"),
+        (
+            "operator/grpojob_operator/plan/actions.py",
+            "from grpojob_operator.plan import trainer",
+            "The plan's stages build",
+        ),
+        (
+            "operator/grpojob_operator/plan/model.py",
+            "from grpojob_operator.plan import trainer",
+            "The plan's stages build",
+        ),
         ("trainer/grpojob_trainer/samples.py", "import ray", "The GRPO math imports no Ray, HTTP or Kubernetes"),
         (
             "trainer/grpojob_trainer/cli.py",

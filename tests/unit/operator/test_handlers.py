@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from grpojob_operator import state
 from grpojob_operator.handlers import (
     WATCHED_CHILDREN,
     index_id,
@@ -11,6 +10,7 @@ from grpojob_operator.handlers import (
     write_groups,
 )
 from grpojob_operator.observe import Observed, OtherInfo
+from grpojob_operator.plan.actions import Create, Delete, Replace
 from grpojob_operator.unseen import Unseen
 
 
@@ -26,8 +26,8 @@ def test_children_of_an_earlier_job_with_the_same_name_are_ignored():
 
 
 def test_independent_writes_are_grouped_and_a_config_map_or_claim_is_written_before_what_follows_it():
-    def create(kind: str, name: str) -> state.Create:
-        return state.Create({"kind": kind, "metadata": {"name": name}})
+    def create(kind: str, name: str) -> Create:
+        return Create({"kind": kind, "metadata": {"name": name}})
 
     first_pass = [
         create("RayCluster", "demo"),
@@ -40,8 +40,8 @@ def test_independent_writes_are_grouped_and_a_config_map_or_claim_is_written_bef
     assert write_groups(first_pass) == [first_pass[:2], first_pass[2:4], first_pass[4:]]
     head_ready = [create("ConfigMap", "demo-endpoints"), create("Deployment", "demo-env-a"), create("Job", "demo-t")]
     assert write_groups(head_ready) == [head_ready[:1], head_ready[1:]]
-    delete = state.Delete("batch/v1", "Job", "demo-trainer", "Foreground")
-    retry = [state.Replace({"kind": "ConfigMap", "metadata": {"name": "demo-endpoints"}, "data": {}}), delete]
+    delete = Delete("batch/v1", "Job", "demo-trainer", "Foreground")
+    retry = [Replace({"kind": "ConfigMap", "metadata": {"name": "demo-endpoints"}, "data": {}}), delete]
     assert write_groups(retry) == [retry[:1], [delete]]
     hub_model = [create("NetworkPolicy", "demo"), create("PersistentVolumeClaim", "demo-model-cache")]
     hub_model.append(create("Job", "demo-model"))

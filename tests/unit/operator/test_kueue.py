@@ -10,8 +10,11 @@ from typing import Any
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.v1alpha1 import Phase
-from grpojob_operator import kueue, manifests, names, state
+from grpojob_operator import kueue, manifests, names
 from grpojob_operator.observe import KueueContext, Observed, summarize
+from grpojob_operator.plan import plan as plan_job
+from grpojob_operator.plan.actions import Create, Delete, Patch
+from grpojob_operator.plan.conditions import condition
 from grpojob_operator.settings import OperatorSettings
 
 from .conftest import job_body
@@ -74,20 +77,20 @@ def test_the_workload_covers_every_pod_of_the_job_with_its_priority():
 
 
 def test_nothing_but_the_workload_is_created_until_kueue_admits_it():
-    plan = state.plan(labelled_body(), observed_with(None, priority=1000), SETTINGS, NOW)
+    plan = plan_job(labelled_body(), observed_with(None, priority=1000), SETTINGS, NOW)
     assert [a.manifest["kind"] for a in plan.actions] == ["Workload"]  # type: ignore[union-attr]
     assert plan.status.phase == Phase.QUEUED
     waiting = workload_body(
         [{"type": "QuotaReserved", "status": "False", "message": "insufficient quota for nvidia.com/gpu"}]
     )
-    plan = state.plan(labelled_body(phase="Queued"), observed_with(waiting), SETTINGS, NOW)
+    plan = plan_job(labelled_body(phase="Queued"), observed_with(waiting), SETTINGS, NOW)
     assert plan.actions == [] and plan.status.phase == Phase.QUEUED
-    admitted = state.condition(plan.status, api.ConditionType.ADMITTED)
+    admitted = condition(plan.status, api.ConditionType.ADMITTED)
     assert admitted is not None and admitted.status == "False" and "insufficient quota" in admitted.message
 
 
 def test_a_missing_priority_class_is_said_and_nothing_is_created():
-    plan = state.plan(
+    plan = plan_job(
         labelled_body(), observed_with(None, problem="WorkloadPriorityClass high does not exist"), SETTINGS, NOW
     )
     assert plan.actions == [] and plan.status.phase == Phase.QUEUED
@@ -98,18 +101,18 @@ def test_an_admitted_job_starts_its_children_on_the_admitted_flavors_without_the
     workload = workload_body(
         [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}], ADMISSION
     )
-    plan = state.plan(
+    plan = plan_job(
         labelled_body(phase="Queued"), observed_with(workload, flavors={"h200": H200, "cpu": {}}), SETTINGS, NOW
     )
-    created = {a.manifest["kind"]: a.manifest for a in plan.actions if isinstance(a, state.Create)}
+    created = {a.manifest["kind"]: a.manifest for a in plan.actions if isinstance(a, Create)}
     cluster = created["RayCluster"]
     groups = {g["groupName"]: g["template"]["spec"] for g in cluster["spec"]["workerGroupSpecs"]}
     for group in ("generation", "policy"):
         assert groups[group]["nodeSelector"]["pool"] == "h200"
         assert H200["tolerations"][0] in groups[group]["tolerations"]
     assert "pool" not in (cluster["spec"]["headGroupSpec"]["template"]["spec"].get("nodeSelector") or {})
-    assert names.QUEUE_NAME_LABEL not in json.dumps([a.manifest for a in plan.actions if isinstance(a, state.Create)])
-    admitted = state.condition(plan.status, api.ConditionType.ADMITTED)
+    assert names.QUEUE_NAME_LABEL not in json.dumps([a.manifest for a in plan.actions if isinstance(a, Create)])
+    admitted = condition(plan.status, api.ConditionType.ADMITTED)
     assert admitted is not None and admitted.status == "True"
 
 
@@ -125,14 +128,14 @@ def test_an_evicted_job_loses_its_children_then_hands_its_workload_back_and_wait
     observed = observed_with(evicted)
     observed.children["RayCluster"] = {"demo": summarize("RayCluster", {"metadata": {"name": "demo"}})}
     observed.children["Pod"] = {"demo-head": summarize("Pod", {"metadata": {"name": "demo-head"}})}
-    plan = state.plan(labelled_body(phase="Running", attempt=1), observed, SETTINGS, NOW)
-    assert [(a.kind, a.name) for a in plan.actions if isinstance(a, state.Delete)] == [("RayCluster", "demo")]
-    assert not [a for a in plan.actions if isinstance(a, state.Patch)], "the Workload waits for the pods to go"
+    plan = plan_job(labelled_body(phase="Running", attempt=1), observed, SETTINGS, NOW)
+    assert [(a.kind, a.name) for a in plan.actions if isinstance(a, Delete)] == [("RayCluster", "demo")]
+    assert not [a for a in plan.actions if isinstance(a, Patch)], "the Workload waits for the pods to go"
     assert plan.status.phase == Phase.QUEUED and plan.status.reason == "Preempted"
     assert [e.reason for e in plan.events] == ["PhaseQueued"]
 
-    (patch,) = state.plan(labelled_body(phase="Queued", attempt=1), observed_with(evicted), SETTINGS, NOW).actions
-    assert isinstance(patch, state.Patch) and patch.subresource == "status"
+    (patch,) = plan_job(labelled_body(phase="Queued", attempt=1), observed_with(evicted), SETTINGS, NOW).actions
+    assert isinstance(patch, Patch) and patch.subresource == "status"
     assert patch.patch["status"]["admission"] is None
     conditions = {c["type"]: (c["status"], c["reason"]) for c in patch.patch["status"]["conditions"]}
     assert conditions["QuotaReserved"] == ("False", "Pending") and conditions["Requeued"] == ("True", "Preempted")
@@ -143,16 +146,14 @@ def test_a_finished_job_marks_its_workload_finished_so_kueue_frees_the_quota():
         [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}], ADMISSION
     )
     body = labelled_body(phase="Succeeded", attempt=1, message="the trainer finished (attempt 1)")
-    (patch,) = [
-        a for a in state.plan(body, observed_with(admitted), SETTINGS, NOW).actions if isinstance(a, state.Patch)
-    ]
+    (patch,) = [a for a in plan_job(body, observed_with(admitted), SETTINGS, NOW).actions if isinstance(a, Patch)]
     finished = next(c for c in patch.patch["status"]["conditions"] if c["type"] == "Finished")
     assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
 
 
 def test_an_unlabelled_job_has_no_workload():
-    plan = state.plan(job_body(), Observed(), SETTINGS, NOW)
-    assert "Workload" not in [a.manifest["kind"] for a in plan.actions if isinstance(a, state.Create)]
+    plan = plan_job(job_body(), Observed(), SETTINGS, NOW)
+    assert "Workload" not in [a.manifest["kind"] for a in plan.actions if isinstance(a, Create)]
     assert plan.status.phase != Phase.QUEUED
     assert manifests.build_raycluster(api.parse_job(job_body()), SETTINGS)["kind"] == "RayCluster"
 
@@ -163,6 +164,6 @@ def test_a_suspended_job_gives_its_workload_up_and_queues_anew_when_resumed():
     )
     body = labelled_body(phase="Running", attempt=1)
     body["spec"]["suspend"] = True
-    plan = state.plan(body, observed_with(admitted), SETTINGS, NOW)
-    assert ("Workload", "demo-workload") in [(a.kind, a.name) for a in plan.actions if isinstance(a, state.Delete)]
+    plan = plan_job(body, observed_with(admitted), SETTINGS, NOW)
+    assert ("Workload", "demo-workload") in [(a.kind, a.name) for a in plan.actions if isinstance(a, Delete)]
     assert plan.status.phase == Phase.SUSPENDED

@@ -11,8 +11,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests, state
+from grpojob_operator import manifests
 from grpojob_operator.observe import ConfigMapInfo, Observed, OtherInfo, PodInfo, TrainerJobInfo
+from grpojob_operator.plan import plan as plan_job
+from grpojob_operator.plan.actions import Create, Delete, Plan
+from grpojob_operator.plan.conditions import condition
 from grpojob_operator.settings import OperatorSettings
 
 from .conftest import JOB_SPEC, job_body
@@ -44,16 +47,16 @@ def download_job(complete: bool = False, failed: bool = False) -> TrainerJobInfo
     return TrainerJobInfo("demo-model", 0, complete, failed, "BackoffLimitExceeded" if failed else "", False)
 
 
-def plan(body: dict, children: dict) -> state.Plan:
-    return state.plan(body, Observed(children), SETTINGS, NOW)
+def plan(body: dict, children: dict) -> Plan:
+    return plan_job(body, Observed(children), SETTINGS, NOW)
 
 
-def created(result: state.Plan) -> list[tuple[str, str]]:
-    return [(a.manifest["kind"], a.manifest["metadata"]["name"]) for a in result.actions if isinstance(a, state.Create)]
+def created(result: Plan) -> list[tuple[str, str]]:
+    return [(a.manifest["kind"], a.manifest["metadata"]["name"]) for a in result.actions if isinstance(a, Create)]
 
 
-def model_ready(result: state.Plan) -> api.Condition:
-    found = state.condition(result.status, api.ConditionType.MODEL_READY)
+def model_ready(result: Plan) -> api.Condition:
+    found = condition(result.status, api.ConditionType.MODEL_READY)
     assert found is not None
     return found
 
@@ -156,7 +159,7 @@ def test_a_finished_download_whose_pod_the_cache_still_shows_running_is_waited_f
     assert plan(hub_body(), children).actions == []
 
     del children["Pod"]  # the pod, and its report, are gone: the download runs again
-    assert [type(a) for a in plan(hub_body(), children).actions] == [state.Delete]
+    assert [type(a) for a in plan(hub_body(), children).actions] == [Delete]
 
 
 def test_every_pod_that_loads_the_model_has_the_hub_off_and_the_cache_read_only():
@@ -214,7 +217,7 @@ def test_a_missing_token_secret_fails_the_job_at_once():
 def test_a_path_model_needs_no_download():
     result = plan(job_body(), {})
     assert ("Job", "demo-model") not in created(result)
-    assert state.condition(result.status, api.ConditionType.MODEL_READY) is None
+    assert condition(result.status, api.ConditionType.MODEL_READY) is None
 
 
 def test_the_exported_model_goes_to_the_output_claim_on_the_policy_workers():

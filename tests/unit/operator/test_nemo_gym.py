@@ -10,8 +10,10 @@ import yaml
 from pydantic import ValidationError
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests, names, nemo_gym, state
+from grpojob_operator import manifests, names, nemo_gym
 from grpojob_operator.observe import ConfigMapInfo, DeploymentInfo, Observed, OtherInfo, PodInfo
+from grpojob_operator.plan import plan as plan_job
+from grpojob_operator.plan.actions import Create, Delete, Patch, Plan, Replace
 from grpojob_operator.settings import OperatorSettings
 
 from .conftest import children_up_to_the_head, job_body
@@ -188,8 +190,8 @@ def with_gym_running(kids: dict, ip: str, head: str = "demo-head") -> dict:
     return kids
 
 
-def plan(kids: dict, status: dict | None = None) -> state.Plan:
-    return state.plan(gym_body() | ({"status": status} if status else {}), Observed(kids), SETTINGS, NOW)
+def plan(kids: dict, status: dict | None = None) -> Plan:
+    return plan_job(gym_body() | ({"status": status} if status else {}), Observed(kids), SETTINGS, NOW)
 
 
 def test_the_nemo_gym_config_is_written_before_its_deployment_after_the_endpoints():
@@ -206,15 +208,15 @@ def test_the_nemo_gym_config_is_written_before_its_deployment_after_the_endpoint
 
 def test_a_settled_job_only_waits_for_its_trainer():
     actions = plan(with_gym_running(children(), "10.0.0.2"), {"attempt": 1}).actions
-    assert actions == [state.Create(manifests.build_trainer_job(JOB, SETTINGS, 1))]
+    assert actions == [Create(manifests.build_trainer_job(JOB, SETTINGS, 1))]
 
 
 def test_a_replaced_head_rolls_the_nemo_gym_pods_and_not_our_own_environments():
     kids = with_gym_running(children(head_ip="10.0.0.9"), "10.0.0.2")
     actions = plan(kids, {"attempt": 1}).actions
-    replaced = [a.manifest["metadata"]["name"] for a in actions if isinstance(a, state.Replace)]
+    replaced = [a.manifest["metadata"]["name"] for a in actions if isinstance(a, Replace)]
     assert replaced == ["demo-endpoints"]  # the config holds the GCS Service address, which stays
-    (patch,) = [a for a in actions if isinstance(a, state.Patch)]
+    (patch,) = [a for a in actions if isinstance(a, Patch)]
     assert patch.kind == "Deployment" and patch.name == "demo-env-tools"
     new_hash = patch.patch["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
     expected = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, endpoints("10.0.0.9"), "demo-head")
@@ -225,13 +227,13 @@ def test_suspending_removes_the_nemo_gym_config_with_its_environment():
     body = gym_body()
     body["spec"]["suspend"] = True
     kids = with_gym_running(children(), "10.0.0.2")
-    actions = state.plan(body, Observed(kids), SETTINGS, NOW).actions
-    deleted = {(a.kind, a.name) for a in actions if isinstance(a, state.Delete)}
+    actions = plan_job(body, Observed(kids), SETTINGS, NOW).actions
+    deleted = {(a.kind, a.name) for a in actions if isinstance(a, Delete)}
     assert {("ConfigMap", "demo-env-tools-nemo-gym"), ("Deployment", "demo-env-tools")} <= deleted
 
 
 def test_a_new_head_pod_on_the_same_ip_rolls_the_nemo_gym_pods_too():
     kids = with_gym_running(children(head_name="demo-head-new"), "10.0.0.2", head="demo-head")
     actions = plan(kids, {"attempt": 1}).actions
-    assert not [a for a in actions if isinstance(a, state.Replace)]  # the endpoints are the same
-    assert [(a.kind, a.name) for a in actions if isinstance(a, state.Patch)] == [("Deployment", "demo-env-tools")]
+    assert not [a for a in actions if isinstance(a, Replace)]  # the endpoints are the same
+    assert [(a.kind, a.name) for a in actions if isinstance(a, Patch)] == [("Deployment", "demo-env-tools")]

@@ -1,0 +1,59 @@
+"""Stage: the environments' Deployments and Services, started once the endpoints are published. A NeMo Gym
+environment's config (`<job>-env-<name>-nemo-gym`) is written from the endpoints before its Deployment,
+and a new head rolls its pods."""
+
+from __future__ import annotations
+
+from grpojob_api import v1alpha1 as api
+from grpojob_api.v1alpha1 import ConditionType
+from grpojob_operator import manifests, names
+from grpojob_operator.observe import DeploymentInfo
+from grpojob_operator.plan.actions import Action, Create, Patch
+from grpojob_operator.plan.conditions import set_condition
+from grpojob_operator.plan.config_maps import config_map_actions
+from grpojob_operator.plan.context import GO_ON, Pass
+
+
+def environments(pass_: Pass) -> bool:
+    """Create each environment's Deployment and Service; EnvironmentsReady says which are not ready yet."""
+    job, plan, status, observed = pass_.job, pass_.plan, pass_.status, pass_.observed
+    not_ready = []
+    for env in job.spec.environments:
+        name = pass_.child.environment(env.name)
+        if env.nemo_gym is not None:
+            plan.actions += _nemo_gym_actions(pass_, env)
+        elif not observed.has("Deployment", name):
+            deployment = manifests.build_environment_deployment(job, env, pass_.settings, status.attempt)
+            plan.actions.append(Create(pass_.place(deployment)))
+        if not observed.has("Service", name):
+            plan.actions.append(Create(manifests.build_environment_service(job, env)))
+        current: DeploymentInfo | None = observed.get("Deployment", name)
+        if current is None or current.ready_replicas < env.replicas:
+            ready = current.ready_replicas if current else 0
+            not_ready.append(f"{env.name} {ready}/{env.replicas}")
+    if not_ready:
+        message = "ready: " + ", ".join(not_ready)
+        set_condition(status, ConditionType.ENVIRONMENTS_READY, False, "EnvironmentsStarting", message, pass_.now)
+    else:
+        message = f"{len(job.spec.environments)} ready"
+        set_condition(status, ConditionType.ENVIRONMENTS_READY, True, "EnvironmentsReady", message, pass_.now)
+    return GO_ON
+
+
+def _nemo_gym_actions(pass_: Pass, env: api.EnvironmentSpec) -> list[Action]:
+    """A NeMo Gym environment's config and Deployment, following the endpoints: when the config or the Ray
+    head changed, the config is rewritten first, then the pod template's hash, which rolls the pods."""
+    job, observed, head = pass_.job, pass_.observed, pass_.head
+    actions = config_map_actions(manifests.build_nemo_gym_config_map(job, env, pass_.endpoints), observed)
+    deployment = manifests.build_nemo_gym_deployment(
+        job, env, pass_.settings, pass_.endpoints, head.name if head else ""
+    )
+    current: DeploymentInfo | None = observed.get("Deployment", deployment["metadata"]["name"])
+    wanted = deployment["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
+    if current is None:
+        actions.append(Create(pass_.place(deployment)))
+    elif current.nemo_gym_config_hash != wanted:
+        annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: wanted}
+        patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
+        actions.append(Patch("apps/v1", "Deployment", current.name, patch))
+    return actions

@@ -1,0 +1,40 @@
+"""Which Events a change of the status posts."""
+
+from __future__ import annotations
+
+from grpojob_api import v1alpha1 as api
+from grpojob_api.v1alpha1 import ConditionType, Phase
+from grpojob_operator.plan.actions import Event
+from grpojob_operator.plan.conditions import condition
+
+
+def transition_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
+    """An Event when a run ends, breaks or is paused: the job succeeded or failed (``Phase<phase>``), the
+    trainer failed and is retried (a Warning ``TrainerFailed``), the job was suspended or resumed.
+
+    Each Event is an API write, and the way to Running (Initializing, the head ready, the endpoints, the
+    trainer) is in the status already, one condition each with its lastTransitionTime; so that way posts
+    none, and a job reaches Running within its write budget (tests/integration/operator/test_writes.py)."""
+    if old.phase == new.phase:
+        return []
+    events = stall_events(old, new)
+    if new.attempt > old.attempt > 0:
+        trainer = condition(new, ConditionType.TRAINER_RUNNING)
+        message = trainer.message if trainer else f"retrying (attempt {new.attempt})"
+        return [*events, Event("Warning", "TrainerFailed", message)]
+    message = f"phase {old.phase.value} → {new.phase.value}" + (f": {new.message}" if new.message else "")
+    if new.phase == Phase.FAILED:
+        return [*events, Event("Warning", "PhaseFailed", message)]
+    if new.phase in (Phase.SUCCEEDED, Phase.SUSPENDED) or (new.phase == Phase.QUEUED and old.phase != Phase.PENDING):
+        return [Event("Normal", f"Phase{new.phase.value}", message)]
+    if old.phase in (Phase.SUSPENDED, Phase.QUEUED):
+        return [Event("Normal", "Resumed", f"phase {old.phase.value} → {new.phase.value}")]
+    return events
+
+
+def stall_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
+    """A Warning when the attempt has just been found stalled (condition Stalled turned True)."""
+    stalled, before = condition(new, ConditionType.STALLED), condition(old, ConditionType.STALLED)
+    if stalled is None or stalled.status != "True" or (before is not None and before.status == "True"):
+        return []
+    return [Event("Warning", "NoProgress", stalled.message)]

@@ -1,0 +1,50 @@
+"""Stages: the Ray cluster and the children that need no address (`<job>-config`, `<job>-generation`, the
+trainer's progress ConfigMap and RBAC), then the wait for its head: the RayCluster's HeadPodReady condition
+and a head pod with an IP."""
+
+from __future__ import annotations
+
+from grpojob_api.v1alpha1 import ConditionType, Phase
+from grpojob_operator import manifests
+from grpojob_operator.observe import RayClusterInfo
+from grpojob_operator.plan.actions import Create
+from grpojob_operator.plan.conditions import condition, set_condition
+from grpojob_operator.plan.config_maps import config_map_actions
+from grpojob_operator.plan.context import GO_ON, STOP, Pass
+
+
+def ray_cluster(pass_: Pass) -> bool:
+    """Create the RayCluster and the children that need no address; the config follows the spec (which may
+    have changed while the job was suspended)."""
+    job, plan, observed = pass_.job, pass_.plan, pass_.observed
+    if not observed.has("RayCluster", pass_.child.raycluster):
+        plan.actions.append(Create(pass_.place(manifests.build_raycluster(job, pass_.settings))))
+    plan.actions += config_map_actions(pass_.config_map(job), observed)
+    rest = [manifests.build_generation_service(job), manifests.build_progress(job), *manifests.build_trainer_rbac(job)]
+    plan.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
+    return GO_ON
+
+
+def ray_head(pass_: Pass) -> bool:
+    """Go on (with ``pass_.head`` set) once the head is ready; a RayCluster being deleted (after a suspend)
+    does not count."""
+    status, observed, now = pass_.status, pass_.observed, pass_.now
+    cluster: RayClusterInfo | None = observed.get("RayCluster", pass_.child.raycluster)
+    head = observed.head_pod()
+    if cluster is None or cluster.deleting or not cluster.head_pod_ready or head is None:
+        # One reason from the RayCluster's creation to its ready head, so that its progress through KubeRay's
+        # states costs no status write; only what the user must see (a pod that cannot be placed) does.
+        message = "waiting for the Ray head pod"
+        unplaced = [p for p in observed.pods() if p.unschedulable and not p.deleting]
+        if unplaced:
+            # Not a failure (capacity may come: an autoscaler, a queue), but the user should see why.
+            message += f"; pod {unplaced[0].name} cannot be scheduled: {unplaced[0].unschedulable}"
+        set_condition(status, ConditionType.RAY_CLUSTER_READY, False, "WaitingForRayHead", message, now)
+        trainer_running = condition(status, ConditionType.TRAINER_RUNNING)
+        if not (trainer_running and trainer_running.status == "True"):
+            status.phase = Phase.INITIALIZING
+        return STOP
+    # The workers' count is not in the message: each worker's start would be a status write.
+    set_condition(status, ConditionType.RAY_CLUSTER_READY, True, "HeadPodReady", f"head pod {head.name}", now)
+    pass_.head = head
+    return GO_ON
