@@ -15,13 +15,13 @@ def transition_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Ev
     Each Event is an API write, and the way to Running (Initializing, the head ready, the endpoints, the
     trainer) is in the status already, one condition each with its lastTransitionTime; so that way posts
     none, and a job reaches Running within its write budget (tests/integration/operator/test_writes.py)."""
-    if old.phase == new.phase:
-        return []
     events = stall_events(old, new)
-    if new.attempt > old.attempt > 0:
+    if new.attempt > old.attempt > 0:  # an attempt failed, whatever the phase (a retry may stay Initializing)
         trainer = condition(new, ConditionType.TRAINER_RUNNING)
         message = trainer.message if trainer else f"retrying (attempt {new.attempt})"
         return [*events, Event("Warning", "TrainerFailed", message)]
+    if old.phase == new.phase:
+        return events
     message = f"phase {old.phase.value} → {new.phase.value}" + (f": {new.message}" if new.message else "")
     if new.phase == Phase.FAILED:
         return [*events, Event("Warning", "PhaseFailed", message)]
