@@ -72,8 +72,6 @@ class DeploymentInfo:
 class RayClusterInfo:
     name: str
     head_pod_ready: bool
-    ready_workers: int
-    desired_workers: int
     deleting: bool
 
 
@@ -177,15 +175,9 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
             nemo_gym_config_hash=template_annotations.get(names.NEMO_GYM_CONFIG_HASH_ANNOTATION, ""),
         )
     if kind == "RayCluster":
+        # The workers are left out: the plan does not read them, and each worker start would wake a pass.
         head = _condition(status.get("conditions"), "HeadPodReady")
-        desired = sum(int(g.get("replicas", 0)) for g in (body.get("spec") or {}).get("workerGroupSpecs", []))
-        return RayClusterInfo(
-            name=name,
-            head_pod_ready=bool(head and head.get("status") == "True"),
-            ready_workers=int(status.get("readyWorkerReplicas") or 0),
-            desired_workers=desired,
-            deleting=deleting,
-        )
+        return RayClusterInfo(name=name, head_pod_ready=bool(head and head.get("status") == "True"), deleting=deleting)
     if kind == "Workload":
         return _workload(name, status, deleting)
     if kind == "ConfigMap":

@@ -25,7 +25,6 @@ class Replace:
 class Patch:
     """Merge-patch a child (``patch`` holds only the fields to change)."""
 
-    api_version: str
     kind: str
     name: str
     patch: dict[str, Any]
@@ -34,7 +33,8 @@ class Patch:
 
 @dataclass(frozen=True)
 class Delete:
-    api_version: str
+    """Delete a child (``Foreground``: its dependents, a Job's pods, go first)."""
+
     kind: str
     name: str
     propagation: Literal["Background", "Foreground"] = "Background"

@@ -60,7 +60,7 @@ def _admitted(pass_: Pass, queue: str) -> dict[str, kueue.Placement] | None:
         if workload.has_admission and not observed.pods():
             conditions = json.loads(workload.conditions)
             requeue = kueue.requeued_status(conditions, reason, message, kueue_time(now))
-            plan.actions.append(Patch(kueue.API_VERSION, "Workload", child.workload, requeue, "status"))
+            plan.actions.append(Patch("Workload", child.workload, requeue, "status"))
         queued(reason or "Evicted", f"evicted by Kueue: {message}")
         return None
     waiting = workload.waiting or f"waiting for Kueue to admit workload {child.workload} (LocalQueue {queue})"

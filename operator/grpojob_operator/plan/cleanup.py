@@ -21,7 +21,7 @@ def present(deletions: list[Delete], observed: Observed) -> list[Action]:
 
 
 def tensorboard_deletions(child: names.ChildNames) -> list[Delete]:
-    return [Delete("apps/v1", "Deployment", child.tensorboard), Delete("v1", "Service", child.tensorboard)]
+    return [Delete("Deployment", child.tensorboard), Delete("Service", child.tensorboard)]
 
 
 def child_deletions(job: api.GRPOJob, observed: Observed, *, trainer: bool) -> list[Action]:
@@ -29,15 +29,15 @@ def child_deletions(job: api.GRPOJob, observed: Observed, *, trainer: bool) -> l
     TensorBoard): what holds resources and addresses; the config, the RBAC and the claims stay."""
     child = names.ChildNames(job.metadata.name)
     candidates: list[Delete] = [
-        Delete("ray.io/v1", "RayCluster", child.raycluster),
-        Delete("v1", "ConfigMap", child.endpoints),
+        Delete("RayCluster", child.raycluster),
+        Delete("ConfigMap", child.endpoints),
     ]
     for env in job.spec.environments:
-        candidates.append(Delete("apps/v1", "Deployment", child.environment(env.name)))
-        candidates.append(Delete("v1", "Service", child.environment(env.name)))
+        candidates.append(Delete("Deployment", child.environment(env.name)))
+        candidates.append(Delete("Service", child.environment(env.name)))
         if env.nemo_gym is not None:
-            candidates.append(Delete("v1", "ConfigMap", child.nemo_gym_config(env.name)))
+            candidates.append(Delete("ConfigMap", child.nemo_gym_config(env.name)))
     if trainer:
-        candidates.append(Delete("batch/v1", "Job", child.trainer, "Foreground"))
+        candidates.append(Delete("Job", child.trainer, "Foreground"))
         candidates += tensorboard_deletions(child)
     return present(candidates, observed)

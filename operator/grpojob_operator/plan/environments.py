@@ -55,5 +55,5 @@ def _nemo_gym_actions(pass_: Pass, env: api.EnvironmentSpec) -> list[Action]:
     elif current.nemo_gym_config_hash != wanted:
         annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: wanted}
         patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
-        actions.append(Patch("apps/v1", "Deployment", current.name, patch))
+        actions.append(Patch("Deployment", current.name, patch))
     return actions

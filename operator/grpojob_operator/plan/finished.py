@@ -27,7 +27,7 @@ def finished(pass_: Pass) -> bool:
         done = kueue.finished_status(
             json.loads(workload.conditions), status.phase == Phase.SUCCEEDED, status.message or "", kueue_time(now)
         )
-        plan.actions.append(Patch(kueue.API_VERSION, "Workload", workload.name, done, "status"))
+        plan.actions.append(Patch("Workload", workload.name, done, "status"))
     policy = job.spec.cleanup_policy
     if policy != api.CleanupPolicy.KEEP_ALL:
         plan.actions += child_deletions(job, pass_.observed, trainer=policy == api.CleanupPolicy.DELETE_ALL)

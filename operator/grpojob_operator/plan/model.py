@@ -58,7 +58,7 @@ def model(pass_: Pass) -> bool:
         return downloading()
     if not commit:  # its pod (and report) is gone: download again (from the cache, so at once)
         if not download.deleting:
-            plan.actions.append(Delete("batch/v1", "Job", child.model_download, "Foreground"))
+            plan.actions.append(Delete("Job", child.model_download, "Foreground"))
         return STOP
     status.model_commit = commit
     message = f"{spec.id} at commit {commit} (revision {spec.revision or 'main'}) in {claim}"

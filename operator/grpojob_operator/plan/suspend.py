@@ -4,7 +4,6 @@ Suspended; turning it off resumes the job, its deadlines counted afresh."""
 from __future__ import annotations
 
 from grpojob_api.v1alpha1 import ConditionType, Phase
-from grpojob_operator import kueue
 from grpojob_operator.plan.actions import Delete
 from grpojob_operator.plan.cleanup import child_deletions, deleting
 from grpojob_operator.plan.conditions import condition, set_condition
@@ -20,7 +19,7 @@ def suspended(pass_: Pass) -> bool:
     workload = pass_.child.workload
     if pass_.observed.has("Workload", workload) and not deleting(pass_.observed.get("Workload", workload)):
         # A suspended job holds no quota: its Workload goes, and a new one queues when it resumes.
-        plan.actions.append(Delete(kueue.API_VERSION, "Workload", workload))
+        plan.actions.append(Delete("Workload", workload))
     status.phase = Phase.SUSPENDED
     status.reason, status.message = "Suspended", "spec.suspend is true"
     status.start_time = None  # like a Kubernetes Job, activeDeadlineSeconds restarts on resume

@@ -52,7 +52,7 @@ def trainer(pass_: Pass) -> bool:
 
     if job is not None and (job.attempt < status.attempt or job.deleting):
         if not job.deleting:
-            plan.actions.append(Delete("batch/v1", "Job", child.trainer, "Foreground"))
+            plan.actions.append(Delete("Job", child.trainer, "Foreground"))
         return waiting("RestartingTrainer", f"removing attempt {job.attempt} before attempt {status.attempt}")
     if job is None:
         leftovers = [p.name for p in pods if p.attempt is not None and p.attempt < status.attempt]

@@ -49,7 +49,7 @@ def children_up_to_the_head(job: api.GRPOJob, head: PodInfo, head_ready: bool = 
     trainer's RBAC, and the head pod ``head``."""
     return {
         "NetworkPolicy": {"demo-network": OtherInfo("demo-network", False)},
-        "RayCluster": {"demo": RayClusterInfo("demo", head_ready, 3, 3, False)},
+        "RayCluster": {"demo": RayClusterInfo("demo", head_ready, False)},
         "ConfigMap": {
             "demo-config": ConfigMapInfo("demo-config", tuple(manifests.build_config_map(job)["data"].items())),
             "demo-progress": ConfigMapInfo("demo-progress", ()),

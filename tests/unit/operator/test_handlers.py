@@ -40,7 +40,7 @@ def test_independent_writes_are_grouped_and_a_config_map_or_claim_is_written_bef
     assert write_groups(first_pass) == [first_pass[:2], first_pass[2:4], first_pass[4:]]
     head_ready = [create("ConfigMap", "demo-endpoints"), create("Deployment", "demo-env-a"), create("Job", "demo-t")]
     assert write_groups(head_ready) == [head_ready[:1], head_ready[1:]]
-    delete = Delete("batch/v1", "Job", "demo-trainer", "Foreground")
+    delete = Delete("Job", "demo-trainer", "Foreground")
     retry = [Replace({"kind": "ConfigMap", "metadata": {"name": "demo-endpoints"}, "data": {}}), delete]
     assert write_groups(retry) == [retry[:1], [delete]]
     hub_model = [create("NetworkPolicy", "demo"), create("PersistentVolumeClaim", "demo-model-cache")]

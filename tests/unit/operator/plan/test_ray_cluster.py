@@ -39,7 +39,7 @@ def test_head_pod_ready_condition_alone_is_not_enough_without_a_head_pod_ip():
 
 def test_a_raycluster_being_deleted_is_not_a_ready_head():
     children = base_children()
-    children["RayCluster"]["demo"] = RayClusterInfo("demo", True, 3, 3, deleting=True)
+    children["RayCluster"]["demo"] = RayClusterInfo("demo", True, deleting=True)
     plan = run(job_body(), children)
     assert not any(name == "demo-endpoints" for _, _, name in kinds_and_names(plan))
     assert plan.status.phase == "Initializing"
