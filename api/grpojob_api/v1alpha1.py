@@ -1049,6 +1049,8 @@ class ConditionType(StrEnum):
     STALLED = "Stalled"
     ADMITTED = "Admitted"
     """Kueue admitted the job's Workload (only for a job labelled `kueue.x-k8s.io/queue-name`)."""
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    """A child would exceed a ResourceQuota of the namespace: the job waits (with backoff) until it fits."""
 
 
 class Condition(ApiModel):

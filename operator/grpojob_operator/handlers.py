@@ -27,7 +27,7 @@ from grpojob_operator.kube import ApiError, Kube, new_api_client
 from grpojob_operator.observe import KueueContext, Observed, summarize
 from grpojob_operator.plan import current_status, plan
 from grpojob_operator.plan.actions import Action, Create, Delete, DeleteJob, Patch, Plan, Replace
-from grpojob_operator.plan.conditions import reject
+from grpojob_operator.plan.conditions import quota_available, quota_exceeded, reject
 from grpojob_operator.plan.events import transition_events
 from grpojob_operator.settings import OperatorSettings
 from grpojob_operator.unseen import Unseen
@@ -84,7 +84,10 @@ def reconcile(
     Event if the phase changed. Independent writes go at once through ``pool`` (`write_groups`).
 
     None when a write found the caches stale (HTTP 404 or 409: a child deleted or replaced meanwhile):
-    nothing more is written, and the next pass decides again on fresher caches."""
+    nothing more is written, and the next pass decides again on fresher caches.
+
+    Raises `WaitingForQuota` after writing the status when a child would exceed a ResourceQuota: the job
+    keeps its phase (condition QuotaExceeded) and its loop retries with backoff, as KubeRay requeues."""
     unseen = unseen if unseen is not None else Unseen()
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -93,6 +96,7 @@ def reconcile(
     old_status = current_status(job)
     result = plan(job, unseen.observed(cached), settings, now, config_cache.config_map)
     where = f"{namespace}/{name}"
+    over_quota: ApiError | None = None
     try:
         _carry_out(result, kube, cached, unseen, namespace, name, where, pool)
     except ApiError as error:
@@ -101,10 +105,16 @@ def reconcile(
         if error.is_stale_cache():
             log.info("%s: the caches were behind (%s); the next pass decides again", where, error)
             return None
-        # The API refused a child as built from this spec (a quota, an admission webhook, a bad path):
-        # retrying cannot help, so the job fails with the API's answer.
-        reject(result, f"the API server refused a child of this job: {error}", now)
+        if error.is_quota_exceeded():  # a quota frees up (jobs end, it is raised): wait, keeping the phase
+            over_quota = error
+            quota_exceeded(result.status, f"a child of this job exceeds a ResourceQuota: {error}", now)
+        else:
+            # The API refused a child as built from this spec (an admission webhook, a bad path): retrying
+            # cannot help, so the job fails with the API's answer.
+            reject(result, f"the API server refused a child of this job: {error}", now)
         result.events = transition_events(old_status, result.status)
+    else:
+        quota_available(result.status, now)
     document = status_document(result.status)
     if document != status_document(old_status) or not job.get("status"):
         try:
@@ -120,7 +130,13 @@ def reconcile(
             kube.post_event(body, event.type, event.reason, event.message, now)
         except ApiError as error:  # an Event is worth no retry of the pass
             log.warning("%s: event %s not posted: %s", where, event.reason, error)
+    if over_quota is not None:
+        raise WaitingForQuota(str(over_quota)) from over_quota
     return result
+
+
+class WaitingForQuota(Exception):
+    """A pass stopped at a child that would exceed a ResourceQuota; the job's loop backs off before the next."""
 
 
 def kueue_context(job: dict[str, Any], cached: Observed, kube: Kube) -> Observed:
@@ -314,6 +330,11 @@ async def _run_worker(memo: kopf.Memo, namespace: str, name: str, worker: JobWor
                     worker.unseen,
                     memo.write_pool,
                 )
+            except WaitingForQuota as waiting:
+                failures += 1
+                log.info("%s/%s: waiting for quota (%d in a row): %s", namespace, name, failures, waiting)
+                await asyncio.sleep(min(60.0, 2.0**failures))
+                continue
             except Exception:  # an API error: log it, back off, and try again (never crash the operator)
                 failures += 1
                 log.exception("%s/%s: reconcile failed (%d in a row)", namespace, name, failures)

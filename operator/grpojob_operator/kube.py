@@ -85,6 +85,10 @@ class ApiError(Exception):
         The next pass, on fresher caches, decides again."""
         return self.status in (404, 409)
 
+    def is_quota_exceeded(self) -> bool:
+        """A ResourceQuota of the namespace has no room for the object (403 "exceeded quota"): room may come."""
+        return self.status == 403 and "exceeded quota" in str(self)
+
     def is_transient(self) -> bool:
         """Worth retrying as it is: the server's own trouble, a timeout, or throttling."""
         return not 400 <= self.status < 500 or self.status in (408, 429)

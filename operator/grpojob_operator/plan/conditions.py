@@ -1,4 +1,5 @@
-"""The job's status conditions, and the verdicts that end a job: failed, or a child the API server refused."""
+"""The job's status conditions, the verdicts that end a job (failed, a child the API server refused), and the
+wait for a ResourceQuota."""
 
 from __future__ import annotations
 
@@ -50,3 +51,15 @@ def fail(plan: Plan, reason: str, message: str, now: datetime) -> Plan:
 def reject(plan: Plan, message: str, now: datetime) -> Plan:
     """The API server refused to create or change a child: the job fails with its answer."""
     return fail(plan, "ChildRejected", message, now)
+
+
+def quota_exceeded(status: api.GRPOJobStatus, message: str, now: datetime) -> None:
+    """A child would exceed a ResourceQuota: the job keeps its phase and says why it waits."""
+    set_condition(status, ConditionType.QUOTA_EXCEEDED, True, "QuotaExceeded", message, now)
+
+
+def quota_available(status: api.GRPOJobStatus, now: datetime) -> None:
+    """Every child of the pass fitted: a QuotaExceeded condition that was True turns False."""
+    waited = condition(status, ConditionType.QUOTA_EXCEEDED)
+    if waited is not None and waited.status == "True":
+        set_condition(status, ConditionType.QUOTA_EXCEEDED, False, "QuotaAvailable", "the children fit the quota", now)

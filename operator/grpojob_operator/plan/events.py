@@ -14,7 +14,12 @@ def transition_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Ev
 
     Each Event is an API write, and the way to Running (Initializing, the head ready, the endpoints, the
     trainer) is in the status already, one condition each with its lastTransitionTime; so that way posts
-    none, and a job reaches Running within its write budget (tests/integration/operator/test_writes.py)."""
+    none, and a job reaches Running within its write budget (tests/integration/operator/test_writes.py).
+    A Warning ``QuotaExceeded`` when a ResourceQuota starts holding the job back."""
+    return [*_run_events(old, new), *quota_events(old, new)]
+
+
+def _run_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
     events = stall_events(old, new)
     if new.attempt > old.attempt > 0:  # an attempt failed, whatever the phase (a retry may stay Initializing)
         trainer = condition(new, ConditionType.TRAINER_RUNNING)
@@ -38,3 +43,11 @@ def stall_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
     if stalled is None or stalled.status != "True" or (before is not None and before.status == "True"):
         return []
     return [Event("Warning", "NoProgress", stalled.message)]
+
+
+def quota_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
+    """A Warning when a ResourceQuota has just started holding the job back (QuotaExceeded turned True)."""
+    waiting, before = condition(new, ConditionType.QUOTA_EXCEEDED), condition(old, ConditionType.QUOTA_EXCEEDED)
+    if waiting is None or waiting.status != "True" or (before is not None and before.status == "True"):
+        return []
+    return [Event("Warning", "QuotaExceeded", waiting.message)]

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+import pytest
+
 from grpojob_operator.handlers import (
     WATCHED_CHILDREN,
+    WaitingForQuota,
     index_id,
     observed_from_indexes,
+    reconcile,
     waits_on_the_clock,
     write_groups,
 )
+from grpojob_operator.kube import ApiError
 from grpojob_operator.observe import Observed, OtherInfo
 from grpojob_operator.plan.actions import Create, Delete, Replace
+from grpojob_operator.settings import OperatorSettings
 from grpojob_operator.unseen import Unseen
+
+from .conftest import job_body
 
 
 def test_children_of_an_earlier_job_with_the_same_name_are_ignored():
@@ -61,3 +71,65 @@ def test_only_a_job_with_something_due_is_reconciled_again_when_nothing_changed(
     unseen = Unseen()
     unseen.wrote_child("Service", "demo-env-a", None, OtherInfo("demo-env-a", False))
     assert waits_on_the_clock(running, Observed({}), unseen), "an unseen write expires"
+
+
+class RefusingKube:
+    """A stand-in for `Kube` whose creates the API server refuses with ``refusal`` (an ApiError), until it is None."""
+
+    def __init__(self, refusal: ApiError | None) -> None:
+        self.refusal = refusal
+        self.created: list[str] = []
+        self.statuses: list[dict] = []
+        self.events: list[tuple[str, str, str]] = []
+
+    def create(self, manifest: dict) -> bool:
+        if self.refusal is not None:
+            raise self.refusal
+        self.created.append(manifest["metadata"]["name"])
+        return True
+
+    def write_status(self, namespace: str, name: str, status: dict) -> str:
+        self.statuses.append(status)
+        return str(len(self.statuses))
+
+    def post_event(self, body: dict, type_: str, reason: str, message: str, now: datetime) -> None:
+        self.events.append((type_, reason, message))
+
+
+NOW = datetime(2026, 11, 30, 10, 0, 10, tzinfo=UTC)
+QUOTA = ApiError(
+    403,
+    'POST /api/v1/namespaces/team-a/configmaps: {"kind":"Status","message":"configmaps \\"demo-config\\" is forbidden:'
+    " exceeded quota: team-quota, requested: count/configmaps=1, used: count/configmaps=10, limited:"
+    ' count/configmaps=10","reason":"Forbidden","code":403}',
+)
+
+
+def reconcile_once(kube: RefusingKube, status: dict | None = None) -> None:
+    reconcile(job_body(status=status), Observed({}), OperatorSettings(), kube, NOW)  # type: ignore[arg-type]
+
+
+def test_a_child_over_a_resource_quota_waits_with_backoff_saying_why_and_goes_on_once_the_quota_frees():
+    kube = RefusingKube(QUOTA)
+    with pytest.raises(WaitingForQuota):  # the job's loop backs off before the next pass
+        reconcile_once(kube)
+    status = kube.statuses[-1]
+    assert status["phase"] == "Initializing", "not Failed: a quota frees up"
+    quota = next(c for c in status["conditions"] if c["type"] == "QuotaExceeded")
+    assert quota["status"] == "True" and quota["reason"] == "QuotaExceeded" and "team-quota" in quota["message"]
+    assert [(t, r) for t, r, _ in kube.events] == [("Warning", "QuotaExceeded")]
+    with pytest.raises(WaitingForQuota):
+        reconcile_once(kube, status)
+    assert len(kube.events) == 1, "one Warning while the quota stays exceeded"
+    kube.refusal = None
+    reconcile_once(kube, kube.statuses[-1])
+    assert "demo-config" in kube.created
+    quota = next(c for c in kube.statuses[-1]["conditions"] if c["type"] == "QuotaExceeded")
+    assert quota["status"] == "False" and kube.statuses[-1]["phase"] == "Initializing"
+
+
+def test_a_child_an_admission_webhook_refuses_still_fails_the_job():
+    kube = RefusingKube(ApiError(403, 'admission webhook "policy.example.com" denied the request: no hostPath'))
+    reconcile_once(kube)
+    assert kube.statuses[-1]["phase"] == "Failed" and kube.statuses[-1]["reason"] == "ChildRejected"
+    assert ("Warning", "PhaseFailed") in [(t, r) for t, r, _ in kube.events]
