@@ -89,3 +89,28 @@ def test_a_job_bigger_than_the_fleet_waits_and_says_why(operator, jobs):
 
     eventually(explained, "the scheduler's reason in RayClusterReady", 60)
     assert jobs.status("huge")["phase"] == "Initializing", "capacity may still come: the job waits"
+
+
+def test_a_child_over_a_resource_quota_waits_saying_why_and_goes_on_once_the_quota_is_raised(operator, jobs):
+    # No Service fits: the job's generation Service is refused with 403 "exceeded quota".
+    quota = {"metadata": {"name": "services"}, "spec": {"hard": {"count/services": "0"}}}
+    jobs.core.create_namespaced_resource_quota(jobs.namespace, quota)
+    # Until the quota controller has counted, the API server refuses for another reason ("status unknown").
+    eventually(
+        lambda: jobs.core.read_namespaced_resource_quota("services", jobs.namespace).status.hard or {},
+        "the quota to be counted",
+        30,
+    )
+    jobs.create(job_manifest("quota"))
+
+    def waiting() -> bool:
+        found = jobs.condition("quota", "QuotaExceeded") or {}
+        return found.get("status") == "True" and "exceeded quota" in found.get("message", "")
+
+    eventually(waiting, "condition QuotaExceeded", 60)
+    assert jobs.status("quota")["phase"] == "Initializing", "a quota frees up: the job does not fail"
+    assert [reason for reason, _ in jobs.events("quota")].count("QuotaExceeded") == 1
+
+    jobs.core.patch_namespaced_resource_quota("services", jobs.namespace, {"spec": {"hard": {"count/services": "50"}}})
+    jobs.wait_phase("quota", "Running", timeout=120)  # the next retry (at most a minute of backoff) fits
+    assert jobs.condition("quota", "QuotaExceeded")["status"] == "False"
