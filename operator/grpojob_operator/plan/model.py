@@ -36,7 +36,7 @@ def model(pass_: Pass) -> bool:
     download: TrainerJobInfo | None = observed.get("Job", child.model_download)
     status.phase = Phase.INITIALIZING
     if download is None:
-        plan.actions.append(Create(manifests.build_model_download_job(job, pass_.settings)))
+        plan.actions.append(Create(pass_.place(manifests.build_model_download_job(job, pass_.settings))))
         return downloading()
     pods = [p for p in observed.pods() if p.component == "model-download" and not p.deleting]
     report = download_report(pods)

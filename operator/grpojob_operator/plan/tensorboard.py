@@ -15,6 +15,8 @@ def tensorboard(pass_: Pass) -> bool:
     if not job.spec.logging.tensorboard:
         pass_.plan.actions += present(tensorboard_deletions(pass_.child), observed)
         return GO_ON
-    wanted = [manifests.build_tensorboard_deployment(job, pass_.settings), manifests.build_tensorboard_service(job)]
+    # Kueue admits TensorBoard's pod too (pod set `tensorboard`): it goes where its flavor says.
+    deployment = pass_.place(manifests.build_tensorboard_deployment(job, pass_.settings))
+    wanted = [deployment, manifests.build_tensorboard_service(job)]
     pass_.plan.actions += [Create(m) for m in wanted if not observed.has(m["kind"], m["metadata"]["name"])]
     return GO_ON

@@ -35,3 +35,11 @@ def test_a_hub_model_starts_its_download_and_stops_the_pass():
 def test_a_hub_model_whose_commit_is_known_goes_on():
     pass_ = one_pass(hub_body(modelCommit="abc123"), {})
     assert model(pass_) is GO_ON and pass_.plan.actions == []
+
+
+def test_the_download_job_goes_where_kueue_placed_the_job():
+    pass_ = one_pass(hub_body(), {})
+    pass_.place = lambda manifest: {**manifest, "placed": True}
+    model(pass_)
+    (download,) = [a.manifest for a in pass_.plan.actions if a.manifest["kind"] == "Job"]
+    assert download.get("placed"), "Kueue counts the download's pod (pod set model-download): it is placed"

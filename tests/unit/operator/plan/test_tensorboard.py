@@ -52,3 +52,11 @@ def test_turning_tensorboard_off_removes_it():
 def test_the_stage_does_nothing_for_a_job_without_tensorboard():
     pass_ = one_pass(job_body(), base_children())
     assert tensorboard(pass_) is GO_ON and pass_.plan.actions == []
+
+
+def test_the_tensorboard_deployment_goes_where_kueue_placed_the_job():
+    pass_ = one_pass(watched_body(), base_children())
+    pass_.place = lambda manifest: {**manifest, "placed": True}
+    tensorboard(pass_)
+    placed = {a.manifest["kind"]: bool(a.manifest.get("placed")) for a in pass_.plan.actions}
+    assert placed == {"Deployment": True, "Service": False}
