@@ -15,7 +15,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests, names
+from grpojob_operator import names
+from grpojob_operator.children.environments import build_environment_deployment
+from grpojob_operator.children.meta import metadata
+from grpojob_operator.children.raycluster import build_raycluster
+from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.settings import OperatorSettings
 
 GROUP = "kueue.x-k8s.io"
@@ -59,13 +63,13 @@ def pod_sets(job: api.GRPOJob, settings: OperatorSettings) -> list[Manifest]:
     """Every pod of the job as Kueue pod sets: the Ray head, each worker group, each environment, the
     trainer. A NeMo Gym environment is counted with its Deployment's requests and scheduling (its pods
     differ only in what they run)."""
-    cluster = manifests.build_raycluster(job, settings)["spec"]
+    cluster = build_raycluster(job, settings)["spec"]
     sets = [_pod_set(HEAD_POD_SET, 1, cluster["headGroupSpec"]["template"])]
     sets += [_pod_set(g["groupName"], g["replicas"], g["template"]) for g in cluster["workerGroupSpecs"]]
     for env in job.spec.environments:
-        deployment = manifests.build_environment_deployment(job, env, settings, 1)
+        deployment = build_environment_deployment(job, env, settings, 1)
         sets.append(_pod_set(environment_pod_set(env.name), env.replicas, deployment["spec"]["template"]))
-    trainer = manifests.build_trainer_job(job, settings, 1)
+    trainer = build_trainer_job(job, settings, 1)
     sets.append(_pod_set(TRAINER_POD_SET, 1, trainer["spec"]["template"]))
     return sets
 
@@ -82,8 +86,12 @@ def build_workload(job: api.GRPOJob, settings: OperatorSettings, priority: int |
     if wanted is not None and priority is not None:
         spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": wanted}
         spec["priority"] = priority
-    metadata = manifests._metadata(job, child.workload, "workload")
-    return {"apiVersion": API_VERSION, "kind": "Workload", "metadata": metadata, "spec": spec}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Workload",
+        "metadata": metadata(job, child.workload, "workload"),
+        "spec": spec,
+    }
 
 
 def placements(

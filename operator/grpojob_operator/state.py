@@ -43,7 +43,16 @@ from pydantic import ValidationError
 from grpojob_api import v1alpha1 as api
 from grpojob_api.progress import parse_progress
 from grpojob_api.v1alpha1 import ConditionType, Phase
-from grpojob_operator import kueue, manifests, names
+from grpojob_operator import kueue, names
+from grpojob_operator.children.claims import model_cache_claim, output_model_status
+from grpojob_operator.children.endpoints import build_endpoints, gcs_address
+from grpojob_operator.children.environments import build_environment_deployment, build_environment_service
+from grpojob_operator.children.model import build_model_cache_claim, build_model_download_job
+from grpojob_operator.children.nemo_gym import build_nemo_gym_config_map, build_nemo_gym_deployment
+from grpojob_operator.children.network import build_network_policy
+from grpojob_operator.children.raycluster import build_generation_service, build_raycluster
+from grpojob_operator.children.tensorboard import build_tensorboard_deployment, build_tensorboard_service
+from grpojob_operator.children.trainer import build_config_map, build_progress, build_trainer_job, build_trainer_rbac
 from grpojob_operator.observe import (
     ConfigMapInfo,
     DeploymentInfo,
@@ -321,7 +330,7 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
         place = kueue.placer(admitted)
 
     # The NetworkPolicy goes first: the job's pods are never reachable from outside the job.
-    policy = manifests.build_network_policy(job)
+    policy = build_network_policy(job)
     if not observed.has("NetworkPolicy", child.network_policy):
         plan_.actions.append(Create(policy))
 
@@ -331,11 +340,11 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
 
     # 1. The RayCluster and the children that need no address; the config follows the spec (which may
     # have changed while the job was suspended).
-    cluster_manifest = manifests.build_raycluster(job, settings)
+    cluster_manifest = build_raycluster(job, settings)
     if not observed.has("RayCluster", child.raycluster):
         plan_.actions.append(Create(place(cluster_manifest)))
     plan_.actions += _config_map_actions(_config_map(job), observed)
-    rest = [manifests.build_generation_service(job), manifests.build_progress(job), *manifests.build_trainer_rbac(job)]
+    rest = [build_generation_service(job), build_progress(job), *build_trainer_rbac(job)]
     plan_.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
     plan_.actions += _tensorboard_actions(job, observed, settings)
     _read_progress(job, status, observed.get("ConfigMap", child.progress), now)
@@ -369,9 +378,9 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
 
     # 3. Publish the endpoints (again, when the head pod or the attempt changed).
     status.attempt = max(status.attempt, 1)
-    endpoints = manifests.build_endpoints(job, settings, head.ip or "", status.attempt)
+    endpoints = build_endpoints(job, settings, head.ip or "", status.attempt)
     plan_.actions += _config_map_actions(endpoints, observed)
-    status.gcs_address = manifests.gcs_address(job, settings)
+    status.gcs_address = gcs_address(job, settings)
     set_condition(
         status,
         ConditionType.ENDPOINTS_PUBLISHED,
@@ -388,11 +397,9 @@ def _advance(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Operat
         if env.nemo_gym is not None:
             plan_.actions += _nemo_gym_actions(job, env, settings, endpoints["data"], head.name, observed, place)
         elif not observed.has("Deployment", name):
-            plan_.actions.append(
-                Create(place(manifests.build_environment_deployment(job, env, settings, status.attempt)))
-            )
+            plan_.actions.append(Create(place(build_environment_deployment(job, env, settings, status.attempt))))
         if not observed.has("Service", name):
-            plan_.actions.append(Create(manifests.build_environment_service(job, env)))
+            plan_.actions.append(Create(build_environment_service(job, env)))
         deployment: DeploymentInfo | None = observed.get("Deployment", name)
         if deployment is None or deployment.ready_replicas < env.replicas:
             ready = deployment.ready_replicas if deployment else 0
@@ -473,7 +480,7 @@ def _tensorboard_actions(job: api.GRPOJob, observed: Observed, settings: Operato
             for d in _tensorboard_deletions(child)
             if observed.has(d.kind, d.name) and not _deleting(observed.get(d.kind, d.name))
         ]
-    wanted = [manifests.build_tensorboard_deployment(job, settings), manifests.build_tensorboard_service(job)]
+    wanted = [build_tensorboard_deployment(job, settings), build_tensorboard_service(job)]
     return [Create(m) for m in wanted if not observed.has(m["kind"], m["metadata"]["name"])]
 
 
@@ -488,8 +495,8 @@ def _nemo_gym_actions(
 ) -> list[Action]:
     """A NeMo Gym environment's config and Deployment, following the endpoints: when the config or the Ray
     head changed, the config is rewritten first, then the pod template's hash, which rolls the pods."""
-    actions = _config_map_actions(manifests.build_nemo_gym_config_map(job, env, endpoints), observed)
-    deployment = manifests.build_nemo_gym_deployment(job, env, settings, endpoints, head_pod)
+    actions = _config_map_actions(build_nemo_gym_config_map(job, env, endpoints), observed)
+    deployment = build_nemo_gym_deployment(job, env, settings, endpoints, head_pod)
     current: DeploymentInfo | None = observed.get("Deployment", deployment["metadata"]["name"])
     wanted = deployment["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
     if current is None:
@@ -507,7 +514,7 @@ _CONFIG_MAPS_KEPT = 4096
 
 
 def _config_map(job: api.GRPOJob) -> dict[str, Any]:
-    """`manifests.build_config_map`, remembered per job and spec: rendering the config as YAML is nine tenths
+    """`build_config_map`, remembered per job and spec: rendering the config as YAML is nine tenths
     of a pass that changes nothing (PyYAML is pure Python), and passes run every few seconds per job.
     The manifest returned is shared: never change it."""
     meta = job.metadata
@@ -517,7 +524,7 @@ def _config_map(job: api.GRPOJob) -> dict[str, Any]:
         if known is not None:
             _CONFIG_MAPS.move_to_end(key)
             return known
-    manifest = manifests.build_config_map(job)
+    manifest = build_config_map(job)
     with _CONFIG_MAPS_LOCK:
         _CONFIG_MAPS[key] = manifest
         while len(_CONFIG_MAPS) > _CONFIG_MAPS_KEPT:
@@ -563,9 +570,7 @@ def _advance_trainer(
         if leftovers:
             waiting("RestartingTrainer", f"waiting for pods of the previous attempt to go: {', '.join(leftovers)}")
             return
-        plan_.actions.append(
-            Create(place(manifests.build_trainer_job(job, settings, status.attempt, status.model_commit)))
-        )
+        plan_.actions.append(Create(place(build_trainer_job(job, settings, status.attempt, status.model_commit))))
         waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
         return
     if trainer.complete:
@@ -657,7 +662,7 @@ def _read_progress(job: api.GRPOJob, status: api.GRPOJobStatus, progress: Config
                     set_condition(status, ConditionType.STALLED, False, "Progressing", f"step {report.step}", now)
             status.step, status.mean_reward = report.step, report.mean_reward
             if report.output_model is not None and report.output_model_step is not None:
-                status.output_model = manifests.output_model_status(job, report.output_model, report.output_model_step)
+                status.output_model = output_model_status(job, report.output_model, report.output_model_step)
 
 
 def _model_ready(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: OperatorSettings, now: datetime) -> bool:
@@ -668,14 +673,14 @@ def _model_ready(job: api.GRPOJob, plan_: Plan, observed: Observed, settings: Op
     if model.id is None or status.model_commit:
         return True
     child = names.ChildNames(job.metadata.name)
-    claim = manifests.model_cache_claim(job)
+    claim = model_cache_claim(job)
     what = f"{model.id} at revision {model.revision or 'main'}"
     if claim == child.model_cache and not observed.has("PersistentVolumeClaim", claim):
-        plan_.actions.append(Create(manifests.build_model_cache_claim(job)))
+        plan_.actions.append(Create(build_model_cache_claim(job)))
     download: TrainerJobInfo | None = observed.get("Job", child.model_download)
     status.phase = Phase.INITIALIZING
     if download is None:
-        plan_.actions.append(Create(manifests.build_model_download_job(job, settings)))
+        plan_.actions.append(Create(build_model_download_job(job, settings)))
         set_condition(status, ConditionType.MODEL_READY, False, "Downloading", f"downloading {what} into {claim}", now)
         return False
     pods = [p for p in observed.pods() if p.component == "model-download" and not p.deleting]

@@ -10,7 +10,8 @@ from typing import Any
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.v1alpha1 import Phase
-from grpojob_operator import kueue, manifests, names, state
+from grpojob_operator import kueue, names, state
+from grpojob_operator.children.raycluster import build_raycluster
 from grpojob_operator.observe import KueueContext, Observed, summarize
 from grpojob_operator.settings import OperatorSettings
 
@@ -154,7 +155,7 @@ def test_an_unlabelled_job_has_no_workload():
     plan = state.plan(job_body(), Observed(), SETTINGS, NOW)
     assert "Workload" not in [a.manifest["kind"] for a in plan.actions if isinstance(a, state.Create)]
     assert plan.status.phase != Phase.QUEUED
-    assert manifests.build_raycluster(api.parse_job(job_body()), SETTINGS)["kind"] == "RayCluster"
+    assert build_raycluster(api.parse_job(job_body()), SETTINGS)["kind"] == "RayCluster"
 
 
 def test_a_suspended_job_gives_its_workload_up_and_queues_anew_when_resumed():

@@ -10,7 +10,11 @@ import yaml
 from pydantic import ValidationError
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests, names, nemo_gym, state
+from grpojob_operator import names, state
+from grpojob_operator.children.endpoints import endpoints_data
+from grpojob_operator.children.environments import build_environment_service
+from grpojob_operator.children.nemo_gym import CONFIG_FILE, build_nemo_gym_config_map, build_nemo_gym_deployment
+from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.observe import ConfigMapInfo, DeploymentInfo, Observed, OtherInfo, PodInfo
 from grpojob_operator.settings import OperatorSettings
 
@@ -36,12 +40,12 @@ GYM_ENV = JOB.spec.environments[1]
 
 
 def endpoints(ip: str = "10.0.0.2") -> dict[str, str]:
-    return manifests.endpoints_data(JOB, SETTINGS, ip, 1)
+    return endpoints_data(JOB, SETTINGS, ip, 1)
 
 
 def rendered(job: api.GRPOJob = JOB, ip: str = "10.0.0.2") -> dict:
-    config_map = manifests.build_nemo_gym_config_map(job, job.spec.environments[1], endpoints(ip))
-    return yaml.safe_load(config_map["data"][nemo_gym.CONFIG_FILE])
+    config_map = build_nemo_gym_config_map(job, job.spec.environments[1], endpoints(ip))
+    return yaml.safe_load(config_map["data"][CONFIG_FILE])
 
 
 def test_the_config_points_nemo_gym_at_the_jobs_policy_ray_cluster_and_port():
@@ -105,12 +109,12 @@ def test_rows_reach_the_agent_by_its_nemo_gym_name_and_by_the_environment_name()
     urls = json.loads(endpoints()["PENGUIN_ENV_URLS"])
     service = "http://demo-env-tools.team-a.svc.cluster.local:9000"
     assert urls == {"math": "http://demo-env-math.team-a.svc.cluster.local:8080", "tools": service, AGENT: service}
-    service_manifest = manifests.build_environment_service(JOB, GYM_ENV)
+    service_manifest = build_environment_service(JOB, GYM_ENV)
     assert service_manifest["spec"]["ports"] == [{"name": "http", "port": 9000, "targetPort": 9000}]
 
 
 def test_the_pod_joins_ray_then_runs_ng_run_on_a_read_only_root_as_non_root():
-    deployment = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, endpoints(), "demo-head")
+    deployment = build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, endpoints(), "demo-head")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "example/nemo-gym:1"
@@ -141,11 +145,11 @@ def test_the_pod_joins_ray_then_runs_ng_run_on_a_read_only_root_as_non_root():
 
 def test_a_new_head_changes_the_pod_templates_hash_even_on_the_same_ip_but_a_new_attempt_does_not():
     def template_hash(data: dict[str, str], head: str = "demo-head-a") -> str:
-        deployment = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, data, head)
+        deployment = build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, data, head)
         return deployment["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
 
     first = template_hash(endpoints("10.0.0.2"))
-    assert template_hash(manifests.endpoints_data(JOB, SETTINGS, "10.0.0.2", 2)) == first
+    assert template_hash(endpoints_data(JOB, SETTINGS, "10.0.0.2", 2)) == first
     assert template_hash(endpoints("10.0.0.9")) != first
     assert template_hash(endpoints("10.0.0.2"), head="demo-head-b") != first
 
@@ -172,8 +176,8 @@ def children(head_ip: str = "10.0.0.2", head_name: str = "demo-head") -> dict:
 def with_gym_running(kids: dict, ip: str, head: str = "demo-head") -> dict:
     """The endpoints, environments and NeMo Gym config as they were written for head pod ``head`` at ``ip``."""
     data = endpoints(ip)
-    config = manifests.build_nemo_gym_config_map(JOB, GYM_ENV, data)
-    deployment = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, data, head)
+    config = build_nemo_gym_config_map(JOB, GYM_ENV, data)
+    deployment = build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, data, head)
     kids["ConfigMap"]["demo-endpoints"] = ConfigMapInfo("demo-endpoints", tuple(sorted(data.items())))
     kids["ConfigMap"]["demo-env-tools-nemo-gym"] = ConfigMapInfo(
         "demo-env-tools-nemo-gym", tuple(sorted(config["data"].items()))
@@ -206,7 +210,7 @@ def test_the_nemo_gym_config_is_written_before_its_deployment_after_the_endpoint
 
 def test_a_settled_job_only_waits_for_its_trainer():
     actions = plan(with_gym_running(children(), "10.0.0.2"), {"attempt": 1}).actions
-    assert actions == [state.Create(manifests.build_trainer_job(JOB, SETTINGS, 1))]
+    assert actions == [state.Create(build_trainer_job(JOB, SETTINGS, 1))]
 
 
 def test_a_replaced_head_rolls_the_nemo_gym_pods_and_not_our_own_environments():
@@ -217,7 +221,7 @@ def test_a_replaced_head_rolls_the_nemo_gym_pods_and_not_our_own_environments():
     (patch,) = [a for a in actions if isinstance(a, state.Patch)]
     assert patch.kind == "Deployment" and patch.name == "demo-env-tools"
     new_hash = patch.patch["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
-    expected = manifests.build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, endpoints("10.0.0.9"), "demo-head")
+    expected = build_nemo_gym_deployment(JOB, GYM_ENV, SETTINGS, endpoints("10.0.0.9"), "demo-head")
     assert new_hash == expected["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests, state
+from grpojob_operator import state
+from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.observe import (
     ConfigMapInfo,
     DeploymentInfo,
@@ -37,7 +38,7 @@ def base_children(head_ready: bool = True, head_ip: str = "10.0.0.2") -> dict:
 
 
 def with_endpoints(children: dict, ip: str = "10.0.0.2", attempt: int = 1) -> dict:
-    data = manifests.endpoints_data(JOB, SETTINGS, ip, attempt)
+    data = endpoints_data(JOB, SETTINGS, ip, attempt)
     children["ConfigMap"]["demo-endpoints"] = ConfigMapInfo("demo-endpoints", tuple(sorted(data.items())))
     children["Deployment"] = {"demo-env-math": DeploymentInfo("demo-env-math", 1)}
     children["Service"]["demo-env-math"] = OtherInfo("demo-env-math", False)
