@@ -15,16 +15,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import names
+from grpojob_operator import kinds, names
 from grpojob_operator.children.environments import build_environment_deployment
 from grpojob_operator.children.meta import metadata
 from grpojob_operator.children.raycluster import build_raycluster
 from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.settings import OperatorSettings
 
-GROUP = "kueue.x-k8s.io"
-VERSION = "v1beta2"
-API_VERSION = f"{GROUP}/{VERSION}"
+GROUP = kinds.WORKLOAD.group
+VERSION = kinds.WORKLOAD.version
+API_VERSION = kinds.WORKLOAD.api_version
 HEAD_POD_SET = "head"
 TRAINER_POD_SET = "trainer"
 _POD_SPEC_FIELDS = ("nodeSelector", "affinity", "tolerations", "priorityClassName", "runtimeClassName", "overhead")

@@ -171,10 +171,10 @@ def test_cluster_wide_rbac_is_one_cluster_role_bound_to_the_operator(helm: Path)
     # The per-job trainer Role grants get/update/patch on a ConfigMap: the operator must hold them.
     assert {"get", "update", "patch"} <= granted[("", "configmaps")]
     # Every child kind the operator watches it may list and watch (a hub model's cache claim it also creates).
-    from grpojob_operator.handlers import WATCHED_CHILDREN
+    from grpojob_operator import kinds
 
-    for kind, group, _, plural in WATCHED_CHILDREN:
-        assert {"list", "watch"} <= granted[(group, plural)], kind
+    for kind in kinds.WATCHED:
+        assert {"list", "watch"} <= granted[(kind.group, kind.plural)], kind.kind
     assert "create" in granted[("", "persistentvolumeclaims")]
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from grpojob_operator import state
+from grpojob_operator import kinds, state
 from grpojob_operator.handlers import (
-    WATCHED_CHILDREN,
     index_id,
     observed_from_indexes,
     waits_on_the_clock,
@@ -15,7 +14,7 @@ from grpojob_operator.unseen import Unseen
 
 
 def test_children_of_an_earlier_job_with_the_same_name_are_ignored():
-    indexes = {index_id(kind): {} for kind, *_ in WATCHED_CHILDREN}
+    indexes = {index_id(k.kind): {} for k in kinds.WATCHED}
     indexes[index_id("Service")] = {
         ("ns", "demo", "uid-old"): [OtherInfo("demo-generation", True)],
         ("ns", "demo", "uid-new"): [OtherInfo("demo-env-math", False)],
