@@ -1,7 +1,7 @@
 """Golden files: every child the operator builds for every example GRPOJob (and for a Kueue-managed,
-watched and scheduled variant of the arithmetic example), rendered to YAML under `golden/`. A change to what a
-job's children look like shows up as a diff of these files; a refactor that keeps behaviour leaves them
-equal. Regenerate after an intended change with ``GRPOJOB_UPDATE_GOLDEN=1 pytest <this file>`` and read
+watched and scheduled variant of the arithmetic example, and a Kueue-managed variant of the hub example),
+rendered to YAML under `golden/`. A change to what a job's children look like shows up as a diff of these
+files; a refactor that keeps behaviour leaves them equal. Regenerate after an intended change with ``GRPOJOB_UPDATE_GOLDEN=1 pytest <this file>`` and read
 the diff.
 """
 
@@ -59,9 +59,18 @@ def queued_watched_variant(example: dict[str, Any]) -> dict[str, Any]:
     return job
 
 
+def queued_hub_variant(example: dict[str, Any]) -> dict[str, Any]:
+    """The hub-model example admitted through Kueue: its Workload comes before the model's download."""
+    job = copy.deepcopy(example)
+    job["metadata"]["name"] = "queued-hub"
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    return job
+
+
 def all_jobs() -> dict[str, dict[str, Any]]:
     jobs = example_jobs()
     jobs["queued-watched"] = queued_watched_variant(jobs["qwen2.5-1.5b-arithmetic"])
+    jobs["queued-hub"] = queued_hub_variant(jobs["qwen2.5-1.5b-instruct-hub"])
     return jobs
 
 

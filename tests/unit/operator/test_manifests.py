@@ -314,6 +314,15 @@ def test_tensorboard_reads_every_attempt_of_the_job_read_only_behind_its_own_ser
     assert service["spec"]["ports"] == [{"name": "http", "port": 6006, "targetPort": 6006}]
 
 
+def test_tensorboard_is_placed_as_the_trainer_the_jobs_other_cpu_pod():
+    rule = {"nodeSelector": {"pool": "cpu"}, "priorityClassName": "batch", "labels": {"team": "rl"}}
+    j = job(logging={"pvc": {"claimName": "logs"}, "tensorboard": True}, scheduling={"trainer": rule})
+    template = build_tensorboard_deployment(j, SETTINGS)["spec"]["template"]
+    assert template["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert template["spec"]["priorityClassName"] == "batch"
+    assert template["metadata"]["labels"]["team"] == "rl"
+
+
 def test_each_roles_scheduling_reaches_its_pods_and_only_its_pods():
     gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     zone = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}
