@@ -17,7 +17,8 @@ def _tensorboard_selector(job: api.GRPOJob) -> dict[str, str]:
 
 def build_tensorboard_deployment(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
     """TensorBoard over the job's log directory (every attempt's run), on the log claim mounted read-only,
-    from the trainer image (which has TensorBoard)."""
+    from the trainer image (which has TensorBoard). Placed as the trainer is (`spec.scheduling.trainer`): the
+    job's other CPU pod."""
     job_name, _ = job_ref(job)
     logs = claims.log_mount(job, read_only=True)
     selector = _tensorboard_selector(job)
@@ -35,7 +36,7 @@ def build_tensorboard_deployment(job: api.GRPOJob, settings: OperatorSettings) -
         {**labels(job, "tensorboard"), **selector},
         [container],
         [*logs.volumes, {"name": "tmp", "emptyDir": {}}],
-        api.PodScheduling(),
+        job.spec.scheduling.trainer,
     )
     return {
         "apiVersion": "apps/v1",

@@ -105,6 +105,29 @@ def tracking_env_from(job: api.GRPOJob) -> list[Manifest]:
     return [{"secretRef": {"name": mlflow.credentials_secret}}]
 
 
+def _trainer_resources() -> Manifest:
+    return {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+
+
+def _trainer_image(job: api.GRPOJob, settings: OperatorSettings) -> str:
+    return job.spec.images.trainer or settings.default_trainer_image()
+
+
+def trainer_admission_template(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
+    """The trainer's pod as Kueue admits it (`kueue.pod_sets`): its container's requests and its scheduling.
+    Nothing else: a hub model's path needs the commit its download resolves, which follows admission."""
+    child = names.ChildNames(job.metadata.name)
+    container = pod.container("trainer", _trainer_image(job, settings), resources=_trainer_resources())
+    return pod.hardened_pod(
+        labels(job, "trainer"),
+        [container],
+        [],
+        job.spec.scheduling.trainer,
+        service_account=child.trainer,
+        run_once=True,
+    )
+
+
 def build_trainer_job(
     job: api.GRPOJob, settings: OperatorSettings, attempt: int, model_commit: str | None = None
 ) -> Manifest:
@@ -146,7 +169,7 @@ def build_trainer_job(
     )
     container = pod.container(
         "trainer",
-        job.spec.images.trainer or settings.default_trainer_image(),
+        _trainer_image(job, settings),
         command=["grpojob", "train", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
         envFrom=[*endpoints_env_from(job), *tracking_env_from(job)],
         env=[
@@ -158,7 +181,7 @@ def build_trainer_job(
             *tracking_env(job),
         ],
         ports=[{"name": "metrics", "containerPort": endpoints.TRAINER_METRICS_PORT}],
-        resources={"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}},
+        resources=_trainer_resources(),
         volumeMounts=mounts,
     )
     template = pod.hardened_pod(

@@ -1,8 +1,8 @@
 """Golden files: every child the operator builds for every example GRPOJob (and for a Kueue-managed,
 watched and scheduled variant of the arithmetic example, and a Kueue-managed variant of the hub example),
 rendered to YAML under `golden/`. A change to what a job's children look like shows up as a diff of these
-files; a refactor that keeps behaviour leaves them equal. Regenerate after an intended change with ``GRPOJOB_UPDATE_GOLDEN=1 pytest <this file>`` and read
-the diff.
+files; a refactor that keeps behaviour leaves them equal. Regenerate after an intended change with
+``GRPOJOB_UPDATE_GOLDEN=1 pytest <this file>`` and read the diff.
 """
 
 from __future__ import annotations
