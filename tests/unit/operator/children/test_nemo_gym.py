@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 
 import pytest
 import yaml
@@ -19,7 +18,6 @@ from grpojob_operator.settings import OperatorSettings
 from ..conftest import job_body
 from .jobs import AGENT, TOOL_CALL, gym_body
 
-NOW = datetime(2026, 11, 30, 10, 0, 10, tzinfo=UTC)
 SETTINGS = OperatorSettings(nemo_gym_image="example/nemo-gym:1")
 
 
