@@ -310,7 +310,7 @@ def grpojob_manifest(name: str) -> dict[str, Any]:
 def rayjob_manifest(name: str, namespace: str) -> dict[str, Any]:
     """A RayJob in K8sJobMode whose rayClusterSpec is exactly what the operator builds for the GRPOJob above."""
     from grpojob_api import v1alpha1 as api
-    from grpojob_operator.manifests import build_raycluster
+    from grpojob_operator.children.raycluster import build_raycluster
     from grpojob_operator.settings import OperatorSettings
 
     source = grpojob_manifest(name)

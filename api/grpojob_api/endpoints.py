@@ -2,7 +2,7 @@
 `<job>-endpoints` ConfigMap, the other environment variables the pods read, the ports and the Ray
 resource names.
 
-The operator writes with this module (`grpojob_operator.manifests`); the trainer and the environment
+The operator writes with this module (`grpojob_operator.children.endpoints`); the trainer and the environment
 servers read with it (`grpojob_trainer.cli`, `grpojob_trainer.environments.__main__`), so a key exists
 once, and a pod that misses one says which.
 

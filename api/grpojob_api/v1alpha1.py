@@ -942,7 +942,8 @@ class SchedulingSpec(ApiModel):
     environments: PodScheduling = Field(default_factory=PodScheduling)
     """Every environment server pod (Penguin and NeMo Gym)."""
     trainer: PodScheduling = Field(default_factory=PodScheduling)
-    """The trainer pod (the Ray driver), and the download of a hub model (`spec.model.id`)."""
+    """The trainer pod (the Ray driver), and the job's other CPU pods: the download of a hub model
+    (`spec.model.id`) and TensorBoard (`spec.logging.tensorboard`)."""
 
 
 class GRPOJobSpec(ApiModel):

@@ -1,6 +1,6 @@
 """The job's `<job>-config` ConfigMap, remembered per job and spec: rendering the config as YAML is nine
 tenths of a pass that changes nothing (PyYAML is pure Python), and passes run every few seconds per job.
-The plan is pure; the handlers hand it `config_map` in place of `manifests.build_config_map`."""
+The plan is pure; the handlers hand it `config_map` in place of `children.trainer.build_config_map`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import OrderedDict
 from typing import Any
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests
+from grpojob_operator.children.trainer import build_config_map
 
 _CONFIG_MAPS: OrderedDict[tuple[str, ...], dict[str, Any]] = OrderedDict()
 _CONFIG_MAPS_LOCK = threading.Lock()
@@ -17,7 +17,7 @@ _CONFIG_MAPS_KEPT = 4096
 
 
 def config_map(job: api.GRPOJob) -> dict[str, Any]:
-    """`manifests.build_config_map`, remembered (the last 4096 jobs and specs). The manifest returned is
+    """`children.trainer.build_config_map`, remembered (the last 4096 jobs and specs). The manifest returned is
     shared: never change it."""
     meta = job.metadata
     key = (meta.uid or "", meta.namespace or "", meta.name, job.spec.model_dump_json())
@@ -26,7 +26,7 @@ def config_map(job: api.GRPOJob) -> dict[str, Any]:
         if known is not None:
             _CONFIG_MAPS.move_to_end(key)
             return known
-    manifest = manifests.build_config_map(job)
+    manifest = build_config_map(job)
     with _CONFIG_MAPS_LOCK:
         _CONFIG_MAPS[key] = manifest
         while len(_CONFIG_MAPS) > _CONFIG_MAPS_KEPT:

@@ -22,7 +22,7 @@ from typing import Any
 import kopf
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import config_cache, metrics, names
+from grpojob_operator import config_cache, kinds, metrics, names
 from grpojob_operator.kube import ApiError, Kube, new_api_client
 from grpojob_operator.observe import KueueContext, Observed, summarize
 from grpojob_operator.plan import current_status, plan
@@ -34,22 +34,6 @@ from grpojob_operator.unseen import Unseen
 
 log = logging.getLogger(__name__)
 
-# kind, group, version, plural of every child kind the operator watches.
-WATCHED_CHILDREN = (
-    ("Pod", "", "v1", "pods"),
-    ("ConfigMap", "", "v1", "configmaps"),
-    ("Service", "", "v1", "services"),
-    ("ServiceAccount", "", "v1", "serviceaccounts"),
-    ("PersistentVolumeClaim", "", "v1", "persistentvolumeclaims"),
-    ("Deployment", "apps", "v1", "deployments"),
-    ("Job", "batch", "v1", "jobs"),
-    ("Role", "rbac.authorization.k8s.io", "v1", "roles"),
-    ("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
-    ("RayCluster", "ray.io", "v1", "rayclusters"),
-    ("Workload", "kueue.x-k8s.io", "v1beta2", "workloads"),
-)
-
 
 def index_id(kind: str) -> str:
     return f"children_{kind.lower()}"
@@ -60,7 +44,7 @@ def observed_from_indexes(indexes: dict[str, Any], namespace: str, job: str, uid
 
     Only children labelled with this job's uid count: a same-named job's leftovers are not its own."""
     children = {}
-    for kind, *_ in WATCHED_CHILDREN:
+    for kind in (k.kind for k in kinds.WATCHED):
         store = indexes[index_id(kind)].get((namespace, job, uid), [])
         children[kind] = {summary.name: summary for summary in store}
     return Observed(children)
@@ -261,14 +245,14 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     object with a daemon (two writes per job, and a deletion that waits for the operator). Nothing here
     needs one: ownerReferences garbage-collect the children, and the loop stops at the deletion event."""
     operator_settings = settings
-    for kind, group, version, plural in WATCHED_CHILDREN:
-        _register_index(registry, kind, group, version, plural)
+    for kind in kinds.WATCHED:
+        _register_index(registry, kind)
 
     @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, id="track", registry=registry)
     async def track(
         type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **kwargs: Any
     ) -> None:
-        memo.indexes = {index_id(kind): kwargs[index_id(kind)] for kind, *_ in WATCHED_CHILDREN}
+        memo.indexes = {index_id(k.kind): kwargs[index_id(k.kind)] for k in kinds.WATCHED}
         key = (namespace, name)
         worker = memo.workers.get(key)
         uid = body.get("metadata", {}).get("uid", "")
@@ -390,20 +374,20 @@ def wake_job(memo: kopf.Memo, namespace: str, job: str) -> None:
         worker.wake.set()
 
 
-def _register_index(registry: kopf.OperatorRegistry, kind: str, group: str, version: str, plural: str) -> None:
+def _register_index(registry: kopf.OperatorRegistry, kind: kinds.Kind) -> None:
     async def index(
         body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any
     ) -> dict[tuple[str, str, str], Any]:
         job = labels[names.JOB_LABEL]
         # The index is updated when this returns, before the daemon's task runs again.
         wake_job(memo, namespace, job)
-        return {(namespace, job, labels.get(names.JOB_UID_LABEL, "")): summarize(kind, dict(body))}
+        return {(namespace, job, labels.get(names.JOB_UID_LABEL, "")): summarize(kind.kind, dict(body))}
 
     kopf.index(
-        group or "",
-        version,
-        plural,
-        id=index_id(kind),
+        kind.group,
+        kind.version,
+        kind.plural,
+        id=index_id(kind.kind),
         labels={names.JOB_LABEL: kopf.PRESENT},
         registry=registry,
     )(index)

@@ -2,9 +2,9 @@
 post Events. Every write of the operator goes through `Kube` and is counted in `grpojob_api_writes_total`
 (Kopf itself writes nothing: no finalizer, no annotations, no Events).
 
-Thin and generic over kinds: the paths come from `RESOURCES`. A create that finds the object already
-there (HTTP 409) and a delete that finds it gone (404) are successes, which makes every pass
-idempotent.
+Thin and generic over kinds: the paths come from the registry of kinds (`grpojob_operator.kinds`). A
+create that finds the object already there (HTTP 409) and a delete that finds it gone (404) are
+successes, which makes every pass idempotent.
 """
 
 from __future__ import annotations
@@ -12,51 +12,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from kubernetes import client, config
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import metrics
+from grpojob_operator import kinds, metrics
 
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 30.0
 
 
-@dataclass(frozen=True)
-class Resource:
-    group: str
-    version: str
-    plural: str
-
-    def collection(self, namespace: str) -> str:
-        prefix = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
-        return f"{prefix}/namespaces/{namespace}/{self.plural}"
-
-
-RESOURCES: dict[str, Resource] = {
-    "ConfigMap": Resource("", "v1", "configmaps"),
-    "Service": Resource("", "v1", "services"),
-    "ServiceAccount": Resource("", "v1", "serviceaccounts"),
-    "PersistentVolumeClaim": Resource("", "v1", "persistentvolumeclaims"),
-    "Deployment": Resource("apps", "v1", "deployments"),
-    "Job": Resource("batch", "v1", "jobs"),
-    "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
-    "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    "NetworkPolicy": Resource("networking.k8s.io", "v1", "networkpolicies"),
-    "RayCluster": Resource("ray.io", "v1", "rayclusters"),
-    "Workload": Resource("kueue.x-k8s.io", "v1beta2", "workloads"),
-    api.KIND: Resource(api.GROUP, api.VERSION, api.PLURAL),
-    "Event": Resource("", "v1", "events"),
-}
-# Cluster-scoped objects the operator reads (never writes): Kueue's, for a job Kueue admits.
-CLUSTER_RESOURCES: dict[str, tuple[str, str, str]] = {
-    "WorkloadPriorityClass": ("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses"),
-    "ResourceFlavor": ("kueue.x-k8s.io", "v1beta2", "resourceflavors"),
-}
 EVENT_SOURCE = "grpojob-operator"
 
 
@@ -128,7 +96,7 @@ class Kube:
         meta = manifest["metadata"]
         try:
             self._call(
-                "POST", RESOURCES[manifest["kind"]].collection(meta["namespace"]), manifest, kind=manifest["kind"]
+                "POST", kinds.of(manifest["kind"]).collection(meta["namespace"]), manifest, kind=manifest["kind"]
             )
         except ApiError as error:
             if error.status == 409:
@@ -140,21 +108,20 @@ class Kube:
         """Make a ConfigMap's data what ``manifest`` says: a merge patch that sets every key and removes
         ``stale_keys`` (no read-modify-write race with fields we do not own)."""
         meta = manifest["metadata"]
-        path = f"{RESOURCES[manifest['kind']].collection(meta['namespace'])}/{meta['name']}"
+        path = f"{kinds.of(manifest['kind']).collection(meta['namespace'])}/{meta['name']}"
         data: dict[str, Any] = {**dict.fromkeys(stale_keys), **manifest["data"]}
         self._call("PATCH", path, {"data": data}, "application/merge-patch+json", manifest["kind"])
 
     def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any], subresource: str = "") -> None:
         """Merge-patch a child (or its ``subresource``): only the fields in ``patch`` change."""
-        path = f"{RESOURCES[kind].collection(namespace)}/{name}" + (f"/{subresource}" if subresource else "")
+        path = f"{kinds.of(kind).collection(namespace)}/{name}" + (f"/{subresource}" if subresource else "")
         self._call("PATCH", path, patch, "application/merge-patch+json", kind)
 
     def read_cluster_object(self, kind: str, name: str) -> dict[str, Any] | None:
-        """A cluster-scoped object of `CLUSTER_RESOURCES` (a read: not counted as a write), None if absent."""
-        group, version, plural = CLUSTER_RESOURCES[kind]
+        """A cluster-scoped object (a read: not counted as a write), None if absent."""
         request = self.api.param_serialize(
             "GET",
-            f"/apis/{group}/{version}/{plural}/{name}",
+            f"{kinds.of(kind).collection()}/{name}",
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
@@ -168,7 +135,7 @@ class Kube:
 
     def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> bool:
         """Delete a child; False when it was already gone."""
-        path = f"{RESOURCES[kind].collection(namespace)}/{name}"
+        path = f"{kinds.of(kind).collection(namespace)}/{name}"
         try:
             self._call("DELETE", path, {"propagationPolicy": propagation}, kind=kind)
         except ApiError as error:
@@ -180,7 +147,7 @@ class Kube:
     def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> str:
         """The only status write of the operator (merge patch of the status subresource); returns the job's
         new resourceVersion."""
-        path = f"{RESOURCES[api.KIND].collection(namespace)}/{name}/status"
+        path = f"{kinds.of(api.KIND).collection(namespace)}/{name}/status"
         written = self._call("PATCH", path, {"status": status}, "application/merge-patch+json", f"{api.KIND}/status")
         return str(((written or {}).get("metadata") or {}).get("resourceVersion", ""))
 
@@ -209,4 +176,4 @@ class Kube:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        self._call("POST", RESOURCES["Event"].collection(meta["namespace"]), event, kind="Event")
+        self._call("POST", kinds.of("Event").collection(meta["namespace"]), event, kind="Event")

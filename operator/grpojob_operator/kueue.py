@@ -2,11 +2,11 @@
 placement Kueue's admission gives its children. Pure: manifests in, manifests out.
 
 A job labelled `kueue.x-k8s.io/queue-name` gets a Workload `<job>-workload` (owned by the job, in its
-LocalQueue) whose pod sets are the Ray head, each Ray worker group, each environment and the trainer,
-with their counts and requests. No child is created until Kueue admits it; the admitted flavors' node
-labels and tolerations are then added to the matching children's pod templates. The label itself is
-never copied onto a child: Kueue's RayCluster or Job integration would admit that child a second time
-(kuberay#4064).
+LocalQueue) whose pod sets are the Ray head, each Ray worker group, each environment, the trainer, a hub
+model's download and TensorBoard, with their counts and requests. No child is created until Kueue admits
+it; the admitted flavors' node labels and tolerations are then added to the matching children's pod
+templates. The label itself is never copied onto a child: Kueue's RayCluster or Job integration would admit
+that child a second time (kuberay#4064).
 """
 
 from __future__ import annotations
@@ -15,14 +15,29 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests, names
+from grpojob_operator import kinds, names
+from grpojob_operator.children.environments import build_environment_deployment
+from grpojob_operator.children.meta import metadata
+from grpojob_operator.children.model import build_model_download_job
+from grpojob_operator.children.raycluster import build_raycluster
+from grpojob_operator.children.tensorboard import build_tensorboard_deployment
+from grpojob_operator.children.trainer import trainer_admission_template
 from grpojob_operator.settings import OperatorSettings
 
-GROUP = "kueue.x-k8s.io"
-VERSION = "v1beta2"
-API_VERSION = f"{GROUP}/{VERSION}"
+GROUP = kinds.WORKLOAD.group
+VERSION = kinds.WORKLOAD.version
+API_VERSION = kinds.WORKLOAD.api_version
 HEAD_POD_SET = "head"
 TRAINER_POD_SET = "trainer"
+MODEL_DOWNLOAD_POD_SET = "model-download"
+TENSORBOARD_POD_SET = "tensorboard"
+# The pod sets of the children that are neither the RayCluster nor an environment, by the component label of
+# their pod template (`names.COMPONENT_LABEL`): each is one pod, its own pod set.
+_POD_SET_OF_COMPONENT = {
+    ("Job", "trainer"): TRAINER_POD_SET,
+    ("Job", "model-download"): MODEL_DOWNLOAD_POD_SET,
+    ("Deployment", "tensorboard"): TENSORBOARD_POD_SET,
+}
 _POD_SPEC_FIELDS = ("nodeSelector", "affinity", "tolerations", "priorityClassName", "runtimeClassName", "overhead")
 
 Manifest = dict[str, Any]
@@ -57,16 +72,22 @@ def _pod_set(name: str, count: int, template: Manifest) -> Manifest:
 
 def pod_sets(job: api.GRPOJob, settings: OperatorSettings) -> list[Manifest]:
     """Every pod of the job as Kueue pod sets: the Ray head, each worker group, each environment, the
-    trainer. A NeMo Gym environment is counted with its Deployment's requests and scheduling (its pods
-    differ only in what they run)."""
-    cluster = manifests.build_raycluster(job, settings)["spec"]
+    trainer, a hub model's download (`spec.model.id`) and TensorBoard (`spec.logging.tensorboard`). A NeMo
+    Gym environment is counted with its Deployment's requests and scheduling (its pods differ only in what
+    they run). Built before anything runs: nothing here needs the model's commit or the Ray head."""
+    cluster = build_raycluster(job, settings)["spec"]
     sets = [_pod_set(HEAD_POD_SET, 1, cluster["headGroupSpec"]["template"])]
     sets += [_pod_set(g["groupName"], g["replicas"], g["template"]) for g in cluster["workerGroupSpecs"]]
     for env in job.spec.environments:
-        deployment = manifests.build_environment_deployment(job, env, settings, 1)
+        deployment = build_environment_deployment(job, env, settings, 1)
         sets.append(_pod_set(environment_pod_set(env.name), env.replicas, deployment["spec"]["template"]))
-    trainer = manifests.build_trainer_job(job, settings, 1)
-    sets.append(_pod_set(TRAINER_POD_SET, 1, trainer["spec"]["template"]))
+    sets.append(_pod_set(TRAINER_POD_SET, 1, trainer_admission_template(job, settings)))
+    if job.spec.model.id is not None:
+        download = build_model_download_job(job, settings)
+        sets.append(_pod_set(MODEL_DOWNLOAD_POD_SET, 1, download["spec"]["template"]))
+    if job.spec.logging.tensorboard:
+        tensorboard = build_tensorboard_deployment(job, settings)
+        sets.append(_pod_set(TENSORBOARD_POD_SET, 1, tensorboard["spec"]["template"]))
     return sets
 
 
@@ -82,8 +103,12 @@ def build_workload(job: api.GRPOJob, settings: OperatorSettings, priority: int |
     if wanted is not None and priority is not None:
         spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": wanted}
         spec["priority"] = priority
-    metadata = manifests._metadata(job, child.workload, "workload")
-    return {"apiVersion": API_VERSION, "kind": "Workload", "metadata": metadata, "spec": spec}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Workload",
+        "metadata": metadata(job, child.workload, "workload"),
+        "spec": spec,
+    }
 
 
 def placements(
@@ -118,7 +143,7 @@ def _placed_template(template: Manifest, placement: Placement | None) -> Manifes
 def placer(placement: Mapping[str, Placement] | None) -> Placer:
     """A function that puts a child's pod templates where Kueue admitted their pod sets (the identity for a
     job Kueue does not manage): the RayCluster's head and worker groups, an environment's Deployment, the
-    trainer Job."""
+    trainer Job, the model's download Job and TensorBoard's Deployment."""
     if not placement:
         return lambda manifest: manifest
 
@@ -138,8 +163,8 @@ def placer(placement: Mapping[str, Placement] | None) -> Placer:
         labels = manifest["metadata"].get("labels", {})
         if kind == "Deployment" and names.ENVIRONMENT_LABEL in labels:
             pod_set = environment_pod_set(labels[names.ENVIRONMENT_LABEL])
-        elif kind == "Job" and labels.get(names.COMPONENT_LABEL) == "trainer":
-            pod_set = TRAINER_POD_SET
+        elif (kind, labels.get(names.COMPONENT_LABEL)) in _POD_SET_OF_COMPONENT:
+            pod_set = _POD_SET_OF_COMPONENT[(kind, labels[names.COMPONENT_LABEL])]
         else:
             return manifest
         return {**manifest, "spec": {**spec, "template": _placed_template(spec["template"], placement.get(pod_set))}}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpojob_operator.manifests import NON_ROOT_UID
+from grpojob_operator.children.pod import NON_ROOT_UID
 from grpojob_testing import images
 from grpojob_trainer.net import free_port, wait_until_healthy
 

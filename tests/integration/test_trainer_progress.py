@@ -14,7 +14,7 @@ import yaml
 from kubernetes import client
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests
+from grpojob_operator.children.trainer import build_progress, build_trainer_rbac
 from grpojob_trainer.progress import ConfigMapProgressPublisher
 
 pytestmark = pytest.mark.integration
@@ -47,9 +47,9 @@ def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubec
         }
     )
     core, rbac = client.CoreV1Api(api_client), client.RbacAuthorizationV1Api(api_client)
-    core.create_namespaced_config_map(namespace, without_owner(manifests.build_progress(job)))
+    core.create_namespaced_config_map(namespace, without_owner(build_progress(job)))
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "someone-else"}, "data": {"a": "1"}})
-    account, role, binding = (without_owner(m) for m in manifests.build_trainer_rbac(job))
+    account, role, binding = (without_owner(m) for m in build_trainer_rbac(job))
     core.create_namespaced_service_account(namespace, account)
     rbac.create_namespaced_role(namespace, role)
     rbac.create_namespaced_role_binding(namespace, binding)

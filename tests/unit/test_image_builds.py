@@ -83,12 +83,12 @@ def test_an_image_is_rebuilt_when_a_source_file_changes(monkeypatch):
     operator = images.images()[0]
     before = images.inputs_hash(operator, "base")
     assert images.inputs_hash(operator, "other-base") != before
-    assert "operator/grpojob_operator/manifests.py" in images.context_files(operator.files)
+    assert "operator/grpojob_operator/children/raycluster.py" in images.context_files(operator.files)
     real_read_bytes = type(REPO).read_bytes
 
     def edited(path, *args):
         data = real_read_bytes(path, *args)
-        return data + b"# edited" if path.name == "manifests.py" else data
+        return data + b"# edited" if path.name == "raycluster.py" else data
 
     monkeypatch.setattr(type(REPO), "read_bytes", edited)
     assert images.inputs_hash(operator, "base") != before

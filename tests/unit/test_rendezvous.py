@@ -14,7 +14,10 @@ import pytest
 from grpojob_api import endpoints
 from grpojob_api import v1alpha1 as api
 from grpojob_api.endpoints import ContractError
-from grpojob_operator import manifests, nemo_gym
+from grpojob_operator.children.endpoints import endpoints_data
+from grpojob_operator.children.environments import build_environment_deployment
+from grpojob_operator.children.nemo_gym import CONFIG_DIR, CONFIG_FILE, LAUNCH_SCRIPT
+from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.settings import OperatorSettings
 from grpojob_trainer.rendezvous import StaleEndpoints, current_endpoints
 
@@ -25,7 +28,7 @@ JOB = api.parse_job(job_body())
 
 
 def endpoints_of(attempt: int, head_ip: str) -> dict[str, str]:
-    return manifests.endpoints_data(JOB, SETTINGS, head_ip, attempt)
+    return endpoints_data(JOB, SETTINGS, head_ip, attempt)
 
 
 def project(directory: Path, data: dict[str, str]) -> None:
@@ -78,8 +81,8 @@ def test_a_malformed_pod_attempt_is_refused_by_name(tmp_path: Path):
 def test_every_pod_that_reads_the_endpoints_carries_its_attempt_and_the_mounted_copy():
     env = JOB.spec.environments[0]
     templates = {
-        "trainer": manifests.build_trainer_job(JOB, SETTINGS, 3)["spec"]["template"],
-        "environment": manifests.build_environment_deployment(JOB, env, SETTINGS, 3)["spec"]["template"],
+        "trainer": build_trainer_job(JOB, SETTINGS, 3)["spec"]["template"],
+        "environment": build_environment_deployment(JOB, env, SETTINGS, 3)["spec"]["template"],
     }
     for role, template in templates.items():
         (container,) = template["spec"]["containers"]
@@ -97,11 +100,11 @@ def run_launch_script(tmp_path: Path, environ: dict[str, str], mounted: dict[str
     for directory in (bin_dir, config, work):
         directory.mkdir()
     project(mount, mounted)
-    (config / nemo_gym.CONFIG_FILE).write_text("{}\n")
+    (config / CONFIG_FILE).write_text("{}\n")
     for program in ("ray", "gym"):
         (bin_dir / program).write_text(f'#!/bin/sh\necho {program} "$@"\n')
         (bin_dir / program).chmod(0o755)
-    script = nemo_gym.LAUNCH_SCRIPT.replace(nemo_gym.CONFIG_DIR, str(config))
+    script = LAUNCH_SCRIPT.replace(CONFIG_DIR, str(config))
     script = script.replace(endpoints.ENDPOINTS_MOUNT, str(mount)).replace("sleep 2", "sleep 0.1")
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", **environ}
     return subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=30)

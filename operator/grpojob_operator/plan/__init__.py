@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.v1alpha1 import Phase
-from grpojob_operator import manifests
+from grpojob_operator.children.trainer import build_config_map
 from grpojob_operator.observe import Observed
 from grpojob_operator.plan import (
     admission,
@@ -76,7 +76,7 @@ def plan(
     observed: Observed,
     settings: OperatorSettings,
     now: datetime,
-    config_map: ConfigMapBuilder = manifests.build_config_map,
+    config_map: ConfigMapBuilder = build_config_map,
 ) -> Plan:
     """Decide the next actions and the new status of the GRPOJob ``body`` (as read from the API)."""
     old = current_status(body)

@@ -15,7 +15,7 @@ from grpojob_operator.plan.actions import Plan
 from grpojob_operator.settings import OperatorSettings
 
 ConfigMapBuilder = Callable[[api.GRPOJob], dict[str, Any]]
-"""Builds the job's `<job>-config` ConfigMap (`manifests.build_config_map`, or a memo of it)."""
+"""Builds the job's `<job>-config` ConfigMap (`children.trainer.build_config_map`, or a memo of it)."""
 
 
 @dataclass

@@ -5,7 +5,7 @@ envFrom."""
 from __future__ import annotations
 
 from grpojob_api.v1alpha1 import ConditionType
-from grpojob_operator import manifests
+from grpojob_operator.children.endpoints import build_endpoints, gcs_address
 from grpojob_operator.plan.conditions import set_condition
 from grpojob_operator.plan.config_maps import config_map_actions
 from grpojob_operator.plan.context import GO_ON, STOP, Pass
@@ -17,10 +17,10 @@ def endpoints(pass_: Pass) -> bool:
     if head is None:  # the Ray head stage goes on only with one
         return STOP
     status.attempt = max(status.attempt, 1)
-    manifest = manifests.build_endpoints(job, settings, head.ip or "", status.attempt)
+    manifest = build_endpoints(job, settings, head.ip or "", status.attempt)
     pass_.plan.actions += config_map_actions(manifest, pass_.observed)
     pass_.endpoints = manifest["data"]
-    status.gcs_address = manifests.gcs_address(job, settings)
+    status.gcs_address = gcs_address(job, settings)
     message = f"{pass_.child.endpoints}: GCS {status.gcs_address}, head pod IP {head.ip}"
     set_condition(status, ConditionType.ENDPOINTS_PUBLISHED, True, "EndpointsPublished", message, pass_.now)
     return GO_ON

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.v1alpha1 import ConditionType
-from grpojob_operator import manifests, names
+from grpojob_operator import names
+from grpojob_operator.children.environments import build_environment_deployment, build_environment_service
+from grpojob_operator.children.nemo_gym import build_nemo_gym_config_map, build_nemo_gym_deployment
 from grpojob_operator.observe import DeploymentInfo
 from grpojob_operator.plan.actions import Action, Create, Patch
 from grpojob_operator.plan.conditions import set_condition
@@ -23,10 +25,10 @@ def environments(pass_: Pass) -> bool:
         if env.nemo_gym is not None:
             plan.actions += _nemo_gym_actions(pass_, env)
         elif not observed.has("Deployment", name):
-            deployment = manifests.build_environment_deployment(job, env, pass_.settings, status.attempt)
+            deployment = build_environment_deployment(job, env, pass_.settings, status.attempt)
             plan.actions.append(Create(pass_.place(deployment)))
         if not observed.has("Service", name):
-            plan.actions.append(Create(manifests.build_environment_service(job, env)))
+            plan.actions.append(Create(build_environment_service(job, env)))
         current: DeploymentInfo | None = observed.get("Deployment", name)
         if current is None or current.ready_replicas < env.replicas:
             ready = current.ready_replicas if current else 0
@@ -44,10 +46,8 @@ def _nemo_gym_actions(pass_: Pass, env: api.EnvironmentSpec) -> list[Action]:
     """A NeMo Gym environment's config and Deployment, following the endpoints: when the config or the Ray
     head changed, the config is rewritten first, then the pod template's hash, which rolls the pods."""
     job, observed, head = pass_.job, pass_.observed, pass_.head
-    actions = config_map_actions(manifests.build_nemo_gym_config_map(job, env, pass_.endpoints), observed)
-    deployment = manifests.build_nemo_gym_deployment(
-        job, env, pass_.settings, pass_.endpoints, head.name if head else ""
-    )
+    actions = config_map_actions(build_nemo_gym_config_map(job, env, pass_.endpoints), observed)
+    deployment = build_nemo_gym_deployment(job, env, pass_.settings, pass_.endpoints, head.name if head else "")
     current: DeploymentInfo | None = observed.get("Deployment", deployment["metadata"]["name"])
     wanted = deployment["spec"]["template"]["metadata"]["annotations"][names.NEMO_GYM_CONFIG_HASH_ANNOTATION]
     if current is None:

@@ -9,7 +9,8 @@ import json
 from typing import Any
 
 from grpojob_api.v1alpha1 import ConditionType, Phase
-from grpojob_operator import manifests
+from grpojob_operator.children.claims import model_cache_claim
+from grpojob_operator.children.model import build_model_cache_claim, build_model_download_job
 from grpojob_operator.observe import PodInfo, TrainerJobInfo
 from grpojob_operator.plan.actions import Create, Delete
 from grpojob_operator.plan.conditions import fail, set_condition
@@ -24,7 +25,7 @@ def model(pass_: Pass) -> bool:
     if spec.id is None or status.model_commit:
         return GO_ON
     child = pass_.child
-    claim = manifests.model_cache_claim(job)
+    claim = model_cache_claim(job)
     what = f"{spec.id} at revision {spec.revision or 'main'}"
 
     def downloading() -> bool:
@@ -32,11 +33,11 @@ def model(pass_: Pass) -> bool:
         return STOP
 
     if claim == child.model_cache and not observed.has("PersistentVolumeClaim", claim):
-        plan.actions.append(Create(manifests.build_model_cache_claim(job)))
+        plan.actions.append(Create(build_model_cache_claim(job)))
     download: TrainerJobInfo | None = observed.get("Job", child.model_download)
     status.phase = Phase.INITIALIZING
     if download is None:
-        plan.actions.append(Create(pass_.place(manifests.build_model_download_job(job, pass_.settings))))
+        plan.actions.append(Create(pass_.place(build_model_download_job(job, pass_.settings))))
         return downloading()
     pods = [p for p in observed.pods() if p.component == "model-download" and not p.deleting]
     report = download_report(pods)

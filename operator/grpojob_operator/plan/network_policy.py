@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpojob_operator import manifests
+from grpojob_operator.children.network import build_network_policy
 from grpojob_operator.plan.actions import Create
 from grpojob_operator.plan.context import GO_ON, Pass
 
@@ -10,5 +10,5 @@ from grpojob_operator.plan.context import GO_ON, Pass
 def network_policy(pass_: Pass) -> bool:
     """Create the job's NetworkPolicy before any of its pods."""
     if not pass_.observed.has("NetworkPolicy", pass_.child.network_policy):
-        pass_.plan.actions.append(Create(manifests.build_network_policy(pass_.job)))
+        pass_.plan.actions.append(Create(build_network_policy(pass_.job)))
     return GO_ON

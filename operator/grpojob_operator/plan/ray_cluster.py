@@ -5,7 +5,8 @@ and a head pod with an IP."""
 from __future__ import annotations
 
 from grpojob_api.v1alpha1 import ConditionType, Phase
-from grpojob_operator import manifests
+from grpojob_operator.children.raycluster import build_generation_service, build_raycluster
+from grpojob_operator.children.trainer import build_progress, build_trainer_rbac
 from grpojob_operator.observe import RayClusterInfo
 from grpojob_operator.plan.actions import Create
 from grpojob_operator.plan.conditions import condition, set_condition
@@ -18,9 +19,9 @@ def ray_cluster(pass_: Pass) -> bool:
     have changed while the job was suspended)."""
     job, plan, observed = pass_.job, pass_.plan, pass_.observed
     if not observed.has("RayCluster", pass_.child.raycluster):
-        plan.actions.append(Create(pass_.place(manifests.build_raycluster(job, pass_.settings))))
+        plan.actions.append(Create(pass_.place(build_raycluster(job, pass_.settings))))
     plan.actions += config_map_actions(pass_.config_map(job), observed)
-    rest = [manifests.build_generation_service(job), manifests.build_progress(job), *manifests.build_trainer_rbac(job)]
+    rest = [build_generation_service(job), build_progress(job), *build_trainer_rbac(job)]
     plan.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
     return GO_ON
 

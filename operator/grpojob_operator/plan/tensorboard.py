@@ -3,7 +3,7 @@ shows each attempt's run as it appears), deleted when it is turned off."""
 
 from __future__ import annotations
 
-from grpojob_operator import manifests
+from grpojob_operator.children.tensorboard import build_tensorboard_deployment, build_tensorboard_service
 from grpojob_operator.plan.actions import Create
 from grpojob_operator.plan.cleanup import present, tensorboard_deletions
 from grpojob_operator.plan.context import GO_ON, Pass
@@ -16,7 +16,7 @@ def tensorboard(pass_: Pass) -> bool:
         pass_.plan.actions += present(tensorboard_deletions(pass_.child), observed)
         return GO_ON
     # Kueue admits TensorBoard's pod too (pod set `tensorboard`): it goes where its flavor says.
-    deployment = pass_.place(manifests.build_tensorboard_deployment(job, pass_.settings))
-    wanted = [deployment, manifests.build_tensorboard_service(job)]
+    deployment = pass_.place(build_tensorboard_deployment(job, pass_.settings))
+    wanted = [deployment, build_tensorboard_service(job)]
     pass_.plan.actions += [Create(m) for m in wanted if not observed.has(m["kind"], m["metadata"]["name"])]
     return GO_ON

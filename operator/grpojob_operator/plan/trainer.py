@@ -14,7 +14,8 @@ from datetime import datetime, timedelta
 from grpojob_api import v1alpha1 as api
 from grpojob_api.progress import parse_progress
 from grpojob_api.v1alpha1 import ConditionType, Phase
-from grpojob_operator import manifests
+from grpojob_operator.children.claims import output_model_status
+from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.observe import ConfigMapInfo, PodInfo, TrainerJobInfo
 from grpojob_operator.plan.actions import Create, Delete
 from grpojob_operator.plan.conditions import condition, fail, set_condition
@@ -60,7 +61,7 @@ def trainer(pass_: Pass) -> bool:
             return waiting(
                 "RestartingTrainer", f"waiting for pods of the previous attempt to go: {', '.join(leftovers)}"
             )
-        manifest = manifests.build_trainer_job(pass_.job, pass_.settings, status.attempt, status.model_commit)
+        manifest = build_trainer_job(pass_.job, pass_.settings, status.attempt, status.model_commit)
         plan.actions.append(Create(pass_.place(manifest)))
         return waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
     if job.complete:
@@ -152,4 +153,4 @@ def read_progress(job: api.GRPOJob, status: api.GRPOJobStatus, progress: ConfigM
             set_condition(status, ConditionType.STALLED, False, "Progressing", f"step {report.step}", now)
     status.step, status.mean_reward = report.step, report.mean_reward
     if report.output_model is not None and report.output_model_step is not None:
-        status.output_model = manifests.output_model_status(job, report.output_model, report.output_model_step)
+        status.output_model = output_model_status(job, report.output_model, report.output_model_step)

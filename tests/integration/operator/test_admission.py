@@ -23,7 +23,7 @@ from kubernetes import client
 
 from grpojob_api import admission, kubeyaml
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests
+from grpojob_operator.children.environments import build_environment_deployment
 from grpojob_operator.settings import OperatorSettings
 from grpojob_testing import build
 from grpojob_trainer.cli import load_job
@@ -350,7 +350,7 @@ def deployment_refusals(apps: client.AppsV1Api, namespace: str, admitted: dict[s
     job = api.parse_job(admitted)
     refusals = []
     for env in job.spec.environments:
-        deployment = manifests.build_environment_deployment(job, env, OperatorSettings(), 1)
+        deployment = build_environment_deployment(job, env, OperatorSettings(), 1)
         try:
             apps.create_namespaced_deployment(namespace, deployment, dry_run="All")
         except client.ApiException as error:

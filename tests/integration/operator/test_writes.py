@@ -9,7 +9,7 @@ import pytest
 from kubernetes.dynamic import DynamicClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from grpojob_operator.handlers import WATCHED_CHILDREN
+from grpojob_operator import kinds
 
 from .conftest import job_manifest, sleep_passes
 
@@ -37,14 +37,14 @@ def owned_children(jobs, name: str) -> list[tuple[str, str]]:
     uid = jobs.get(name)["metadata"]["uid"]
     dynamic = DynamicClient(jobs.core.api_client)
     found = []
-    for kind, group, version, _ in WATCHED_CHILDREN:
-        if kind == "Pod":
+    for kind in kinds.WATCHED:
+        if kind.kind == "Pod":
             continue
-        resource = dynamic.resources.get(api_version=f"{group}/{version}" if group else version, kind=kind)
+        resource = dynamic.resources.get(api_version=kind.api_version, kind=kind.kind)
         for item in resource.get(namespace=jobs.namespace).to_dict()["items"]:
             owners = item["metadata"].get("ownerReferences") or []
             if any(o.get("uid") == uid for o in owners):
-                found.append((kind, item["metadata"]["name"]))
+                found.append((kind.kind, item["metadata"]["name"]))
     return sorted(found)
 
 

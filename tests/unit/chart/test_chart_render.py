@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests
+from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.settings import DEFAULT_ENVIRONMENT_IMAGE, DEFAULT_RAY_IMAGE, OperatorSettings
 from grpojob_testing import build
 from tests.unit.operator.conftest import job_body
@@ -171,10 +171,10 @@ def test_cluster_wide_rbac_is_one_cluster_role_bound_to_the_operator(helm: Path)
     # The per-job trainer Role grants get/update/patch on a ConfigMap: the operator must hold them.
     assert {"get", "update", "patch"} <= granted[("", "configmaps")]
     # Every child kind the operator watches it may list and watch (a hub model's cache claim it also creates).
-    from grpojob_operator.handlers import WATCHED_CHILDREN
+    from grpojob_operator import kinds
 
-    for kind, group, _, plural in WATCHED_CHILDREN:
-        assert {"list", "watch"} <= granted[(group, plural)], kind
+    for kind in kinds.WATCHED:
+        assert {"list", "watch"} <= granted[(kind.group, kind.plural)], kind.kind
     assert "create" in granted[("", "persistentvolumeclaims")]
 
 
@@ -251,7 +251,7 @@ def test_the_trainer_pod_monitor_is_off_by_default_and_scrapes_the_metrics_port_
     (monitor,) = by_kind(render(helm, "--set", "metrics.trainerPodMonitor.enabled=true"), "PodMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
-    trainer = manifests.build_trainer_job(api.parse_job(job_body()), OperatorSettings(), 1)["spec"]["template"]
+    trainer = build_trainer_job(api.parse_job(job_body()), OperatorSettings(), 1)["spec"]["template"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= trainer["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] in [p["name"] for p in trainer["spec"]["containers"][0]["ports"]]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpojob_operator.manifests import NON_ROOT_UID
+from grpojob_operator.children.pod import NON_ROOT_UID
 from grpojob_operator.settings import RAY_VERSION
 
 REPO = Path(__file__).resolve().parents[3]

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests
+from grpojob_operator.children.trainer import build_config_map
 from grpojob_operator.observe import ConfigMapInfo, OtherInfo, PodInfo, RayClusterInfo
 
 JOB_SPEC: dict[str, Any] = {
@@ -51,7 +51,7 @@ def children_up_to_the_head(job: api.GRPOJob, head: PodInfo, head_ready: bool = 
         "NetworkPolicy": {"demo-network": OtherInfo("demo-network", False)},
         "RayCluster": {"demo": RayClusterInfo("demo", head_ready, False)},
         "ConfigMap": {
-            "demo-config": ConfigMapInfo("demo-config", tuple(manifests.build_config_map(job)["data"].items())),
+            "demo-config": ConfigMapInfo("demo-config", tuple(build_config_map(job)["data"].items())),
             "demo-progress": ConfigMapInfo("demo-progress", ()),
         },
         "Service": {"demo-generation": OtherInfo("demo-generation", False)},

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from grpojob_api import crd
 from grpojob_api import v1alpha1 as api
 from grpojob_api.quantity import parse_quantity
-from grpojob_operator import manifests
+from grpojob_operator.children.trainer import render_job_config
 from grpojob_trainer.cli import load_job
 from grpojob_trainer.errors import UsageError
 
@@ -85,7 +85,7 @@ def test_a_null_is_an_absent_field_unless_the_field_is_nullable():
 def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
     job = api.parse_job(with_spec("grpo.importanceSamplingCap", None))
     config = tmp_path / "job.yaml"
-    config.write_text(manifests.render_job_config(job))
+    config.write_text(render_job_config(job))
     assert load_job(config).spec == job.spec
 
 
@@ -236,7 +236,7 @@ def test_grpojob_run_reads_plain_scalars_as_kubectl(tmp_path):
 def test_the_trainer_config_keeps_strings_kubectl_would_read_as_numbers(tmp_path):
     job = api.parse_job(with_spec("environments.0.env", [{"name": "A", "value": "y"}, {"name": "B", "value": "1e9"}]))
     config = tmp_path / "job.yaml"
-    config.write_text(manifests.render_job_config(job))
+    config.write_text(render_job_config(job))
     assert load_job(config).spec == job.spec
 
 

@@ -1,8 +1,8 @@
 """Golden files: every child the operator builds for every example GRPOJob (and for a Kueue-managed,
-watched and scheduled variant of the arithmetic example), rendered to YAML under `golden/`. A change to what a
-job's children look like shows up as a diff of these files; a refactor that keeps behaviour leaves them
-equal. Regenerate after an intended change with ``GRPOJOB_UPDATE_GOLDEN=1 pytest <this file>`` and read
-the diff.
+watched and scheduled variant of the arithmetic example, and a Kueue-managed variant of the hub example),
+rendered to YAML under `golden/`. A change to what a job's children look like shows up as a diff of these
+files; a refactor that keeps behaviour leaves them equal. Regenerate after an intended change with
+``GRPOJOB_UPDATE_GOLDEN=1 pytest <this file>`` and read the diff.
 """
 
 from __future__ import annotations
@@ -16,7 +16,16 @@ import pytest
 import yaml
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import kueue, manifests
+from grpojob_operator import kueue
+from grpojob_operator.children.claims import model_cache_claim
+from grpojob_operator.children.endpoints import build_endpoints
+from grpojob_operator.children.environments import build_environment_deployment, build_environment_service
+from grpojob_operator.children.model import build_model_cache_claim, build_model_download_job
+from grpojob_operator.children.nemo_gym import build_nemo_gym_config_map, build_nemo_gym_deployment
+from grpojob_operator.children.network import build_network_policy
+from grpojob_operator.children.raycluster import build_generation_service, build_raycluster
+from grpojob_operator.children.tensorboard import build_tensorboard_deployment, build_tensorboard_service
+from grpojob_operator.children.trainer import build_config_map, build_progress, build_trainer_job, build_trainer_rbac
 from grpojob_operator.settings import OperatorSettings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -50,39 +59,48 @@ def queued_watched_variant(example: dict[str, Any]) -> dict[str, Any]:
     return job
 
 
+def queued_hub_variant(example: dict[str, Any]) -> dict[str, Any]:
+    """The hub-model example admitted through Kueue: its Workload comes before the model's download."""
+    job = copy.deepcopy(example)
+    job["metadata"]["name"] = "queued-hub"
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    return job
+
+
 def all_jobs() -> dict[str, dict[str, Any]]:
     jobs = example_jobs()
     jobs["queued-watched"] = queued_watched_variant(jobs["qwen2.5-1.5b-arithmetic"])
+    jobs["queued-hub"] = queued_hub_variant(jobs["qwen2.5-1.5b-instruct-hub"])
     return jobs
 
 
 def render_children(job: api.GRPOJob, settings: OperatorSettings) -> list[dict[str, Any]]:
     """Every child of ``job`` as the operator would create it once the Ray head is up (attempt 2)."""
-    children: list[dict[str, Any]] = [manifests.build_network_policy(job)]
+    children: list[dict[str, Any]] = [build_network_policy(job)]
     if job.spec.model.id is not None:
-        if manifests.model_cache_claim(job) == f"{job.metadata.name}-model-cache":
-            children.append(manifests.build_model_cache_claim(job))
-        children.append(manifests.build_model_download_job(job, settings))
+        if model_cache_claim(job) == f"{job.metadata.name}-model-cache":
+            children.append(build_model_cache_claim(job))
+        children.append(build_model_download_job(job, settings))
     children += [
-        manifests.build_raycluster(job, settings),
-        manifests.build_config_map(job),
-        manifests.build_generation_service(job),
-        manifests.build_progress(job),
-        *manifests.build_trainer_rbac(job),
+        build_raycluster(job, settings),
+        build_config_map(job),
+        build_generation_service(job),
+        build_progress(job),
+        *build_trainer_rbac(job),
     ]
     if job.spec.logging.tensorboard:
-        children += [manifests.build_tensorboard_deployment(job, settings), manifests.build_tensorboard_service(job)]
-    endpoints = manifests.build_endpoints(job, settings, HEAD_IP, ATTEMPT)
+        children += [build_tensorboard_deployment(job, settings), build_tensorboard_service(job)]
+    endpoints = build_endpoints(job, settings, HEAD_IP, ATTEMPT)
     children.append(endpoints)
     for env in job.spec.environments:
         if env.nemo_gym is not None:
-            children.append(manifests.build_nemo_gym_config_map(job, env, endpoints["data"]))
-            children.append(manifests.build_nemo_gym_deployment(job, env, settings, endpoints["data"], HEAD_POD))
+            children.append(build_nemo_gym_config_map(job, env, endpoints["data"]))
+            children.append(build_nemo_gym_deployment(job, env, settings, endpoints["data"], HEAD_POD))
         else:
-            children.append(manifests.build_environment_deployment(job, env, settings, ATTEMPT))
-        children.append(manifests.build_environment_service(job, env))
+            children.append(build_environment_deployment(job, env, settings, ATTEMPT))
+        children.append(build_environment_service(job, env))
     commit = MODEL_COMMIT if job.spec.model.id is not None else None
-    children.append(manifests.build_trainer_job(job, settings, ATTEMPT, commit))
+    children.append(build_trainer_job(job, settings, ATTEMPT, commit))
     if kueue.queue_name(job) is not None:
         children.append(kueue.build_workload(job, settings, priority=1000))
     return children

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from grpojob_operator import kinds
 from grpojob_operator.handlers import (
-    WATCHED_CHILDREN,
     WaitingForQuota,
     index_id,
     observed_from_indexes,
@@ -25,7 +25,7 @@ from .conftest import job_body
 
 
 def test_children_of_an_earlier_job_with_the_same_name_are_ignored():
-    indexes = {index_id(kind): {} for kind, *_ in WATCHED_CHILDREN}
+    indexes = {index_id(k.kind): {} for k in kinds.WATCHED}
     indexes[index_id("Service")] = {
         ("ns", "demo", "uid-old"): [OtherInfo("demo-generation", True)],
         ("ns", "demo", "uid-new"): [OtherInfo("demo-env-math", False)],

@@ -10,7 +10,10 @@ from typing import Any
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.v1alpha1 import Phase
-from grpojob_operator import kueue, manifests, names
+from grpojob_operator import kueue, names
+from grpojob_operator.children.model import build_model_download_job
+from grpojob_operator.children.raycluster import build_raycluster
+from grpojob_operator.children.tensorboard import build_tensorboard_deployment
 from grpojob_operator.observe import KueueContext, Observed, summarize
 from grpojob_operator.plan import plan as plan_job
 from grpojob_operator.plan.actions import Create, Delete, Patch
@@ -155,7 +158,7 @@ def test_an_unlabelled_job_has_no_workload():
     plan = plan_job(job_body(), Observed(), SETTINGS, NOW)
     assert "Workload" not in [a.manifest["kind"] for a in plan.actions if isinstance(a, Create)]
     assert plan.status.phase != Phase.QUEUED
-    assert manifests.build_raycluster(api.parse_job(job_body()), SETTINGS)["kind"] == "RayCluster"
+    assert build_raycluster(api.parse_job(job_body()), SETTINGS)["kind"] == "RayCluster"
 
 
 def test_a_suspended_job_gives_its_workload_up_and_queues_anew_when_resumed():
@@ -167,3 +170,49 @@ def test_a_suspended_job_gives_its_workload_up_and_queues_anew_when_resumed():
     plan = plan_job(body, observed_with(admitted), SETTINGS, NOW)
     assert ("Workload", "demo-workload") in [(a.kind, a.name) for a in plan.actions if isinstance(a, Delete)]
     assert plan.status.phase == Phase.SUSPENDED
+
+
+HUB_MODEL = {"id": "Qwen/Qwen2.5-0.5B", "servedModelName": "policy"}
+TRAINER_RULE = {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "cpu", "operator": "Exists"}]}
+
+
+def hub_body(tensorboard: bool = False) -> dict[str, Any]:
+    """A labelled job of a hub model, TensorBoard on or off, whose trainer has a scheduling rule."""
+    body = labelled_body()
+    body["spec"]["model"] = dict(HUB_MODEL)
+    body["spec"]["scheduling"] = {"trainer": TRAINER_RULE}
+    if tensorboard:
+        body["spec"]["logging"] = {"tensorboard": True}
+        body["spec"]["checkpointing"] = {"pvc": {"claimName": "data"}}
+    return body
+
+
+def test_a_hub_model_job_gets_a_workload_before_its_model_is_downloaded():
+    # The trainer's pod set needs its requests and scheduling, not the commit the download resolves later.
+    workload = kueue.build_workload(api.parse_job(hub_body()), SETTINGS, 1000)
+    assert "trainer" in {s["name"] for s in workload["spec"]["podSets"]}
+
+
+def test_the_model_download_and_tensorboard_are_pod_sets_placed_as_the_trainer():
+    sets = {s["name"]: s for s in kueue.pod_sets(api.parse_job(hub_body(tensorboard=True)), SETTINGS)}
+    assert sets["model-download"]["count"] == sets["tensorboard"]["count"] == 1
+    for name in ("model-download", "tensorboard", "trainer"):
+        spec = sets[name]["template"]["spec"]
+        assert spec["nodeSelector"] == {"pool": "cpu"}, name
+        assert spec["tolerations"] == [{"key": "cpu", "operator": "Exists"}], name
+    assert sets["model-download"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
+
+
+def test_only_a_hub_model_is_downloaded_and_only_tensorboard_watches_the_logs():
+    assert {"model-download", "tensorboard"}.isdisjoint(
+        s["name"] for s in kueue.pod_sets(api.parse_job(labelled_body()), SETTINGS)
+    )
+
+
+def test_the_admitted_flavors_place_the_model_download_and_tensorboard():
+    job = api.parse_job(hub_body(tensorboard=True))
+    place = kueue.placer({"model-download": ({"pool": "h200"}, []), "tensorboard": ({"pool": "cpu-b"}, [])})
+    download = place(build_model_download_job(job, SETTINGS))["spec"]["template"]["spec"]
+    tensorboard = place(build_tensorboard_deployment(job, SETTINGS))["spec"]["template"]["spec"]
+    assert download["nodeSelector"] == {"pool": "h200"}
+    assert tensorboard["nodeSelector"] == {"pool": "cpu-b"}

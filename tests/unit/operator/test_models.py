@@ -11,7 +11,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests
+from grpojob_operator.children.claims import HUB_CACHE_MOUNT, OUTPUT_MOUNT, model_cache_claim, model_path, output_claim
+from grpojob_operator.children.model import build_model_cache_claim, build_model_download_job
+from grpojob_operator.children.raycluster import build_raycluster
+from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.observe import ConfigMapInfo, Observed, OtherInfo, PodInfo, TrainerJobInfo
 from grpojob_operator.plan import plan as plan_job
 from grpojob_operator.plan.actions import Create, Delete, Plan
@@ -82,21 +85,21 @@ def test_a_cache_claim_the_spec_names_is_used_not_created():
 
 def test_the_download_job_runs_huggingface_hub_with_the_token_of_the_named_secret():
     job = api.parse_job(hub_body())
-    download = manifests.build_model_download_job(job, SETTINGS)
+    download = build_model_download_job(job, SETTINGS)
     (container,) = download["spec"]["template"]["spec"]["containers"]
 
     assert container["command"][:3] == ["grpojob", "download-model", "Qwen/Qwen2.5-0.5B-Instruct"]
     assert container["command"][-2:] == ["--revision", "v2"]
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
-    assert env["HF_HUB_CACHE"]["value"] == manifests.HUB_CACHE_MOUNT
+    assert env["HF_HUB_CACHE"]["value"] == HUB_CACHE_MOUNT
     assert "HF_HUB_OFFLINE" not in env
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert download["spec"]["backoffLimit"] == 0
     placed = hub_body(scheduling={"trainer": {"nodeSelector": {"pool": "cpu"}}})
-    template = manifests.build_model_download_job(api.parse_job(placed), SETTINGS)["spec"]["template"]
+    template = build_model_download_job(api.parse_job(placed), SETTINGS)["spec"]["template"]
     assert template["spec"]["nodeSelector"] == {"pool": "cpu"}  # placed as the trainer pod is
-    offline = manifests.build_model_download_job(api.parse_job(hub_body({"id": "org/m", "offline": True})), SETTINGS)
+    offline = build_model_download_job(api.parse_job(hub_body({"id": "org/m", "offline": True})), SETTINGS)
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in offline["spec"]["template"]["spec"]["containers"][0]["env"]
 
 
@@ -104,7 +107,7 @@ def test_the_claim_the_job_creates_has_the_size_and_class_of_the_spec():
     body = hub_body(
         {"id": "org/m", "cache": {"size": "200Gi", "storageClassName": "fast", "accessMode": "ReadWriteMany"}}
     )
-    claim = manifests.build_model_cache_claim(api.parse_job(body))
+    claim = build_model_cache_claim(api.parse_job(body))
 
     assert claim["spec"] == {
         "accessModes": ["ReadWriteMany"],
@@ -141,12 +144,12 @@ def test_the_commit_the_download_resolved_is_the_one_every_pod_loads():
     assert ("RayCluster", "demo") in created(result)
 
     job = api.parse_job(hub_body())
-    trainer = manifests.build_trainer_job(job, SETTINGS, 1, result.status.model_commit)
+    trainer = build_trainer_job(job, SETTINGS, 1, result.status.model_commit)
     env = {e["name"]: e.get("value") for e in trainer["spec"]["template"]["spec"]["containers"][0]["env"]}
     snapshot = f"/data/hf-cache/models--Qwen--Qwen2.5-0.5B-Instruct/snapshots/{COMMIT}"
     assert env["GRPOJOB_MODEL_PATH"] == snapshot
     with pytest.raises(ValueError, match="no commit yet"):
-        manifests.build_trainer_job(job, SETTINGS, 1)
+        build_trainer_job(job, SETTINGS, 1)
 
 
 def test_a_finished_download_whose_pod_the_cache_still_shows_running_is_waited_for_not_repeated():
@@ -164,8 +167,8 @@ def test_a_finished_download_whose_pod_the_cache_still_shows_running_is_waited_f
 
 def test_every_pod_that_loads_the_model_has_the_hub_off_and_the_cache_read_only():
     job = api.parse_job(hub_body())
-    cluster = manifests.build_raycluster(job, SETTINGS)
-    trainer = manifests.build_trainer_job(job, SETTINGS, 1, COMMIT)
+    cluster = build_raycluster(job, SETTINGS)
+    trainer = build_trainer_job(job, SETTINGS, 1, COMMIT)
     templates = [cluster["spec"]["headGroupSpec"]["template"], trainer["spec"]["template"]]
     templates += [group["template"] for group in cluster["spec"]["workerGroupSpecs"]]
     for template in templates:
@@ -175,7 +178,7 @@ def test_every_pod_that_loads_the_model_has_the_hub_off_and_the_cache_read_only(
         volumes = {v["name"]: v for v in template["spec"]["volumes"]}
         assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "demo-model-cache", "readOnly": True}
         mounts = {m["name"]: m for m in template["spec"]["containers"][0]["volumeMounts"]}
-        assert mounts["model"] == {"name": "model", "mountPath": manifests.HUB_CACHE_MOUNT, "readOnly": True}
+        assert mounts["model"] == {"name": "model", "mountPath": HUB_CACHE_MOUNT, "readOnly": True}
 
 
 @pytest.mark.parametrize(
@@ -223,13 +226,13 @@ def test_a_path_model_needs_no_download():
 def test_the_exported_model_goes_to_the_output_claim_on_the_policy_workers():
     body = job_body(spec={**JOB_SPEC, "output": {"pvc": {"claimName": "models", "path": "team"}, "path": "out/demo"}})
     job = api.parse_job(body)
-    cluster = manifests.build_raycluster(job, SETTINGS)
+    cluster = build_raycluster(job, SETTINGS)
     policy = next(g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "policy")
     mounts = {m["name"]: m for m in policy["template"]["spec"]["containers"][0]["volumeMounts"]}
-    assert mounts["output"] == {"name": "output", "mountPath": manifests.OUTPUT_MOUNT, "subPath": "team"}
-    trainer = manifests.build_trainer_job(job, SETTINGS, 1)
+    assert mounts["output"] == {"name": "output", "mountPath": OUTPUT_MOUNT, "subPath": "team"}
+    trainer = build_trainer_job(job, SETTINGS, 1)
     env = {e["name"]: e.get("value") for e in trainer["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["GRPOJOB_OUTPUT_DIR"] == f"{manifests.OUTPUT_MOUNT}/out/demo"
+    assert env["GRPOJOB_OUTPUT_DIR"] == f"{OUTPUT_MOUNT}/out/demo"
 
 
 def test_the_trainers_report_of_its_exported_model_becomes_status_output_model():
@@ -242,7 +245,7 @@ def test_the_trainers_report_of_its_exported_model_becomes_status_output_model()
     named = api.parse_job(
         job_body(spec={**spec, "model": {"path": "runs/models/demo/final", "pvc": {"claimName": "ckpt"}}})
     )
-    assert manifests.model_path(named) == "/data/model/runs/models/demo/final"
+    assert model_path(named) == "/data/model/runs/models/demo/final"
 
 
 def test_the_hub_example_names_its_model_by_id_and_exports_to_the_checkpoint_claim():
@@ -251,5 +254,5 @@ def test_the_hub_example_names_its_model_by_id_and_exports_to_the_checkpoint_cla
     from grpojob_trainer.cli import load_job
 
     job = load_job(Path(__file__).resolve().parents[3] / "examples" / "qwen2.5-1.5b-instruct-hub.yaml")
-    assert job.spec.model.id == "Qwen/Qwen2.5-1.5B-Instruct" and manifests.model_cache_claim(job) == "hf-cache"
-    assert manifests.output_claim(job) == job.spec.checkpointing.pvc and job.spec.output.every_checkpoint
+    assert job.spec.model.id == "Qwen/Qwen2.5-1.5B-Instruct" and model_cache_claim(job) == "hf-cache"
+    assert output_claim(job) == job.spec.checkpointing.pvc and job.spec.output.every_checkpoint

@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator import manifests
+from grpojob_operator.children.endpoints import endpoints_data
+from grpojob_operator.children.trainer import build_config_map
 from grpojob_operator.observe import ConfigMapInfo, DeploymentInfo, Observed, OtherInfo, PodInfo, TrainerJobInfo
 from grpojob_operator.plan import plan
 from grpojob_operator.plan.actions import Create, Delete, Plan, Replace
@@ -33,7 +34,7 @@ def base_children(head_ready: bool = True, head_ip: str = "10.0.0.2") -> dict:
 
 
 def with_endpoints(children: dict, ip: str = "10.0.0.2", attempt: int = 1) -> dict:
-    data = manifests.endpoints_data(JOB, SETTINGS, ip, attempt)
+    data = endpoints_data(JOB, SETTINGS, ip, attempt)
     children["ConfigMap"]["demo-endpoints"] = ConfigMapInfo("demo-endpoints", tuple(sorted(data.items())))
     children["Deployment"] = {"demo-env-math": DeploymentInfo("demo-env-math", 1)}
     children["Service"]["demo-env-math"] = OtherInfo("demo-env-math", False)
@@ -59,7 +60,7 @@ def one_pass(body: dict, children: dict) -> Pass:
     """The inputs of a pass over ``body`` (valid) for one stage on its own."""
     status = api.GRPOJobStatus.model_validate(body.get("status") or {})
     job = api.parse_job({k: v for k, v in body.items() if k != "status"})
-    return Pass(job, Plan(status=status), Observed(children), SETTINGS, NOW, manifests.build_config_map)
+    return Pass(job, Plan(status=status), Observed(children), SETTINGS, NOW, build_config_map)
 
 
 def running_attempt(step: str, attempt: int = 1) -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpojob_operator.kube import RESOURCES
+from grpojob_operator import kinds
 from grpojob_operator.plan.actions import Delete, Patch
 
 
@@ -11,4 +11,4 @@ def test_a_delete_and_a_patch_name_their_child_by_kind_and_name_only():
     assert (delete.kind, delete.name, delete.propagation) == ("Job", "demo-trainer", "Foreground")
     patch = Patch("Workload", "demo-workload", {"status": {}}, "status")
     assert (patch.kind, patch.name, patch.subresource) == ("Workload", "demo-workload", "status")
-    assert RESOURCES[patch.kind].collection("team-a") == "/apis/kueue.x-k8s.io/v1beta2/namespaces/team-a/workloads"
+    assert kinds.of(patch.kind).collection("team-a") == "/apis/kueue.x-k8s.io/v1beta2/namespaces/team-a/workloads"

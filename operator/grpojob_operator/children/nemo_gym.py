@@ -11,7 +11,7 @@ The pod runs the NeMo Gym image (`images/nemo-gym/`): `grpojob-supervise` turns 
 SIGINT for every server (NeMo Gym stops only on KeyboardInterrupt), and each server this image
 prepares has its virtual environment under `IMAGE_SERVERS_DIR`, so nothing installs at start.
 
-Pure functions: the builders in `manifests` put the results into the ConfigMap and the Deployment.
+Pure functions: the config, and the ConfigMap and the Deployment that carry it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ import yaml
 
 from grpojob_api import endpoints as contract
 from grpojob_api import v1alpha1 as api
+from grpojob_operator import names
+from grpojob_operator.children.environments import environment_deployment, environment_selector
+from grpojob_operator.children.meta import Manifest, job_ref, metadata
+from grpojob_operator.children.raycluster import ray_auth_env
+from grpojob_operator.settings import OperatorSettings
 
 CONFIG_DIR = "/etc/nemo-gym"
 CONFIG_FILE = "env.yaml"  # the name NeMo Gym looks for in its working directory
@@ -107,3 +112,47 @@ def config_hash(config_text: str, endpoints: Mapping[str, str], head_pod: str) -
     digest = hashlib.sha256(config_text.encode())
     digest.update(b"\0" + endpoints.get(contract.RAY_HEAD_POD_IP, "").encode() + b"\0" + head_pod.encode())
     return digest.hexdigest()[:16]
+
+
+def build_nemo_gym_config_map(job: api.GRPOJob, env: api.EnvironmentSpec, endpoints: dict[str, str]) -> Manifest:
+    """The NeMo Gym config of environment ``env`` (see `render_config`), from the endpoints' data."""
+    job_name, _ = job_ref(job)
+    name = names.ChildNames(job_name).nemo_gym_config(env.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(job, name, "environment", environment_selector(job, env)),
+        "data": {CONFIG_FILE: config_yaml(render_config(job, env, endpoints))},
+    }
+
+
+def build_nemo_gym_deployment(
+    job: api.GRPOJob, env: api.EnvironmentSpec, settings: OperatorSettings, endpoint_data: dict[str, str], head_pod: str
+) -> Manifest:
+    """Deployment of a NeMo Gym environment: each pod joins the job's Ray cluster as a node without
+    resources, then runs `ng_run` with the config of `build_nemo_gym_config_map`; the agent serves `/run`
+    on the environment's port. The pod template carries a hash of the config and the Ray head, so a new
+    head (or config) rolls the pods. Read-only root: Ray and NeMo Gym write to emptyDirs only."""
+    job_name, _ = job_ref(job)
+    config_text = config_yaml(render_config(job, env, endpoint_data))
+    server: Manifest = {
+        "name": "nemo-gym",
+        "image": env.image or settings.nemo_gym_image,
+        "command": COMMAND,
+        "workingDir": WORK_DIR,
+        "env": [*ray_auth_env(job), {"name": "HOME", "value": WORK_DIR}],
+    }
+    volumes = [
+        {"name": "config", "configMap": {"name": names.ChildNames(job_name).nemo_gym_config(env.name)}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+    ]
+    mounts = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": WORK_DIR},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    annotations = {names.NEMO_GYM_CONFIG_HASH_ANNOTATION: config_hash(config_text, endpoint_data, head_pod)}
+    # The attempt of the endpoints the config was rendered from: a new head rolls the pods.
+    attempt = int(endpoint_data[contract.GRPOJOB_ATTEMPT])
+    return environment_deployment(job, env, attempt, server, volumes, mounts, annotations)

@@ -1,0 +1,109 @@
+"""An environment's servers: a Deployment of `replicas` pods, each reading `<job>-endpoints`, and the Service
+the trainer sends rollouts to. A NeMo Gym environment's pods are built by `nemo_gym` on the same Deployment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpojob_api import endpoints
+from grpojob_api import v1alpha1 as api
+from grpojob_operator import names
+from grpojob_operator.children import pod
+from grpojob_operator.children.endpoints import endpoints_env_from, endpoints_volume, pod_attempt_env
+from grpojob_operator.children.meta import Manifest, job_ref, labels, metadata
+from grpojob_operator.settings import OperatorSettings
+
+
+def env_vars(variables: list[api.EnvVar]) -> list[Manifest]:
+    """The environment variables of `spec.environments[].env`, as a container's."""
+    out = []
+    for var in variables:
+        if var.secret_key_ref is not None:
+            ref = var.secret_key_ref
+            out.append({"name": var.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        else:
+            out.append({"name": var.name, "value": var.value})
+    return out
+
+
+def environment_selector(job: api.GRPOJob, env: api.EnvironmentSpec) -> dict[str, str]:
+    """The labels that select one environment's pods."""
+    job_name, _ = job_ref(job)
+    return {names.JOB_LABEL: job_name, names.ENVIRONMENT_LABEL: env.name}
+
+
+def environment_deployment(
+    job: api.GRPOJob,
+    env: api.EnvironmentSpec,
+    attempt: int,
+    server: Manifest,
+    volumes: list[Manifest],
+    mounts: list[Manifest],
+    annotations: dict[str, str] | None = None,
+) -> Manifest:
+    """The Deployment of environment ``env``, made during ``attempt``, whose container is ``server`` (its name,
+    image, command and leading environment variables) and whose pods mount ``volumes`` at ``mounts``. Every
+    environment's container reads `<job>-endpoints` (refusing those of an older attempt), listens on the
+    environment's port and is ready once it answers there; ``env.env`` comes last."""
+    job_name, _ = job_ref(job)
+    endpoints_vol, endpoints_mount = endpoints_volume(job)
+    selector = environment_selector(job, env)
+    fields: dict[str, Any] = {key: value for key, value in server.items() if key not in ("name", "image", "env")}
+    container = pod.container(
+        server["name"],
+        server["image"],
+        **fields,
+        env=[
+            *server.get("env", []),
+            {"name": endpoints.PORT, "value": str(env.port)},
+            {"name": endpoints.POLICY_MODEL_NAME, "value": job.spec.model.served_model_name},
+            pod_attempt_env(attempt),
+            *env_vars(env.env),
+        ],
+        envFrom=endpoints_env_from(job),
+        ports=[{"name": "http", "containerPort": env.port}],
+        readinessProbe={"httpGet": {"path": "/", "port": env.port}, "periodSeconds": 5},
+        resources=env.resources.model_dump(exclude_defaults=False),
+        volumeMounts=[*mounts, endpoints_mount],
+    )
+    template = pod.hardened_pod(
+        {**labels(job, "environment"), **selector},
+        [container],
+        [*volumes, endpoints_vol],
+        job.spec.scheduling.environments,
+        annotations=annotations,
+    )
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(job, names.ChildNames(job_name).environment(env.name), "environment", selector),
+        "spec": {"replicas": env.replicas, "selector": {"matchLabels": selector}, "template": template},
+    }
+
+
+def build_environment_deployment(
+    job: api.GRPOJob, env: api.EnvironmentSpec, settings: OperatorSettings, attempt: int
+) -> Manifest:
+    """Deployment of one environment server (the image's own, or `env.command`), made during ``attempt``."""
+    server: Manifest = {
+        "name": "environment",
+        "image": env.image or job.spec.images.environment or settings.environment_image,
+    }
+    if env.command:
+        server["command"] = env.command
+    if env.args:
+        server["args"] = env.args
+    tmp = [{"name": "tmp", "emptyDir": {}}], [{"name": "tmp", "mountPath": "/tmp"}]
+    return environment_deployment(job, env, attempt, server, *tmp)
+
+
+def build_environment_service(job: api.GRPOJob, env: api.EnvironmentSpec) -> Manifest:
+    """The Service over one environment's pods, on its port."""
+    job_name, _ = job_ref(job)
+    selector = environment_selector(job, env)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(job, names.ChildNames(job_name).environment(env.name), "environment", selector),
+        "spec": {"selector": selector, "ports": [{"name": "http", "port": env.port, "targetPort": env.port}]},
+    }

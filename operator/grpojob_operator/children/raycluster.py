@@ -1,0 +1,154 @@
+"""The job's Ray cluster: the RayCluster (a CPU head that runs no work, the `generation` and `policy` GPU
+worker groups) and the headless Service over the generation servers."""
+
+from __future__ import annotations
+
+import json
+
+from grpojob_api import endpoints
+from grpojob_api import v1alpha1 as api
+from grpojob_operator import names
+from grpojob_operator.children import claims, pod
+from grpojob_operator.children.meta import Manifest, job_ref, labels, metadata
+from grpojob_operator.settings import OperatorSettings
+
+GPU_RESOURCE = "nvidia.com/gpu"
+RAY_TMP_MOUNT = "/tmp"  # Ray's session directory (/tmp/ray) and the images' HOME and caches
+
+
+def ray_auth_env(job: api.GRPOJob) -> list[Manifest]:
+    """Every process of the job's Ray cluster (the Ray pods, the trainer, NeMo Gym pods that join it)
+    runs with token authentication and the job's token, from the Secret KubeRay creates for the
+    RayCluster. KubeRay would add the same to its own pods; they carry it explicitly so every pod reads
+    alike."""
+    job_name, _ = job_ref(job)
+    secret = {"name": names.ChildNames(job_name).ray_token_secret, "key": endpoints.RAY_AUTH_TOKEN_SECRET_KEY}
+    return [
+        {"name": endpoints.RAY_AUTH_MODE, "value": endpoints.RAY_AUTH_MODE_TOKEN},
+        {"name": endpoints.RAY_AUTH_TOKEN, "valueFrom": {"secretKeyRef": secret}},
+    ]
+
+
+def _worker_resources(gpus: int) -> Manifest:
+    if gpus == 0:
+        return {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+    memory = f"{32 * gpus}Gi"
+    return {
+        "requests": {"cpu": str(8 * gpus), "memory": memory, GPU_RESOURCE: str(gpus)},
+        "limits": {"memory": memory, GPU_RESOURCE: str(gpus)},
+    }
+
+
+def _ray_scratch_volumes() -> list[Manifest]:
+    return [{"name": "tmp", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}}]
+
+
+def _ray_scratch_mounts() -> list[Manifest]:
+    """Where a Ray container writes, its root filesystem being read-only: /tmp (Ray's session
+    directory /tmp/ray, HOME and caches) and /dev/shm (the object store)."""
+    return [{"name": "tmp", "mountPath": RAY_TMP_MOUNT}, {"name": "shm", "mountPath": "/dev/shm"}]
+
+
+def _role_scheduling(job: api.GRPOJob, group: str) -> api.PodScheduling:
+    return job.spec.scheduling.generation if group == endpoints.GENERATION_GROUP else job.spec.scheduling.policy
+
+
+def _worker_group(
+    job: api.GRPOJob, group: str, replicas: int, gpus: int, image: str, ports: list[Manifest]
+) -> Manifest:
+    model = claims.model_mount(job)
+    volumes, mounts = model.volumes, model.mounts
+    resource_units = 1  # of the group's custom Ray resource: one actor per pod, or per policy rank
+    if group == endpoints.POLICY_GROUP:
+        resource_units = job.spec.training.ranks_per_replica
+        checkpoints, output = claims.checkpoint_mount(job), claims.output_mount(job)
+        volumes, mounts = claims.share_claims(
+            [*volumes, *checkpoints.volumes, *output.volumes], [*mounts, *checkpoints.mounts, *output.mounts]
+        )
+    worker = pod.container(
+        "ray-worker",
+        image,
+        env=[*ray_auth_env(job), *claims.hub_env(job)],
+        resources=_worker_resources(gpus),
+        ports=ports,
+        volumeMounts=[*mounts, *_ray_scratch_mounts()],
+    )
+    return {
+        "groupName": group,
+        "replicas": replicas,
+        "minReplicas": replicas,
+        "maxReplicas": replicas,
+        # A custom Ray resource per group lets the trainer place its actors on the right pods. KubeRay
+        # pastes the value into a shell command line, so it is single-quoted, as KubeRay quotes its own.
+        "rayStartParams": {"resources": f"'{json.dumps({group: resource_units})}'"},
+        "template": pod.hardened_pod(
+            labels(job, group), [worker], [*volumes, *_ray_scratch_volumes()], _role_scheduling(job, group)
+        ),
+    }
+
+
+def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
+    """The RayCluster: a CPU head that runs no work, and the `generation` and `policy` GPU groups (which
+    mount the model's claim; the trainer tells them the model's path)."""
+    job_name, _ = job_ref(job)
+    image = job.spec.images.ray or settings.ray_image
+    generation, training = job.spec.generation, job.spec.training
+    head = pod.container(
+        "ray-head",
+        image,
+        env=[*ray_auth_env(job), *claims.hub_env(job)],
+        resources={"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}},
+        ports=[
+            {"name": "gcs", "containerPort": endpoints.GCS_PORT},
+            {"name": "dashboard", "containerPort": endpoints.DASHBOARD_PORT},
+            {"name": "client", "containerPort": endpoints.RAY_CLIENT_PORT},
+        ],
+        volumeMounts=_ray_scratch_mounts(),
+    )
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": metadata(job, names.ChildNames(job_name).raycluster, "ray"),
+        "spec": {
+            "rayVersion": settings.ray_version,
+            # KubeRay creates the Secret `names.ChildNames.ray_token_secret` with a random token and hands
+            # it to the Ray pods; the operator hands it to the trainer and the NeMo Gym pods.
+            "authOptions": {"mode": "token"},
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": {
+                "serviceType": "ClusterIP",
+                "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
+                # Ray pods need no Kubernetes API token (no autoscaler): the hardened pod mounts none.
+                "template": pod.hardened_pod(
+                    labels(job, "ray-head"), [head], _ray_scratch_volumes(), job.spec.scheduling.head
+                ),
+            },
+            "workerGroupSpecs": [
+                _worker_group(
+                    job,
+                    endpoints.GENERATION_GROUP,
+                    generation.replicas,
+                    generation.gpus_per_replica,
+                    image,
+                    [{"name": "http", "containerPort": endpoints.GENERATION_PORT}],
+                ),
+                _worker_group(job, endpoints.POLICY_GROUP, training.replicas, training.gpus_per_replica, image, []),
+            ],
+        },
+    }
+
+
+def build_generation_service(job: api.GRPOJob) -> Manifest:
+    """Headless Service over the generation workers: the OpenAI-compatible policy endpoint."""
+    job_name, _ = job_ref(job)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(job, names.ChildNames(job_name).generation_service, "generation"),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {names.RAY_CLUSTER_LABEL: job_name, names.RAY_GROUP_LABEL: endpoints.GENERATION_GROUP},
+            "ports": [{"name": "http", "port": endpoints.GENERATION_PORT, "targetPort": endpoints.GENERATION_PORT}],
+            "publishNotReadyAddresses": False,
+        },
+    }

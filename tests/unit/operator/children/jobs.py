@@ -1,0 +1,36 @@
+"""The job the builder tests start from, and what they read of a container."""
+
+from __future__ import annotations
+
+from grpojob_api import v1alpha1 as api
+from grpojob_operator.settings import OperatorSettings
+
+from ..conftest import job_body
+
+SETTINGS = OperatorSettings(cluster_domain="cluster.example", ray_image="example/ray:1")
+
+
+def job(**spec_overrides) -> api.GRPOJob:
+    """The `demo` job of `conftest.job_body`, with ``spec_overrides``."""
+    body = job_body()
+    body["spec"].update(spec_overrides)
+    return api.parse_job(body)
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    """A container's environment variables, by name."""
+    return {e["name"]: e for e in container["env"]}
+
+
+TOOL_CALL = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
+AGENT = "example_single_tool_call_simple_agent"
+
+
+def gym_body(**nemo_gym_fields) -> dict:
+    """The `demo` job with a plain environment `math` and a NeMo Gym environment `tools`."""
+    body = job_body()
+    body["spec"]["environments"] = [
+        {"name": "math", "command": ["python", "-m", "grpojob_trainer.environments", "arithmetic"]},
+        {"name": "tools", "port": 9000, "nemoGym": {"configPaths": [TOOL_CALL], "agent": AGENT, **nemo_gym_fields}},
+    ]
+    return body

@@ -1,0 +1,65 @@
+"""The RayCluster and the generation Service."""
+
+from __future__ import annotations
+
+from grpojob_operator.children.raycluster import build_generation_service, build_raycluster
+from grpojob_operator.children.trainer import build_trainer_job
+
+from .jobs import SETTINGS, job
+
+
+def test_raycluster_has_a_cpu_head_and_gpu_groups_sized_from_the_spec():
+    cluster = build_raycluster(job(), SETTINGS)["spec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in head["resources"]["requests"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
+    assert groups["generation"]["replicas"] == 2
+    assert groups["policy"]["replicas"] == 1
+    policy = groups["policy"]["template"]["spec"]["containers"][0]
+    assert policy["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    # KubeRay pastes rayStartParams into a shell command line: the JSON must be single-quoted.
+    assert groups["generation"]["rayStartParams"]["resources"] == """'{"generation": 1}'"""
+    # One policy rank per GPU: a policy pod offers one unit of the `policy` resource per GPU.
+    assert groups["policy"]["rayStartParams"]["resources"] == """'{"policy": 4}'"""
+    assert head["image"] == "example/ray:1"
+
+
+def test_cpu_only_groups_request_no_gpu():
+    cluster = build_raycluster(job(training={"gpusPerReplica": 0}), SETTINGS)["spec"]
+    policy = next(g for g in cluster["workerGroupSpecs"] if g["groupName"] == "policy")
+    assert "nvidia.com/gpu" not in policy["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert policy["rayStartParams"]["resources"] == """'{"policy": 1}'"""  # one CPU rank per pod
+
+
+def test_generation_service_is_headless_over_the_generation_workers():
+    service = build_generation_service(job())["spec"]
+    assert service["clusterIP"] == "None"
+    assert service["selector"] == {"ray.io/cluster": "demo", "ray.io/group": "generation"}
+    assert service["ports"][0]["port"] == 8000
+
+
+def test_every_ray_process_runs_with_token_auth_and_the_jobs_token():
+    j = job()
+    cluster = build_raycluster(j, SETTINGS)["spec"]
+    assert cluster["authOptions"] == {"mode": "token"}  # KubeRay creates the Secret `demo` with the token
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    templates.append(build_trainer_job(j, SETTINGS, 1)["spec"]["template"])
+    token = {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": "demo", "key": "auth_token"}}}
+    for template in templates:
+        env = template["spec"]["containers"][0]["env"]
+        assert {"name": "RAY_AUTH_MODE", "value": "token"} in env and token in env
+        assert all(var.get("value") != "disabled" for var in env)
+
+
+def test_ray_pods_mount_no_api_token_and_write_only_to_their_volumes():
+    cluster = build_raycluster(job(), SETTINGS)["spec"]
+    for template in [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]:
+        pod = template["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        (container,) = pod["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert "emptyDir" in volumes[mounts["/tmp"]]  # Ray's session directory, /tmp/ray
+        assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}

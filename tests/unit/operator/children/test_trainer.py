@@ -1,0 +1,47 @@
+"""The trainer Job, its RBAC, its config and what it reads."""
+
+from __future__ import annotations
+
+from grpojob_api import v1alpha1 as api
+from grpojob_operator.children.trainer import build_trainer_job, build_trainer_rbac, render_job_config
+
+from .jobs import SETTINGS, env_of, job
+
+
+def test_trainer_may_only_touch_its_own_progress_config_map():
+    role = next(m for m in build_trainer_rbac(job()) if m["kind"] == "Role")
+    (rule,) = role["rules"]
+    assert rule["resources"] == ["configmaps"] and rule["resourceNames"] == ["demo-progress"]
+    assert rule["verbs"] == ["get", "update", "patch"]
+
+
+def test_job_config_renders_the_spec_the_trainer_parses_back():
+    j = job()
+    rendered = render_job_config(j)
+    import yaml
+
+    again = api.parse_job(yaml.safe_load(rendered))
+    assert again.spec == j.spec
+
+
+def test_the_trainer_serves_its_metrics_on_a_named_port():
+    (container,) = build_trainer_job(job(), SETTINGS, 1)["spec"]["template"]["spec"]["containers"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9090}]
+    assert env_of(container)["GRPOJOB_TRAINER_METRICS_PORT"]["value"] == "9090"
+
+
+def test_tracking_credentials_come_from_the_secrets_the_job_names():
+    j = job(
+        logging={
+            "mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "mlflow-auth"},
+            "wandb": {"project": "grpo", "apiKeySecret": {"name": "wandb", "key": "api-key"}},
+        }
+    )
+    (container,) = build_trainer_job(j, SETTINGS, 1)["spec"]["template"]["spec"]["containers"]
+    assert {"secretRef": {"name": "mlflow-auth"}} in container["envFrom"]
+    assert env_of(container)["WANDB_API_KEY"] == {
+        "name": "WANDB_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}},
+    }
+    (plain,) = build_trainer_job(job(), SETTINGS, 1)["spec"]["template"]["spec"]["containers"]
+    assert "WANDB_API_KEY" not in env_of(plain) and len(plain["envFrom"]) == 1
