@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
-from grpojob_trainer.checkpoint import (
+from grpojob_trainer.algorithm.grpo import LossConfig
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.policy.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
 )
-from grpojob_trainer.grpo import LossConfig
-from grpojob_trainer.policy import PolicyTrainer
-from grpojob_trainer.samples import TrainingSample
+from grpojob_trainer.policy.trainer import PolicyTrainer
 
 from .models import tiny_causal_lm
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpojob_trainer import logprobs, policy
-from grpojob_trainer.policy import TokenBatch, build_batch, token_logprobs
-from grpojob_trainer.samples import TrainingSample
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.policy import forward, logprobs
+from grpojob_trainer.policy.forward import TokenBatch, build_batch, token_logprobs
 
 from .models import tiny_causal_lm
 
@@ -53,7 +53,7 @@ def loss_and_gradients(model: torch.nn.Module, compute) -> tuple[torch.Tensor, d
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("chunk_positions", [None, 3], ids=["one-chunk", "chunks-of-3"])
 def test_the_chunked_head_gives_the_full_logits_values_and_gradients(tied, chunk_positions, monkeypatch):
-    monkeypatch.setattr(policy, "FULL_LOGITS_BYTES", 0)  # every micro-batch through the chunked head
+    monkeypatch.setattr(forward, "FULL_LOGITS_BYTES", 0)  # every micro-batch through the chunked head
     if chunk_positions is not None:  # the tiny vocabulary fits one chunk: force several
         monkeypatch.setattr(logprobs, "CHUNK_BYTES", 4 * 64 * chunk_positions)
     expected, expected_grads = loss_and_gradients(tiny_causal_lm(seed=2, tied=tied), full_logits_logprobs)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
-from grpojob_trainer.grpo import LossConfig
-from grpojob_trainer.policy import PolicyTrainer
-from grpojob_trainer.samples import TrainingSample
+from grpojob_trainer.algorithm.grpo import LossConfig
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.policy.trainer import PolicyTrainer
 from tests.distributed import run_on_ranks
 
 from .models import tiny_causal_lm
@@ -57,13 +57,13 @@ def new_trainer(aggregation: str = "token", mesh=None, packed: bool = False) -> 
 
 
 def gathered(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
-    from grpojob_trainer.weights import trainable_weights
+    from grpojob_trainer.weight_sync.buckets import trainable_weights
 
     return {name: tensor.clone() for name, tensor in trainable_weights(trainer.model)}
 
 
 def join(rank: int, world: int, host: str, port: int):
-    from grpojob_trainer.ranks import init_ranks
+    from grpojob_trainer.policy.ranks import init_ranks
 
     return init_ranks(host, port, rank=rank, world=world, backend="gloo")
 
@@ -129,13 +129,13 @@ def test_a_packed_step_on_two_ranks_equals_the_padded_step_on_one():
 
 def full_state(trainer: PolicyTrainer) -> tuple[dict, dict]:
     """A copy of the gathered state (on the CPU, some of it are the live tensors)."""
-    from grpojob_trainer.checkpoint import gather_state
+    from grpojob_trainer.policy.checkpoint import gather_state
 
     return copy.deepcopy(gather_state(trainer.model, trainer.optimizer))
 
 
 def rank_checkpoints(rank: int, world: int, host: str, port: int, one_rank_checkpoint: str, directory: str) -> dict:
-    from grpojob_trainer.checkpoint import load_checkpoint, save_checkpoint
+    from grpojob_trainer.policy.checkpoint import load_checkpoint, save_checkpoint
 
     trainer = new_trainer(mesh=join(rank, world, host, port))
     load_checkpoint(one_rank_checkpoint, model=trainer.model, optimizer=trainer.optimizer)
@@ -163,7 +163,7 @@ def assert_same_state(left: tuple[dict, dict], right: tuple[dict, dict]) -> None
 
 
 def test_checkpoints_move_between_one_and_two_ranks(tmp_path: Path):
-    from grpojob_trainer.checkpoint import load_checkpoint, save_checkpoint
+    from grpojob_trainer.policy.checkpoint import load_checkpoint, save_checkpoint
 
     one = new_trainer()
     one.train_step(step_samples())

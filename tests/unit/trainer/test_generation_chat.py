@@ -11,7 +11,7 @@ from grpojob_trainer.generation.app import ApiError, ChatCompletionRequest, chec
 from grpojob_trainer.generation.backend import SamplingParams
 from grpojob_trainer.generation.chat import PromptError, build_prompt_token_ids, encode, parse_tool_calls
 from grpojob_trainer.generation.transformers_backend import sample_next_tokens
-from grpojob_trainer.tiny_model import build_tokenizer
+from grpojob_trainer.models.tiny import build_tokenizer
 
 TOKENIZER = build_tokenizer()
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpojob_api.v1alpha1 import GrpoSpec, KlEstimator, LossAggregation
-from grpojob_trainer.grpo import (
+from grpojob_trainer.algorithm.grpo import (
     KL_CLAMP,
     LossConfig,
     LossInputs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from grpojob_trainer.penguin.gym_errors import inner_client_error
+from grpojob_trainer.nemo_gym.errors import inner_client_error
 
 OUR_400 = {
     "error": {

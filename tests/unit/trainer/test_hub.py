@@ -15,8 +15,8 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpojob_api import v1alpha1 as api
-from grpojob_trainer.hub import place_in_cache
-from grpojob_trainer.tiny_model import write_tiny_model
+from grpojob_trainer.models.hub import place_in_cache
+from grpojob_trainer.models.tiny import write_tiny_model
 
 MODEL_ID = "grpojob-tests/tiny-chat"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.cli import main
-from grpojob_trainer.local_environments import environment_command
+from grpojob_trainer.ray_runtime.local_environments import environment_command
 
 
 def env(**fields) -> api.EnvironmentSpec:

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.cli import main
-from grpojob_trainer.tiny_model import write_tiny_model
-from grpojob_trainer.workers import PolicyWorker
+from grpojob_trainer.models.tiny import write_tiny_model
+from grpojob_trainer.policy.worker import PolicyWorker
 from tests.distributed import run_on_ranks
 
 from .test_fsdp_policy import step_samples
@@ -99,7 +99,7 @@ def test_untied_output_layers_are_exported_with_their_own_weights(untied_model, 
 
 
 def test_a_large_model_is_written_in_safetensors_shards_with_an_index(base_model, tmp_path):
-    from grpojob_trainer.model_export import read_weights, write_model
+    from grpojob_trainer.policy.export import read_weights, write_model
 
     state = read_weights(base_model)
     out = write_model(state, tmp_path / "sharded", base=base_model, dtype="float32", max_shard_size="300KB")
@@ -111,7 +111,7 @@ def test_a_large_model_is_written_in_safetensors_shards_with_an_index(base_model
 
 
 def two_rank_export(rank: int, world: int, host: str, port: int, model_dir: str, out: str) -> dict:
-    from grpojob_trainer.checkpoint import gather_model_state
+    from grpojob_trainer.policy.checkpoint import gather_model_state
 
     worker = trained_policy(Path(model_dir), rank, world, host, port)
     gathered = gather_model_state(worker.trainer.model)
@@ -156,7 +156,7 @@ def test_a_new_job_continues_from_an_earlier_jobs_checkpoint(base_model, tmp_pat
 
 
 def test_a_checkpoint_without_the_models_files_needs_the_base_model(base_model, tmp_path, capsys):
-    from grpojob_trainer.checkpoint import save_checkpoint
+    from grpojob_trainer.policy.checkpoint import save_checkpoint
 
     worker = trained_policy(base_model)
     save_checkpoint(
@@ -175,7 +175,7 @@ def test_a_checkpoint_without_the_models_files_needs_the_base_model(base_model, 
 
 
 def test_exports_with_checkpoints_keep_the_newest(tmp_path):
-    from grpojob_trainer.model_export import prune_exports
+    from grpojob_trainer.policy.export import prune_exports
 
     for step in (2, 4, 6):
         (tmp_path / api.step_model_dir(step)).mkdir()

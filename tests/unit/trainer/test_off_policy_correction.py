@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from grpojob_trainer.grpo import LossConfig, LossInputs, policy_loss
+from grpojob_trainer.algorithm.grpo import LossConfig, LossInputs, policy_loss
 
 LOGITS = torch.tensor([0.5, -0.3, 1.0, 0.0, -1.0])
 STALE_LOGITS = LOGITS - torch.tensor([0.8, 0.0, -0.6, 0.4, 0.0])

@@ -2,7 +2,7 @@
 losses and gradients.
 
 On the CPU the packed path's attention is SDPA on each sequence in turn (the fallback of
-`grpojob_trainer.packing.varlen_attention`); on CUDA the same function calls torch's variable-length
+`grpojob_trainer.policy.packing.varlen_attention`); on CUDA the same function calls torch's variable-length
 flash kernel instead (checked on the GPU by ``benchmarks/varlen_check.py`` and ``tests/gpu``)."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
-from grpojob_trainer import logprobs, packing, policy
-from grpojob_trainer.grpo import LossConfig
-from grpojob_trainer.packing import attention_per_sequence, pack
-from grpojob_trainer.policy import PolicyTrainer, PreparedBatch, build_batch, padding_batch, token_logprobs
-from grpojob_trainer.samples import TrainingSample
+from grpojob_trainer.algorithm.grpo import LossConfig
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.policy import forward, logprobs, packing
+from grpojob_trainer.policy.forward import build_batch, padding_batch, token_logprobs
+from grpojob_trainer.policy.packing import attention_per_sequence, pack
+from grpojob_trainer.policy.trainer import PolicyTrainer, PreparedBatch
 
 from .models import tiny_causal_lm
 
@@ -79,7 +80,7 @@ def assert_same(packed, padded, atol: float = 1e-5, rtol: float = 1e-4) -> None:
 @pytest.mark.parametrize("head", ["full-logits", "chunked-head"])
 def test_packed_logprobs_and_gradients_equal_the_padded_forwards(tied, head, monkeypatch):
     if head == "chunked-head":  # every micro-batch through the chunked head, in chunks of 3 positions
-        monkeypatch.setattr(policy, "FULL_LOGITS_BYTES", 0)
+        monkeypatch.setattr(forward, "FULL_LOGITS_BYTES", 0)
         monkeypatch.setattr(logprobs, "CHUNK_BYTES", 4 * 64 * 3)
     model = tiny_causal_lm(seed=2, tied=tied)
     padded = loss_and_gradients(model, samples(), packed=False)

@@ -7,11 +7,11 @@ import math
 import pydantic
 import pytest
 
-from grpojob_trainer.penguin.conversion import RolloutConversionError, result_to_sample
-from grpojob_trainer.penguin.metrics import percentile, rollout_metrics, summarize, timing_metrics
-from grpojob_trainer.penguin.protocol import Row, RunResult
-from grpojob_trainer.penguin.rollouts import PolicySampling
-from grpojob_trainer.samples import TrainingSample
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.nemo_gym.conversion import RolloutConversionError, result_to_sample
+from grpojob_trainer.nemo_gym.metrics import percentile, rollout_metrics, summarize, timing_metrics
+from grpojob_trainer.nemo_gym.protocol import Row, RunResult
+from grpojob_trainer.nemo_gym.rollouts import PolicySampling
 
 
 def turn(prompt, generated, log_probs=None, **extra):

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from grpojob_api.v1alpha1 import AdvantageSpec, GRPOJobSpec, OptimizerSpec
-from grpojob_trainer.grpo import LossConfig
-from grpojob_trainer.metrics import StepTimer
-from grpojob_trainer.policy import PolicyTrainer, build_batch, token_logprobs
-from grpojob_trainer.samples import TrainingSample
+from grpojob_trainer.algorithm.grpo import LossConfig
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.observability.metrics import StepTimer
+from grpojob_trainer.policy.forward import build_batch, token_logprobs
+from grpojob_trainer.policy.trainer import PolicyTrainer
 
 from .models import tiny_causal_lm
 
@@ -205,8 +206,8 @@ def reference_step_loss(
     aggregation: str,
 ) -> torch.Tensor:
     """The GRPO loss of one step written out sequence by sequence and token by token, sharing no code with
-    `grpojob_trainer.grpo` or `grpojob_trainer.policy`: each sequence's log-probabilities from a forward
-    over that sequence alone; advantages (reward - group mean) / (group std + 1e-6); and, since every
+    `grpojob_trainer.algorithm.grpo` or `grpojob_trainer.policy.trainer`: each sequence's log-probabilities from a
+    forward over that sequence alone; advantages (reward - group mean) / (group std + 1e-6); and, since every
     forward of the step runs with the weights that sampled it (one optimizer step per GRPO step), the
     ratio exp(logp - old logp) with the old log-probability the same value, detached."""
     per_sequence_losses, per_sequence_tokens = [], []

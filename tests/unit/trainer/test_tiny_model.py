@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from grpojob_trainer.tiny_model import IM_END, TinyModelConfig, write_tiny_model
+from grpojob_trainer.models.tiny import IM_END, TinyModelConfig, write_tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -34,7 +34,7 @@ def test_the_same_seed_writes_the_same_weights_and_auto_classes_load_them(tmp_pa
 
 
 def test_a_padded_vocabulary_gives_real_model_sized_embeddings_and_decodes_fillers():
-    from grpojob_trainer.tiny_model import build_tokenizer, build_vocab
+    from grpojob_trainer.models.tiny import build_tokenizer, build_vocab
 
     tokenizer = build_tokenizer(vocab_size=1000)
     assert len(tokenizer) == 1000 == len(build_vocab(1000))

@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch
 
-from grpojob_trainer.weights import WeightBroadcastGroup, pack_bucket, plan_buckets, unpack_bucket
+from grpojob_trainer.weight_sync.buckets import WeightBroadcastGroup, pack_bucket, plan_buckets, unpack_bucket
 
 SHAPES = [("embed", (10, 4)), ("layer.0.w", (4, 4)), ("layer.0.b", (4,)), ("big", (64, 4)), ("head.b", (3,))]
 

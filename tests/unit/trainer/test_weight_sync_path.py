@@ -1,6 +1,6 @@
 """Which path the policy's weights take to the engines, decided from where the actors are."""
 
-from grpojob_trainer.weight_sync import choose_path
+from grpojob_trainer.weight_sync.paths import choose_path
 
 
 def vllm(*uuids: str) -> dict:

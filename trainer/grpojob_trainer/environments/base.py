@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from grpojob_trainer.penguin.responses import item_text
+from grpojob_trainer.nemo_gym.responses import item_text
 
 ToolHandler = Callable[[dict[str, Any], dict[str, Any]], Awaitable[Any]]
 """``handler(arguments, session_state) -> JSON-serialisable result``."""
