@@ -46,7 +46,7 @@ class Verdict:
 
 
 class Environment(abc.ABC):
-    """One Penguin environment: the resources server's logic plus the agent's episode rules."""
+    """One NeMo Gym environment: the resources server's logic plus the agent's episode rules."""
 
     name: str
     """The environment name: ``agent_ref.name`` of its rows and the default instance name."""

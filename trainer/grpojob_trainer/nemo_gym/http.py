@@ -1,4 +1,4 @@
-"""HTTP plumbing shared by our Penguin-speaking servers: path-prefix stripping and in-thread serving."""
+"""HTTP plumbing shared by our NeMo Gym-speaking servers: path-prefix stripping and in-thread serving."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Collect rollouts from Penguin environment servers: the analogue of NeMo-RL's ``run_async_penguin_rollout``.
+"""Collect rollouts from NeMo Gym environment servers: the analogue of NeMo-RL's ``run_async_nemo_gym_rollout``.
 
 `collect_rollouts` POSTs each row to ``<env url>/run`` with bounded concurrency, a per-request
 timeout and retries with exponential backoff on transient failures (connection errors, timeouts,

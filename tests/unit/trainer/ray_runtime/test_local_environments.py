@@ -32,7 +32,7 @@ def test_other_programs_run_as_given():
 
 
 def test_grpojob_run_refuses_a_nemo_gym_environment_naming_it_before_starting_anything(tmp_path, capsys):
-    example = Path(__file__).resolve().parents[3] / "examples" / "nemo-gym-tool-call.yaml"
+    example = Path(__file__).resolve().parents[4] / "examples" / "nemo-gym-tool-call.yaml"
     job = tmp_path / "job.yaml"
     job.write_text(example.read_text().replace("configMap: {name: gym-tool-call-rows, key: train.jsonl}", "path: x"))
     assert main(["run", str(job), "--no-progress"]) == 2
