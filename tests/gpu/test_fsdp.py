@@ -59,7 +59,7 @@ def trainer(model_dir: str, mesh=None):
 
 
 def step(trainer) -> tuple[dict, dict]:
-    from grpojob_trainer.weight_sync.buckets import trainable_weights
+    from grpojob_trainer.policy.ranks import trainable_weights
 
     metrics = trainer.train_step(samples())
     return metrics, {name: tensor.float().cpu() for name, tensor in trainable_weights(trainer.model)}

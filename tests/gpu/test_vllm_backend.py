@@ -126,7 +126,7 @@ def test_the_trainer_recomputes_the_engines_log_probabilities(backend, model_dir
 def policy_tensors(model_dir: Path, device: str = "cuda") -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
-    from grpojob_trainer.weight_sync.buckets import trainable_weights
+    from grpojob_trainer.policy.ranks import trainable_weights
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).to(device)
     return {name: tensor.clone() for name, tensor in trainable_weights(model)}

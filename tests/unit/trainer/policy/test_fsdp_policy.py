@@ -57,7 +57,7 @@ def new_trainer(aggregation: str = "token", mesh=None, packed: bool = False) -> 
 
 
 def gathered(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
-    from grpojob_trainer.weight_sync.buckets import trainable_weights
+    from grpojob_trainer.policy.ranks import trainable_weights
 
     return {name: tensor.clone() for name, tensor in trainable_weights(trainer.model)}
 
