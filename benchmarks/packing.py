@@ -1,13 +1,13 @@
 """One training micro-batch of the GRPO step, several ways: forward + backward seconds, tokens/s, peak GiB.
 
     padded       right-padded [B, L] with an attention mask, [B, L, V] float32 logits (the old path)
-    padded-head  right-padded, the chunked log-probability head (`grpojob_trainer.logprobs`)
+    padded-head  right-padded, the chunked log-probability head (`grpojob_trainer.policy.logprobs`)
     packed-sdpa  one packed row, block-diagonal causal mask (SDPA), the chunked head
     packed-flex  one packed row, flex attention's block-sparse mask, the chunked head
     packed-full  one packed row (SDPA), [1, N, V] float32 logits
     packed-varlen  what the policy trains with on CUDA: one packed row, attention per sequence through
                  torch's varlen_attn flash kernel, float32 logits of the real targets only
-                 (`grpojob_trainer.policy.packed_token_logprobs`; needs torch 2.10 or later)
+                 (`grpojob_trainer.policy.forward.packed_token_logprobs`; needs torch 2.10 or later)
     WAY-compile  WAY with each decoder layer compiled (torch.compile, dynamic shapes; an experiment)
 
 Usage (a GPU; the model written by `benchmarks/gpu_grpo.py prepare`):
@@ -26,11 +26,11 @@ import time
 import torch
 import transformers
 
-from grpojob_trainer import logprobs, policy
-from grpojob_trainer.logprobs import logprob_head
-from grpojob_trainer.packing import varlen_available
-from grpojob_trainer.policy import TokenBatch, build_batch, packed_token_logprobs
-from grpojob_trainer.samples import TrainingSample
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.policy import forward, logprobs
+from grpojob_trainer.policy.forward import TokenBatch, build_batch, packed_token_logprobs
+from grpojob_trainer.policy.logprobs import logprob_head
+from grpojob_trainer.policy.packing import varlen_available
 
 
 def lengths(sequences: int, seed: int) -> list[int]:
@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument(
         "--full-logits-gib",
         type=float,
-        help="packed-varlen: float32 logits up to this size, the chunked head above (policy.FULL_LOGITS_BYTES)",
+        help="packed-varlen: float32 logits up to this size, the chunked head above (forward.FULL_LOGITS_BYTES)",
     )
     parser.add_argument("--profile", action="store_true", help="also print each way's 20 costliest CUDA operations")
     args = parser.parse_args()
@@ -133,7 +133,7 @@ def main() -> None:
             f"{torch.__version__}"
         )
     if args.full_logits_gib is not None:
-        policy.FULL_LOGITS_BYTES = int(args.full_logits_gib * 2**30)
+        forward.FULL_LOGITS_BYTES = int(args.full_logits_gib * 2**30)
     if args.chunk_mib:
         logprobs.CHUNK_BYTES = args.chunk_mib << 20
     sizes = lengths(args.sequences, 0)

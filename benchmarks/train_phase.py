@@ -19,10 +19,10 @@ import torch
 import transformers
 
 from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
-from grpojob_trainer.grpo import LossConfig
-from grpojob_trainer.packing import varlen_available
-from grpojob_trainer.policy import PolicyTrainer
-from grpojob_trainer.samples import TrainingSample
+from grpojob_trainer.algorithm.grpo import LossConfig
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.policy.packing import varlen_available
+from grpojob_trainer.policy.trainer import PolicyTrainer
 
 BF16_PEAK_TFLOPS = 790.0
 """As `benchmarks/gpu_grpo.py`: dense bf16 matmul peak measured on the H200."""

@@ -19,9 +19,9 @@ import sys
 
 import torch
 
-from grpojob_trainer import packing
-from grpojob_trainer.policy import TokenBatch, build_batch, token_logprobs
-from grpojob_trainer.samples import TrainingSample
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.policy import packing
+from grpojob_trainer.policy.forward import TokenBatch, build_batch, token_logprobs
 
 VOCAB = 4096
 TEMPERATURE = 0.9
@@ -157,8 +157,8 @@ def check_forwards() -> None:
 
 def check_trainer() -> None:
     from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
-    from grpojob_trainer.grpo import LossConfig
-    from grpojob_trainer.policy import PolicyTrainer
+    from grpojob_trainer.algorithm.grpo import LossConfig
+    from grpojob_trainer.policy.trainer import PolicyTrainer
 
     trainer = PolicyTrainer(
         random_model(tied=True),

@@ -1,7 +1,7 @@
 """Run a function on N torch.distributed ranks (spawned processes) and collect what each rank returns.
 
 ``fn(rank, world, host, port, *args)`` must be importable (a module-level function) and return something
-picklable; ranks join their group themselves (e.g. with `grpojob_trainer.ranks.init_ranks`)."""
+picklable; ranks join their group themselves (e.g. with `grpojob_trainer.policy.ranks.init_ranks`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from grpojob_trainer.net import free_port
+from grpojob_trainer.ray_runtime.net import free_port
 
 HOST = "127.0.0.1"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpojob_trainer.net import free_port, wait_until_healthy
+from grpojob_trainer.ray_runtime.net import free_port, wait_until_healthy
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -82,7 +82,7 @@ def nemo_gym_image() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from grpojob_trainer.tiny_model import write_tiny_model
+    from grpojob_trainer.models.tiny import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 

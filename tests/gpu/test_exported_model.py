@@ -34,9 +34,9 @@ SPEC = {
 def exported(tmp_path_factory) -> tuple[Path, Path]:
     """A policy trained one step on the GPU from the small model (head_dim 64, as vLLM wants), exported in
     bfloat16 shards: (the base model, the exported directory)."""
-    from grpojob_trainer.samples import TrainingSample
-    from grpojob_trainer.tiny_model import SHAPES, write_tiny_model
-    from grpojob_trainer.workers import PolicyWorker
+    from grpojob_trainer.algorithm.samples import TrainingSample
+    from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
+    from grpojob_trainer.policy.worker import PolicyWorker
 
     base = write_tiny_model(tmp_path_factory.mktemp("base") / "small", dataclasses.replace(SHAPES["small"], seed=3))
     worker = PolicyWorker(SPEC, str(base), seed=0)
@@ -49,8 +49,8 @@ def exported(tmp_path_factory) -> tuple[Path, Path]:
         group_index=0,
     )
     worker.train_step([sample, dataclasses.replace(sample, reward=0.0)])
-    from grpojob_trainer.checkpoint import gather_model_state
-    from grpojob_trainer.model_export import write_model
+    from grpojob_trainer.policy.checkpoint import gather_model_state
+    from grpojob_trainer.policy.export import write_model
 
     out = write_model(
         gather_model_state(worker.trainer.model),

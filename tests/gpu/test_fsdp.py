@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def samples(count: int = 13, length: int = 48):
-    from grpojob_trainer.samples import TrainingSample
+    from grpojob_trainer.algorithm.samples import TrainingSample
 
     generator = torch.Generator().manual_seed(0)
     out = []
@@ -41,8 +41,8 @@ def trainer(model_dir: str, mesh=None):
     from transformers import AutoModelForCausalLM
 
     from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
-    from grpojob_trainer.grpo import LossConfig
-    from grpojob_trainer.policy import PolicyTrainer
+    from grpojob_trainer.algorithm.grpo import LossConfig
+    from grpojob_trainer.policy.trainer import PolicyTrainer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).cuda()
     return PolicyTrainer(
@@ -59,21 +59,21 @@ def trainer(model_dir: str, mesh=None):
 
 
 def step(trainer) -> tuple[dict, dict]:
-    from grpojob_trainer.weights import trainable_weights
+    from grpojob_trainer.policy.ranks import trainable_weights
 
     metrics = trainer.train_step(samples())
     return metrics, {name: tensor.float().cpu() for name, tensor in trainable_weights(trainer.model)}
 
 
 def rank_step(rank: int, world: int, host: str, port: int, model_dir: str):
-    from grpojob_trainer.ranks import init_ranks
+    from grpojob_trainer.policy.ranks import init_ranks
 
     torch.cuda.set_device(rank)
     return step(trainer(model_dir, init_ranks(host, port, rank=rank, world=world, backend="nccl")))
 
 
 def test_a_bf16_step_on_two_gpus_matches_the_step_on_one(tmp_path: Path):
-    from grpojob_trainer.tiny_model import SHAPES, write_tiny_model
+    from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
 
     model_dir = str(write_tiny_model(tmp_path / "model", SHAPES["small"]))
     one_metrics, one_weights = step(trainer(model_dir))

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def write_job(tmp: Path, steps: int) -> Path:
     from grpojob_trainer.environments.dataset import write_rows
-    from grpojob_trainer.tiny_model import SHAPES, write_tiny_model
+    from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
 
     model = write_tiny_model(tmp / "model", SHAPES["small"])
     write_rows("arithmetic", 16 * (steps + 1), tmp / "train.jsonl")

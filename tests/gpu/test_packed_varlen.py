@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpojob_trainer.packing import varlen_available
+from grpojob_trainer.policy.packing import varlen_available
 from tests.gpu.test_policy_training import samples
 
 pytestmark = pytest.mark.skipif(
@@ -22,9 +22,9 @@ def trainer(tmp_path, precision: str, packed: bool | None):
     from transformers import AutoModelForCausalLM
 
     from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
-    from grpojob_trainer.grpo import LossConfig
-    from grpojob_trainer.policy import PolicyTrainer
-    from grpojob_trainer.tiny_model import SHAPES, write_tiny_model
+    from grpojob_trainer.algorithm.grpo import LossConfig
+    from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
+    from grpojob_trainer.policy.trainer import PolicyTrainer
 
     path = write_tiny_model(tmp_path / "model", SHAPES["small"])
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).cuda()

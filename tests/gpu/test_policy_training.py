@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def samples(count: int = 16, length: int = 48, lengths: tuple[int, int] | None = None):
     """``count`` samples of ``length`` tokens (or of random lengths in ``lengths``), a 16-token prompt each."""
-    from grpojob_trainer.samples import TrainingSample
+    from grpojob_trainer.algorithm.samples import TrainingSample
 
     generator = torch.Generator().manual_seed(0)
     out = []
@@ -36,9 +36,9 @@ def trainer(tmp_path, precision: str):
     from transformers import AutoModelForCausalLM
 
     from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
-    from grpojob_trainer.grpo import LossConfig
-    from grpojob_trainer.policy import PolicyTrainer
-    from grpojob_trainer.tiny_model import SHAPES, write_tiny_model
+    from grpojob_trainer.algorithm.grpo import LossConfig
+    from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
+    from grpojob_trainer.policy.trainer import PolicyTrainer
 
     path = write_tiny_model(tmp_path / "model", SHAPES["small"])
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).cuda()

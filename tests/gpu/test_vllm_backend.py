@@ -27,7 +27,7 @@ def small_model(directory: Path, seed: int) -> Path:
     """A random model with head_dim 64 (vLLM's attention kernels want it) and the tiny tokenizer."""
     import dataclasses
 
-    from grpojob_trainer.tiny_model import SHAPES, write_tiny_model
+    from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
 
     return write_tiny_model(directory, dataclasses.replace(SHAPES["small"], seed=seed))
 
@@ -84,8 +84,8 @@ def trainer_logprobs(model_dir: Path, requests, results) -> list[torch.Tensor]:
     """The trainer's log-probabilities of the generated tokens (bf16 forward, as in training)."""
     from transformers import AutoModelForCausalLM
 
-    from grpojob_trainer.policy import build_batch, token_logprobs
-    from grpojob_trainer.samples import TrainingSample
+    from grpojob_trainer.algorithm.samples import TrainingSample
+    from grpojob_trainer.policy.forward import build_batch, token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, local_files_only=True).cuda()
     samples = [
@@ -126,7 +126,7 @@ def test_the_trainer_recomputes_the_engines_log_probabilities(backend, model_dir
 def policy_tensors(model_dir: Path, device: str = "cuda") -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
-    from grpojob_trainer.weights import trainable_weights
+    from grpojob_trainer.policy.ranks import trainable_weights
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).to(device)
     return {name: tensor.clone() for name, tensor in trainable_weights(model)}
@@ -153,7 +153,7 @@ def test_weights_sent_by_value_reach_the_engine(engine, model_dirs):
 
 
 def test_weights_shared_by_cuda_ipc_reach_the_engine_without_leaving_the_gpu(engine, model_dirs):
-    from grpojob_trainer.weights import plan_buckets, share_buckets
+    from grpojob_trainer.weight_sync.buckets import plan_buckets, share_buckets
 
     before = serve_model_a(engine, model_dirs)
     tensors = policy_tensors(model_dirs[1])
@@ -174,7 +174,7 @@ def test_weights_broadcast_over_nccl_from_another_gpu_reach_the_engine(engine, m
     import socket
     import threading
 
-    from grpojob_trainer.weights import WeightBroadcastGroup, plan_buckets
+    from grpojob_trainer.weight_sync.buckets import WeightBroadcastGroup, plan_buckets
 
     before = serve_model_a(engine, model_dirs)
     with torch.cuda.device(1):  # the policy's GPU (for this test only); the engine's worker uses GPU 0

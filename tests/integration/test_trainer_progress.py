@@ -15,7 +15,7 @@ from kubernetes import client
 
 from grpojob_api import v1alpha1 as api
 from grpojob_operator.children.trainer import build_progress, build_trainer_rbac
-from grpojob_trainer.progress import ConfigMapProgressPublisher
+from grpojob_trainer.observability.progress import ConfigMapProgressPublisher
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +69,7 @@ def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubec
     assert core.read_namespaced_config_map("demo-progress", namespace).data == expected
 
     # Reporting is best effort: a refused report is logged, it does not end training (nor change anything).
-    with caplog.at_level(logging.WARNING, logger="grpojob_trainer.progress"):
+    with caplog.at_level(logging.WARNING, logger="grpojob_trainer.observability.progress"):
         ConfigMapProgressPublisher(server, token, ca, namespace, "someone-else").publish(8, 0.5)
     assert "could not report progress of step 8" in caplog.text and "403" in caplog.text
     assert core.read_namespaced_config_map("someone-else", namespace).data == {"a": "1"}

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from grpojob_api import endpoints
-from grpojob_trainer.net import free_port, wait_until_healthy
+from grpojob_trainer.ray_runtime.net import free_port, wait_until_healthy
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -37,7 +37,7 @@ def process(args: list[str], ready_url: str, env: dict[str, str] | None = None) 
 
 def test_the_model_dataset_and_environment_commands_serve_a_run_end_to_end(tmp_path: Path, generation_server):
     model_dir = tmp_path / "model"
-    subprocess.run([sys.executable, "-m", "grpojob_trainer.tiny_model", str(model_dir)], env=ENV, check=True)
+    subprocess.run([sys.executable, "-m", "grpojob_trainer.models.tiny", str(model_dir)], env=ENV, check=True)
     assert (model_dir / "config.json").exists() and (model_dir / "tokenizer_config.json").exists()
     rows_file = tmp_path / "rows.jsonl"
     subprocess.run(

@@ -13,9 +13,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from grpojob_trainer.environments import get_environment
-from grpojob_trainer.penguin.conversion import result_to_sample
-from grpojob_trainer.penguin.http import ThreadedServer
-from grpojob_trainer.penguin.protocol import Row, RunResult
+from grpojob_trainer.nemo_gym.conversion import result_to_sample
+from grpojob_trainer.nemo_gym.http import ThreadedServer
+from grpojob_trainer.nemo_gym.protocol import Row, RunResult
 from tests.trainer.conftest import start_environment
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpojob_trainer.checkpoint import latest_checkpoint, list_checkpoints
+from grpojob_trainer.policy.checkpoint import latest_checkpoint, list_checkpoints
 
 
 def write_job(
@@ -235,7 +235,7 @@ def test_a_job_naming_its_model_by_hub_id_leaves_a_model_transformers_loads(tiny
     as many of the checkpoints' models as checkpoints (`spec.checkpointing.keep`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpojob_trainer.hub import place_in_cache
+    from grpojob_trainer.models.hub import place_in_cache
 
     cache = tmp_path / "hub"
     place_in_cache(tiny_model_dir, "grpojob-tests/tiny-chat", cache)

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from grpojob_trainer.net import free_port
+from grpojob_trainer.ray_runtime.net import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_DISABLE_USAGE_STATS": "1"}
 
 PROBE = """
 import json, ray
-from grpojob_trainer import raycluster
-gcs = raycluster.join("127.0.0.1:%d")
+from grpojob_trainer.ray_runtime import connection
+gcs = connection.join("127.0.0.1:%d")
 nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
 @ray.remote(num_cpus=0, resources={"policy": 1})
 def policy_node():
@@ -30,10 +30,10 @@ print(json.dumps({"gcs": gcs, "nodes": nodes, "assigned": ray.get(policy_node.re
 
 HEAD_CHECK = """
 import signal, subprocess, sys
-from grpojob_trainer import raycluster
+from grpojob_trainer.ray_runtime import connection
 from grpojob_trainer.errors import RayHeadLost
-raycluster.join("127.0.0.1:%(port)d")
-head = raycluster.HeadWatch(timeout_s=10)
+connection.join("127.0.0.1:%(port)d")
+head = connection.HeadWatch(timeout_s=10)
 head.check()
 print("the head answers", flush=True)
 subprocess.run(["pkill", "-KILL", "-f", "gcs_server .*--gcs_server_port=%(port)d( |$)"], check=True)
@@ -41,7 +41,7 @@ try:
     head.check()
 except RayHeadLost as error:
     print(f"lost: {error}", flush=True)
-    raycluster.disconnect()
+    connection.disconnect()
     sys.exit(3)
 """
 
@@ -70,10 +70,10 @@ def test_the_trainer_joins_the_ray_cluster_as_a_zero_resource_node(ray_head: int
 
 
 def test_joining_a_cluster_that_is_not_there_fails_clearly():
-    from grpojob_trainer import raycluster
+    from grpojob_trainer.ray_runtime import connection
 
     with pytest.raises(RuntimeError, match=r"could not join the Ray cluster at 127\.0\.0\.1:"):
-        raycluster.join(f"127.0.0.1:{free_port()}", timeout_s=20)
+        connection.join(f"127.0.0.1:{free_port()}", timeout_s=20)
 
 
 def test_a_trainer_whose_ray_head_dies_stops_at_the_next_check_and_exits(ray_head: int):

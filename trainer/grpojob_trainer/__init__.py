@@ -1,1 +1,1 @@
-"""The GRPO trainer: generation servers, Penguin environment servers, rollouts and the training loop."""
+"""The GRPO trainer: generation servers, NeMo Gym environment servers, rollouts and the training loop."""

@@ -105,7 +105,7 @@ def _local_model(model: api.ModelSpec) -> Path:
         return _require(Path(model.path), "spec.model.path", "write one with `grpojob tiny-model DIR`")
     from huggingface_hub import constants
 
-    from grpojob_trainer.hub import HubError, download_model
+    from grpojob_trainer.models.hub import HubError, download_model
 
     try:
         snapshot = download_model(str(model.id), model.revision, constants.HF_HUB_CACHE, offline=model.offline)
@@ -119,7 +119,7 @@ def download_step(model_id: str, revision: str | None, cache: Path, termination_
     where the operator reads it) `{"commit": …}` as JSON, or the reason it failed."""
     import json
 
-    from grpojob_trainer.hub import HubError, download_model
+    from grpojob_trainer.models.hub import HubError, download_model
 
     try:
         snapshot = download_model(model_id, revision, cache)
@@ -139,11 +139,12 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     import ray
     from tqdm import tqdm
 
-    from grpojob_trainer import raycluster, reaper, report, tracking
-    from grpojob_trainer.data import PromptDataset
-    from grpojob_trainer.driver import run_loop
-    from grpojob_trainer.local_environments import EnvironmentProcesses
-    from grpojob_trainer.metrics import FileProgressPublisher, MetricsLogger
+    from grpojob_trainer.algorithm.data import PromptDataset
+    from grpojob_trainer.algorithm.loop import run_loop
+    from grpojob_trainer.observability import report, tracking
+    from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
+    from grpojob_trainer.ray_runtime import connection, reaper
+    from grpojob_trainer.ray_runtime.local_environments import EnvironmentProcesses
 
     job = load_job(job_path)
     spec = job.spec
@@ -162,14 +163,14 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     gpus = _local_gpus(spec)
     world, policy_gpus = _local_policy(spec, gpus)
     reaper.reap_children_at_exit()  # Ray's processes and the environment servers end with this one
-    gcs = raycluster.start_local(generation_replicas=1, policy_replicas=world, num_gpus=gpus)
+    gcs = connection.start_local(generation_replicas=1, policy_replicas=world, num_gpus=gpus)
     print(f"Ray is up (GCS {gcs}, {gpus} GPUs); loading the model from {model}", flush=True)
     try:
         # One engine and the policy's ranks. With one GPU they share it (colocated: half each, the engine
         # taking spec.generation.gpuMemoryUtilization of its memory); without GPUs all run on the CPU.
         share = 0.5 if gpus == 1 else min(1, gpus)
-        engines = raycluster.place_generation(1, share, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed)
-        policy = raycluster.place_policy(world, policy_gpus, spec_json, str(model), spec.grpo.seed)
+        engines = connection.place_generation(1, share, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed)
+        policy = connection.place_policy(world, policy_gpus, spec_json, str(model), spec.grpo.seed)
         base_url = ray.get(engines[0].base_url.remote())
         environments = EnvironmentProcesses(
             spec.environments,
@@ -217,14 +218,15 @@ def train_in_cluster(config_path: Path) -> int:
     """`grpojob train`: the trainer pod. Everything it needs comes from the endpoints ConfigMap and the Job."""
     import ray
 
-    from grpojob_trainer import raycluster, tracking
-    from grpojob_trainer.data import PromptDataset
-    from grpojob_trainer.driver import run_loop
-    from grpojob_trainer.local_environments import wait_for_environments
-    from grpojob_trainer.metrics import MetricSink, MetricsLogger
-    from grpojob_trainer.progress import ConfigMapProgressPublisher
-    from grpojob_trainer.prometheus import PrometheusMetrics
-    from grpojob_trainer.rendezvous import current_endpoints
+    from grpojob_trainer.algorithm.data import PromptDataset
+    from grpojob_trainer.algorithm.loop import run_loop
+    from grpojob_trainer.observability import tracking
+    from grpojob_trainer.observability.metrics import MetricSink, MetricsLogger
+    from grpojob_trainer.observability.progress import ConfigMapProgressPublisher
+    from grpojob_trainer.observability.prometheus import PrometheusMetrics
+    from grpojob_trainer.ray_runtime import connection
+    from grpojob_trainer.ray_runtime.local_environments import wait_for_environments
+    from grpojob_trainer.ray_runtime.rendezvous import current_endpoints
 
     job = load_job(config_path)
     spec = job.spec
@@ -239,13 +241,13 @@ def train_in_cluster(config_path: Path) -> int:
         exporter.serve(pod.metrics_port)
         sinks.append(exporter)
         log.info("training metrics on :%d/metrics", pod.metrics_port)
-    gcs = raycluster.join(endpoints.ray_gcs_address)
+    gcs = connection.join(endpoints.ray_gcs_address)
     log.info("joined the Ray cluster; GCS address %s", gcs)
-    head = raycluster.HeadWatch()
+    head = connection.HeadWatch()
     spec_json = spec.model_dump(mode="json", by_alias=True)
     try:
         generation, training = spec.generation, spec.training
-        engines = raycluster.place_generation(
+        engines = connection.place_generation(
             generation.replicas,
             generation.gpus_per_replica,
             spec_json,
@@ -257,7 +259,7 @@ def train_in_cluster(config_path: Path) -> int:
         # One rank per GPU of the `policy` workers (one per worker on the CPU). Placing them waits for the
         # worker pods (and their images and GPUs); a job that never gets them is ended by the operator's
         # deadline or stuck-pod checks, and this gives up after an hour.
-        policy = raycluster.place_policy(
+        policy = connection.place_policy(
             training.ranks,
             min(1, training.gpus_per_replica),
             spec_json,
@@ -286,7 +288,7 @@ def train_in_cluster(config_path: Path) -> int:
                 )
             )
     finally:
-        raycluster.disconnect()
+        connection.disconnect()
     return 0
 
 
@@ -340,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return train_in_cluster(args.config)
         if args.command == "export":
-            from grpojob_trainer.model_export import export_checkpoint
+            from grpojob_trainer.policy.export import export_checkpoint
 
             try:
                 out = export_checkpoint(
@@ -353,12 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "download-model":
             return download_step(args.model_id, args.revision, args.cache, args.termination_log)
         if args.command == "cache-model":
-            from grpojob_trainer.hub import place_in_cache
+            from grpojob_trainer.models.hub import place_in_cache
 
             print(place_in_cache(args.model_dir, args.model_id, args.cache, args.revision).path)
             return 0
         if args.command == "tiny-model":
-            from grpojob_trainer.tiny_model import SHAPES, TinyModelConfig, write_tiny_model
+            from grpojob_trainer.models.tiny import SHAPES, TinyModelConfig, write_tiny_model
 
             if args.shape is not None:
                 config = dataclasses.replace(SHAPES[args.shape], seed=args.seed)

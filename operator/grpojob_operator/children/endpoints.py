@@ -74,5 +74,6 @@ def endpoints_volume(job: api.GRPOJob) -> tuple[Manifest, Manifest]:
 
 
 def pod_attempt_env(attempt: int) -> Manifest:
-    """The pod's own attempt: it refuses `<job>-endpoints` of an older one (`grpojob_trainer.rendezvous`)."""
+    """The pod's own attempt: it refuses `<job>-endpoints` of an older one
+    (`grpojob_trainer.ray_runtime.rendezvous`)."""
     return {"name": endpoints.GRPOJOB_POD_ATTEMPT, "value": str(attempt)}

@@ -43,7 +43,7 @@ SHM_SIZE = "2Gi"
 POLICY_API_KEY = "none"
 
 # The container's command, under the image's supervisor. It refuses endpoints of an older attempt than the
-# pod's own (a stale rendezvous: `grpojob_trainer.rendezvous` in shell) and re-reads the mounted copy until
+# pod's own (a stale rendezvous: `grpojob_trainer.ray_runtime.rendezvous` in shell) and re-reads the mounted copy until
 # they are current. `ray start` joins the job's Ray cluster as a node without resources (nothing is
 # scheduled on it) and returns once the raylet runs; NeMo Gym's servers then connect through it.
 LAUNCH_SCRIPT = f"""set -eu

@@ -1,4 +1,4 @@
-"""Example Penguin (NeMo Gym-compatible) environments and the server that hosts one.
+"""Example NeMo Gym-compatible environments and the server that hosts one.
 
 ``python -m grpojob_trainer.environments NAME --port P [--policy-base-url URL]`` serves one;
 ``python -m grpojob_trainer.environments.dataset NAME --rows N --out FILE`` writes its rows.

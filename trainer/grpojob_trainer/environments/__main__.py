@@ -15,13 +15,13 @@ from grpojob_api import endpoints
 from grpojob_api.endpoints import ContractError
 from grpojob_trainer.environments import ENVIRONMENTS, get_environment
 from grpojob_trainer.environments.app import AgentConfig, create_environment_app
-from grpojob_trainer.rendezvous import current_endpoints
+from grpojob_trainer.ray_runtime.rendezvous import current_endpoints
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags, defaulting to the environment variables named in their help."""
     env = os.environ.get
-    parser = argparse.ArgumentParser(description="Serve a Penguin (NeMo Gym) environment")
+    parser = argparse.ArgumentParser(description="Serve a NeMo Gym environment")
     parser.add_argument("name", choices=sorted(ENVIRONMENTS), help="environment to serve")
     parser.add_argument("--host", default=env(endpoints.HOST, "0.0.0.0"), help=f"({endpoints.HOST})")
     parser.add_argument("--port", type=int, default=int(env(endpoints.PORT, "8080")), help=f"({endpoints.PORT})")

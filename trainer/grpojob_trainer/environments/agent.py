@@ -3,7 +3,7 @@
 Like NeMo Gym's ``simple_agent``: the agent has no cookie jar; at every hop (run → seed_session →
 each tool call → verify) it sends the cookies of the previous response. The policy's chat completions
 are called with plain JSON over aiohttp (`PolicyClient`); Responses items are converted to chat messages
-and back (`grpojob_trainer.penguin.responses`), so earlier assistant turns go back with their token ids.
+and back (`grpojob_trainer.nemo_gym.responses`), so earlier assistant turns go back with their token ids.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import aiohttp
 
 from grpojob_trainer.environments.base import Environment
 from grpojob_trainer.environments.policy_client import ContextLengthExceeded, PolicyClient, drop_none
-from grpojob_trainer.penguin.protocol import EpisodeResponse, ResponsesCreateParams, Row, RunResult
-from grpojob_trainer.penguin.responses import chat_to_output_items, chat_tools, input_items, responses_to_chat
+from grpojob_trainer.nemo_gym.protocol import EpisodeResponse, ResponsesCreateParams, Row, RunResult
+from grpojob_trainer.nemo_gym.responses import chat_to_output_items, chat_tools, input_items, responses_to_chat
 
 
 @dataclass

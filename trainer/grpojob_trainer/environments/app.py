@@ -21,8 +21,8 @@ from grpojob_trainer.environments.agent import Agent, Cookies, ResourcesClient
 from grpojob_trainer.environments.base import Environment, Tool
 from grpojob_trainer.environments.policy_client import PolicyCallFailed, PolicyClient, PolicyRefused
 from grpojob_trainer.environments.sessions import CookieSigner, SessionCookies, SessionStore
-from grpojob_trainer.penguin.http import StripRolloutPrefix
-from grpojob_trainer.penguin.protocol import Row, RunResult, VerifyRequest
+from grpojob_trainer.nemo_gym.http import StripRolloutPrefix
+from grpojob_trainer.nemo_gym.protocol import Row, RunResult, VerifyRequest
 
 
 @dataclass(frozen=True)

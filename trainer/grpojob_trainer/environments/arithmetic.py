@@ -11,7 +11,7 @@ import random
 from typing import Any
 
 from grpojob_trainer.environments.base import Environment, Verdict, final_answer
-from grpojob_trainer.penguin.protocol import make_row
+from grpojob_trainer.nemo_gym.protocol import make_row
 
 DIGITS_WEIGHT = 0.2
 CONTAINS_WEIGHT = 0.3

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from grpojob_trainer.penguin.responses import item_text
+from grpojob_trainer.nemo_gym.responses import item_text
 
 ToolHandler = Callable[[dict[str, Any], dict[str, Any]], Awaitable[Any]]
 """``handler(arguments, session_state) -> JSON-serialisable result``."""
@@ -46,7 +46,7 @@ class Verdict:
 
 
 class Environment(abc.ABC):
-    """One Penguin environment: the resources server's logic plus the agent's episode rules."""
+    """One NeMo Gym environment: the resources server's logic plus the agent's episode rules."""
 
     name: str
     """The environment name: ``agent_ref.name`` of its rows and the default instance name."""

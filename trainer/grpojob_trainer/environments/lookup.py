@@ -15,7 +15,7 @@ import random
 from typing import Any
 
 from grpojob_trainer.environments.base import Environment, Tool, Verdict, final_answer
-from grpojob_trainer.penguin.protocol import make_row
+from grpojob_trainer.nemo_gym.protocol import make_row
 
 KEYS = ("apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "rocket", "garden", "silver")
 TOOL_WEIGHT = 0.2

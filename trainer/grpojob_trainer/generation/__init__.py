@@ -1,4 +1,4 @@
-"""Generation: the backend interface, the transformers backend and the OpenAI-compatible server."""
+"""Generation: the backend interface, the transformers and vLLM backends, the OpenAI server and its Ray worker."""
 
 from grpojob_trainer.generation.backend import (
     FinishReason,

@@ -33,8 +33,8 @@ from grpojob_trainer.generation.backend import (
 )
 from grpojob_trainer.generation.batching import BatchingEngine, DirectEngine
 from grpojob_trainer.generation.chat import PromptError, build_prompt_token_ids, parse_tool_calls
-from grpojob_trainer.penguin.http import StripRolloutPrefix
-from grpojob_trainer.penguin.protocol import TokenIds
+from grpojob_trainer.nemo_gym.http import StripRolloutPrefix
+from grpojob_trainer.nemo_gym.protocol import TokenIds
 
 SAMPLING_TOLERANCE = 1e-6
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpojob_trainer.penguin.protocol import TokenIds, TokenIdsError
+from grpojob_trainer.nemo_gym.protocol import TokenIds, TokenIdsError
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from grpojob_trainer.weights import WeightBroadcastGroup, device_uuid, open_shared_buckets
+from grpojob_trainer.weight_sync.buckets import WeightBroadcastGroup, device_uuid, open_shared_buckets
 
 
 class WeightSyncExtension:
@@ -43,7 +43,7 @@ class WeightSyncExtension:
         self._grpojob_load(pickle.loads(payload))
 
     def grpojob_load_ipc(self, payload: bytes) -> None:
-        """Load buckets shared by CUDA IPC (`grpojob_trainer.weights.share_buckets`), in place."""
+        """Load buckets shared by CUDA IPC (`grpojob_trainer.weight_sync.buckets.share_buckets`), in place."""
         self._grpojob_load(open_shared_buckets(payload))
 
     def grpojob_join_weight_group(self, host: str, port: int, world_size: int, rank: int) -> None:

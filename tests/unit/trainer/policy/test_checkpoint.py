@@ -1,0 +1,142 @@
+"""Checkpoints: an exact resume, self-description, keep-K pruning and half-written checkpoints ignored."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
+from grpojob_trainer.algorithm.grpo import LossConfig
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.policy.checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from grpojob_trainer.policy.trainer import PolicyTrainer
+
+from .models import tiny_causal_lm
+
+CONFIG = {"grpo": {"promptsPerStep": 2, "generationsPerPrompt": 2}, "model": {"path": "/models/tiny"}}
+
+
+def new_trainer() -> PolicyTrainer:
+    return PolicyTrainer(
+        tiny_causal_lm(0),
+        optimizer=OptimizerSpec(learningRate=1e-2, weightDecay=0.01),
+        loss=LossConfig(kl_coef=0.05),
+        advantage=AdvantageSpec(),
+        micro_batch_size=2,
+        temperature=1.0,
+        pad_token_id=0,
+    )
+
+
+def random_samples() -> list[TrainingSample]:
+    """A step's rollouts drawn from Python's, NumPy's and torch's RNGs, as a data loader and sampler would."""
+    samples = []
+    for group in range(2):
+        prompt = tuple(random.randrange(1, 64) for _ in range(3))
+        for _ in range(2):
+            completion = tuple(torch.randint(1, 64, (3,)).tolist())
+            samples.append(
+                TrainingSample(
+                    token_ids=prompt + completion,
+                    generated_mask=(False,) * 3 + (True,) * 3,
+                    generation_log_probs=(0.0,) * 3 + (-4.0,) * 3,
+                    reward=float(np.random.rand()),
+                    group_index=group,
+                )
+            )
+    return samples
+
+
+def train(policy: PolicyTrainer, steps: int) -> None:
+    for _ in range(steps):
+        policy.train_step(random_samples())
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_draws() -> tuple[float, float, list[float]]:
+    return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+
+def test_a_resumed_trainer_ends_with_the_same_parameters_and_random_streams(tmp_path: Path):
+    seed_everything(1)
+    first = new_trainer()
+    train(first, 2)
+    saved = save_checkpoint(
+        tmp_path, step=2, model=first.model, optimizer=first.optimizer, data_position={"row": 4}, config=CONFIG
+    )
+    train(first, 2)
+    expected_draws = rng_draws()
+
+    seed_everything(99)
+    resumed = new_trainer()
+    assert latest_checkpoint(tmp_path) == saved
+    info = load_checkpoint(saved, model=resumed.model, optimizer=resumed.optimizer)
+    assert (info.step, info.data_position, info.config) == (2, {"row": 4}, CONFIG)
+    train(resumed, 2)
+
+    for (name, expected), actual in zip(first.model.named_parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(expected, actual), name
+    assert rng_draws() == expected_draws
+
+
+def test_a_checkpoint_describes_itself(tmp_path: Path):
+    policy = new_trainer()
+    path = save_checkpoint(
+        tmp_path, step=7, model=policy.model, optimizer=policy.optimizer, data_position={}, config=CONFIG
+    )
+    assert path.name == "step_00000007"
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["step"] == 7 and meta["config"] == CONFIG
+    assert meta["model_config"]["hidden_size"] == 32 and meta["model_config"]["model_type"] == "qwen2"
+    assert sorted(p.name for p in path.iterdir()) == ["meta.json", "model.safetensors", "optimizer.pt", "rng.pt"]
+
+
+def test_only_the_newest_k_checkpoints_are_kept(tmp_path: Path):
+    policy = new_trainer()
+    for step in range(1, 6):
+        save_checkpoint(
+            tmp_path, step=step, model=policy.model, optimizer=policy.optimizer, data_position={}, config={}, keep=2
+        )
+    assert [step for step, _ in list_checkpoints(tmp_path)] == [4, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004", "step_00000005"]
+
+
+def test_half_written_checkpoints_are_ignored_and_cleaned_up(tmp_path: Path):
+    policy = new_trainer()
+    save_checkpoint(tmp_path, step=3, model=policy.model, optimizer=policy.optimizer, data_position={}, config={})
+    # What a save killed mid-write leaves: its temporary directory; and a step directory without meta.json.
+    interrupted = tmp_path / ".tmp-step_00000004-abc123"
+    interrupted.mkdir()
+    (interrupted / "model.safetensors").write_bytes(b"\x00" * 10)
+    (tmp_path / "step_00000005").mkdir()
+    (tmp_path / "step_00000005" / "model.safetensors").write_bytes(b"\x00" * 10)
+
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_00000003"
+    prune_checkpoints(tmp_path, keep=2)
+    assert not interrupted.exists()
+    assert latest_checkpoint(tmp_path / "absent") is None
+
+
+def test_a_failed_save_leaves_nothing_behind(tmp_path: Path):
+    policy = new_trainer()
+    with pytest.raises(TypeError):
+        save_checkpoint(
+            tmp_path, step=1, model=policy.model, optimizer=policy.optimizer, data_position={"x": object()}, config={}
+        )
+    assert list(tmp_path.iterdir()) == []

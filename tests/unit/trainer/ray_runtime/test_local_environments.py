@@ -1,0 +1,40 @@
+"""`grpojob run` starts each environment with the command its container would run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from grpojob_api import v1alpha1 as api
+from grpojob_trainer.cli import main
+from grpojob_trainer.ray_runtime.local_environments import environment_command
+
+
+def env(**fields) -> api.EnvironmentSpec:
+    return api.EnvironmentSpec.model_validate({"name": "arithmetic", **fields})
+
+
+def test_command_and_args_run_with_this_interpreter():
+    spec = env(command=["python", "-m", "grpojob_trainer.environments"], args=["lookup"])
+    assert environment_command(spec) == [sys.executable, "-m", "grpojob_trainer.environments", "lookup"]
+
+
+def test_args_alone_go_to_the_image_entrypoint():
+    assert environment_command(env(args=["lookup"])) == [sys.executable, "-m", "grpojob_trainer.environments", "lookup"]
+
+
+def test_neither_serves_the_environment_of_that_name():
+    assert environment_command(env()) == [sys.executable, "-m", "grpojob_trainer.environments", "arithmetic"]
+
+
+def test_other_programs_run_as_given():
+    assert environment_command(env(command=["/opt/env/serve", "--fast"])) == ["/opt/env/serve", "--fast"]
+
+
+def test_grpojob_run_refuses_a_nemo_gym_environment_naming_it_before_starting_anything(tmp_path, capsys):
+    example = Path(__file__).resolve().parents[4] / "examples" / "nemo-gym-tool-call.yaml"
+    job = tmp_path / "job.yaml"
+    job.write_text(example.read_text().replace("configMap: {name: gym-tool-call-rows, key: train.jsonl}", "path: x"))
+    assert main(["run", str(job), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert "spec.environments[0].nemoGym: `grpojob run` cannot start NeMo Gym environments" in error

@@ -1,0 +1,233 @@
+"""The GRPO loop: rollouts through the environments, a policy step, weight sync, metrics, checkpoints.
+
+    for each step:  rows → `/run` on the environment servers (they call the generation engines)
+                    → TrainingSamples → policy.train_step → weights to every engine
+                    → metrics (JSONL, TensorBoard, the sinks), a log line, progress,
+                      a checkpoint every `interval` steps
+
+Asynchronous GRPO (``spec.grpo.maxOffPolicySteps`` = k >= 1): the rollouts of steps s+1 … s+k are
+launched before step s trains, so generation of the next steps overlaps training of this one. Weights
+reach the engines only between steps with no rollouts in flight: after step s trains, the loop waits for
+the rollouts launched meanwhile, pushes the new weights, and only then launches the next batch. Every
+rollout of one batch thus comes from one policy version (recorded on each sample as
+``TrainingSample.policy_version``), and a batch launched with the weights before step s-k trains at step
+s: k updates stale, never more. With k = 0 the loop is the on-policy one: generate, train, push.
+
+A checkpoint stores the dataset position after the prompts of the step it saves, not after the prompts
+already drawn for batches still waiting to train, so a resumed run draws those again: it trains the same
+sequence of prompts as an uninterrupted run.
+
+It works the same with a local Ray head (`grpojob run`) and on a RayCluster (`grpojob train` in the
+trainer pod); `grpojob_trainer.cli` sets up either and hands the pieces to `run_loop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpojob_api import v1alpha1 as api
+from grpojob_trainer.algorithm.data import PromptDataset
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.errors import AllRolloutsFailed
+from grpojob_trainer.nemo_gym.protocol import Row
+from grpojob_trainer.nemo_gym.rollouts import EnvironmentURLs, PolicySampling, RolloutBatch, collect_rollouts
+from grpojob_trainer.observability.metrics import (
+    ROLLOUT_WAIT,
+    WEIGHT_SYNC,
+    MetricsLogger,
+    ProgressPublisher,
+    StepTimer,
+    step_line,
+)
+from grpojob_trainer.policy.group import PolicyGroup
+from grpojob_trainer.weight_sync.paths import weight_sync_for
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopResult:
+    first_step: int
+    last_step: int
+    failed_rollouts: int = 0
+
+
+def expand_groups(rows: list[Row], generations: int) -> tuple[list[Row], list[int]]:
+    """Each row repeated ``generations`` times, with the group index (the row's place in the batch)."""
+    expanded = [row for row in rows for _ in range(generations)]
+    groups = [index for index in range(len(rows)) for _ in range(generations)]
+    return expanded, groups
+
+
+def staleness_metrics(samples: list[TrainingSample], policy_version: int) -> dict[str, float]:
+    """``rollout/staleness/{mean,max}``: how many updates behind ``policy_version`` (the policy about to
+    train on them) the samples' generating policies are."""
+    behind = [policy_version - sample.policy_version for sample in samples]
+    return {"rollout/staleness/mean": sum(behind) / len(behind), "rollout/staleness/max": float(max(behind))}
+
+
+@dataclass
+class LaunchedRollouts:
+    """The rollouts of one step, launched (possibly ahead of the step's training)."""
+
+    step: int
+    policy_version: int
+    """The weights the engines served at launch; no weights are pushed until the batch is done."""
+    data_position: dict[str, int]
+    """The dataset position after this step's prompts: what a checkpoint of this step stores."""
+    started_s: float
+    task: asyncio.Task[tuple[RolloutBatch, float]]
+    """The batch and when (on the loop's clock) it finished."""
+
+
+async def run_loop(
+    job: api.GRPOJob,
+    *,
+    policy: PolicyGroup,
+    engines: list[Any],
+    env_urls: EnvironmentURLs,
+    dataset: PromptDataset,
+    logger: MetricsLogger,
+    progress: ProgressPublisher,
+    checkpoint_dir: Path,
+    output_dir: Path,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    before_step: Callable[[], None] | None = None,
+) -> LoopResult:
+    """Train until ``spec.grpo.maxSteps``, resuming from the newest checkpoint in ``checkpoint_dir``, then
+    export the model to ``output_dir`` (as the policy's ranks see it; `spec.output`): `<output>/final`, and
+    `<output>/step_<step>` with each checkpoint when ``spec.output.everyCheckpoint``. Callers run it with
+    ``asyncio.run``. ``before_step`` runs before each step (the cluster's health check: it raises to end
+    the attempt)."""
+    spec = job.spec
+    grpo, generation = spec.grpo, spec.generation
+    resumed = policy.resume(str(checkpoint_dir))
+    start = 0
+    if resumed is not None:
+        start, position = resumed
+        dataset.restore(position)
+        log.info("resumed from the checkpoint of step %d in %s", start, checkpoint_dir)
+    weight_sync = weight_sync_for(policy, engines)
+    weight_sync.push()  # the engines start from the policy's (possibly restored) weights
+    sampling = PolicySampling(generation.temperature, generation.top_p, generation.max_new_tokens)
+    config = job.model_dump(mode="json", by_alias=True, exclude_none=True)
+    began = time.perf_counter()
+
+    def clock() -> float:
+        """Seconds since the loop began (the ``timeline/*`` metrics)."""
+        return time.perf_counter() - began
+
+    result = LoopResult(first_step=start + 1, last_step=start)
+    policy_version = start  # of the weights the policy holds and, between steps, the engines serve
+    launched: deque[LaunchedRollouts] = deque()
+    next_launch = start + 1
+
+    def launch(step: int) -> LaunchedRollouts:
+        rows, groups = expand_groups(dataset.next_batch(grpo.prompts_per_step), grpo.generations_per_prompt)
+
+        async def collect() -> tuple[RolloutBatch, float]:
+            batch = await collect_rollouts(
+                rows,
+                env_urls,
+                concurrency=grpo.rollout_concurrency,
+                timeout_s=grpo.rollout_timeout_seconds,
+                retries=grpo.rollout_retries,
+                deadline_s=grpo.rollout_deadline_seconds,
+                group_indices=groups,
+                sampling=sampling,
+            )
+            return batch, clock()
+
+        return LaunchedRollouts(
+            step, policy_version, dataset.position.as_dict(), clock(), asyncio.create_task(collect())
+        )
+
+    failed_in_a_row = 0
+    for step in range(start + 1, grpo.max_steps + 1):
+        if before_step is not None:
+            before_step()
+        timer = StepTimer()
+        started = time.perf_counter()
+        while next_launch <= min(step + grpo.max_off_policy_steps, grpo.max_steps):
+            launched.append(launch(next_launch))
+            next_launch += 1
+        rollouts = launched.popleft()
+        with timer.phase(ROLLOUT_WAIT):
+            batch, finished = await rollouts.task
+        metrics: dict[str, float] = dict(batch.metrics)
+        metrics |= {
+            "data/epoch": rollouts.data_position["epoch"],
+            "data/index": rollouts.data_position["index"],
+            "timeline/rollouts_started": rollouts.started_s,
+            "timeline/rollouts_finished": finished,
+        }
+        result.failed_rollouts += len(batch.failures)
+        for failure in batch.failures[:3]:
+            log.warning("step %d: rollout of row %d failed: %s", step, failure.row_index, failure.error)
+        if not batch.samples:
+            failed_in_a_row += 1
+            metrics |= timer.metrics()
+            logger.log(step, metrics)
+            log.info("%s", step_line(step, grpo.max_steps, metrics))
+            if failed_in_a_row >= grpo.max_failed_steps:
+                last_error = batch.failures[-1].error if batch.failures else "no rollouts"
+                raise AllRolloutsFailed(
+                    f"every rollout failed in {failed_in_a_row} consecutive steps (last: step {step}: {last_error})"
+                )
+            continue
+        failed_in_a_row = 0
+        samples = [dataclasses.replace(s, policy_version=rollouts.policy_version) for s in batch.samples]
+        metrics |= staleness_metrics(samples, policy_version)
+        metrics["timeline/training_started"] = clock()
+        metrics |= await asyncio.to_thread(policy.train_step, samples)
+        metrics["timeline/training_finished"] = clock()
+        policy_version += 1
+        with timer.phase(ROLLOUT_WAIT):  # the rollouts launched meanwhile must not see a weight change
+            if pending := [later.task for later in launched if not later.task.done()]:
+                await asyncio.wait(pending)
+        metrics["timeline/weight_sync_started"] = clock()
+        with timer.phase(WEIGHT_SYNC):
+            metrics |= weight_sync.push()
+        metrics["timeline/weight_sync_finished"] = clock()
+        metrics |= timer.metrics()
+        step_seconds = time.perf_counter() - started
+        generation_seconds = finished - rollouts.started_s
+        generated = sum(s.generated_tokens for s in samples)
+        metrics |= {
+            "time/step": step_seconds,
+            "time/generation": generation_seconds,
+            "throughput/generated_tokens_per_s": generated / max(generation_seconds, 1e-9),
+            "throughput/tokens_per_s": sum(len(s.token_ids) for s in samples) / step_seconds,
+        }
+        mean_reward = metrics.get("rollout/reward/mean", math.nan)
+        logger.log(step, metrics)
+        log.info("%s", step_line(step, grpo.max_steps, metrics))
+        progress.publish(step, mean_reward)
+        result.last_step = step
+        interval = spec.checkpointing.interval
+        if step % interval == 0 or step == grpo.max_steps:
+            policy.save(str(checkpoint_dir), step, rollouts.data_position, config, spec.checkpointing.keep)
+            if spec.output.every_checkpoint:  # off the event loop: later steps' rollouts are in flight
+                await asyncio.to_thread(export_model, job, policy, output_dir, api.step_model_dir(step), step, progress)
+        if on_step is not None:
+            on_step(step, metrics)
+    export_model(job, policy, output_dir, api.FINAL_MODEL_DIR, result.last_step, progress)
+    return result
+
+
+def export_model(
+    job: api.GRPOJob, policy: PolicyGroup, output_dir: Path, name: str, step: int, progress: ProgressPublisher
+) -> None:
+    """Export the policy to ``output_dir / name`` and report it (by its path inside the output claim)."""
+    written = policy.export(str(output_dir / name), job.spec.output.dtype, job.spec.checkpointing.keep)
+    log.info("exported the model of step %d to %s", step, written)
+    progress.publish_output_model(f"{api.output_dir(job)}/{name}", step)

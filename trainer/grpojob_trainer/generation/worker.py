@@ -1,0 +1,72 @@
+"""The generation engine as a Ray actor: one `GenerationWorker` per `generation` worker.
+
+A `generation` pod runs one `GenerationWorker` (an engine behind the OpenAI-compatible server on port
+8000, which the `<job>-generation` Service selects), placed with the custom Ray resource its group declares
+(`{"generation": 1}`; `grpojob run` declares the same resource on its local Ray head). It offers the
+receiving end of every weight path (object store, CUDA IPC, NCCL broadcast: `grpojob_trainer.weight_sync`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grpojob_api import v1alpha1 as api
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+class GenerationWorker:
+    """One generation engine and its HTTP server (a Ray actor on a `generation` worker)."""
+
+    def __init__(self, spec: dict[str, Any], model_path: str, host: str, port: int | None, seed: int) -> None:
+        from grpojob_trainer.generation.app import ServerConfig
+        from grpojob_trainer.generation.backend import GenerationBackend, SamplingParams
+        from grpojob_trainer.generation.server import GenerationServer
+        from grpojob_trainer.generation.transformers_backend import TransformersBackend
+
+        job_spec = api.GRPOJobSpec.model_validate(spec)
+        generation = job_spec.generation
+        backend: GenerationBackend
+        if generation.backend == api.GenerationBackend.VLLM:
+            from grpojob_trainer.generation.vllm_backend import VLLMBackend
+
+            backend = VLLMBackend(
+                model_path,
+                max_model_len=generation.max_model_len,
+                gpu_memory_utilization=generation.gpu_memory_utilization,
+                tensor_parallel_size=max(1, generation.gpus_per_replica),
+                seed=seed,
+            )
+        else:
+            backend = TransformersBackend(model_path, max_model_len=generation.max_model_len, seed=seed)
+        config = ServerConfig(
+            served_model_name=job_spec.model.served_model_name,
+            sampling=SamplingParams(generation.temperature, generation.top_p, generation.max_new_tokens),
+        )
+        self.server = GenerationServer(backend, config, host=host, port=port).start()
+
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    def weight_sync_info(self) -> dict[str, Any]:
+        """Which weight paths this engine offers: its backend and, for vLLM, its GPUs' UUIDs."""
+        from grpojob_trainer.generation.vllm_backend import VLLMBackend
+
+        backend = self.server.backend
+        if isinstance(backend, VLLMBackend):
+            return {"backend": "vllm", "device_uuids": backend.device_uuids()}
+        return {"backend": "transformers", "device_uuids": []}
+
+    def update_weights(self, named_tensors: NamedTensors) -> int:
+        return self.server.update_weights(named_tensors)
+
+    def update_weights_ipc(self, payload: bytes) -> int:
+        return self.server.backend.update_weights_ipc(payload)
+
+    def join_weight_group(self, host: str, port: int, world_size: int, rank: int) -> None:
+        self.server.backend.join_weight_group(host, port, world_size, rank)
+
+    def update_weights_from_group(self, layouts_payload: bytes) -> int:
+        return self.server.backend.update_weights_from_group(layouts_payload)

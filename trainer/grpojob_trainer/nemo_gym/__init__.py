@@ -1,0 +1,1 @@
+"""NeMo Gym protocol: rows, Responses↔Chat conversion, rollout collection into TrainingSamples."""

@@ -1,0 +1,270 @@
+"""Collect rollouts from NeMo Gym environment servers: the analogue of NeMo-RL's ``run_async_nemo_gym_rollout``.
+
+`collect_rollouts` POSTs each row to ``<env url>/run`` with bounded concurrency, a per-request
+timeout and retries with exponential backoff on transient failures (connection errors, timeouts,
+408/429/5xx). A rollout that still fails is reported with its row index and error, never dropped;
+results come back in input order. ``deadline_s`` bounds the whole batch: rollouts still running (or
+still queued behind the concurrency limit) when it passes are abandoned and reported as failed, so an
+environment that accepts and never answers holds a step for ``deadline_s``, not for every row's
+timeouts and retries one after another.
+
+The client is aiohttp: with hundreds of rollouts in flight, httpx's connection pool spends time
+quadratic in the number of open requests (it rescans every connection for every queued request),
+which made the rollout path, not the engine, the slowest part of a GPU step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.nemo_gym.conversion import RolloutConversionError, result_to_sample
+from grpojob_trainer.nemo_gym.errors import inner_client_error
+from grpojob_trainer.nemo_gym.metrics import rollout_metrics, timing_metrics
+from grpojob_trainer.nemo_gym.protocol import Row, RunResult, describe
+
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504, 520})
+MAX_BACKOFF_S = 30.0
+ERROR_BODY_CHARS = 500
+
+
+@dataclass(frozen=True)
+class PolicySampling:
+    """Training's sampling parameters, written into every row (NeMo-RL overwrites them the same way)."""
+
+    temperature: float
+    top_p: float
+    max_output_tokens: int | None = None
+    """Caps the row's ``max_output_tokens`` (sets it when absent)."""
+
+    def apply(self, row: Row) -> Row:
+        """A copy of ``row`` with these parameters in ``responses_create_params``."""
+        update: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p}
+        if self.max_output_tokens is not None:
+            asked = row.responses_create_params.max_output_tokens
+            update["max_output_tokens"] = min(asked, self.max_output_tokens) if asked else self.max_output_tokens
+        params = row.responses_create_params.model_copy(update=update)
+        return row.model_copy(update={"responses_create_params": params})
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """What became of one row: a sample, or an error (with the attempts it took)."""
+
+    row_index: int
+    env_name: str
+    attempts: int
+    sample: TrainingSample | None = None
+    error: str | None = None
+    started_s: float | None = None
+    """Seconds after the batch began when the last attempt was sent (None: abandoned before one)."""
+    finished_s: float | None = None
+    """Seconds after the batch began when the outcome was decided (None: abandoned at the deadline)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.sample is not None
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """Every row's outcome in input order, and the batch's metrics."""
+
+    outcomes: list[RolloutOutcome]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def samples(self) -> list[TrainingSample]:
+        """The successful rollouts' samples, in input order."""
+        return [o.sample for o in self.outcomes if o.sample is not None]
+
+    @property
+    def failures(self) -> list[RolloutOutcome]:
+        """The rollouts that failed after their retries, in input order."""
+        return [o for o in self.outcomes if o.sample is None]
+
+
+class _Transient(Exception):
+    """A failure worth retrying."""
+
+
+class _Permanent(Exception):
+    """A failure that retrying will not fix."""
+
+
+EnvironmentURLs = Mapping[str, str | Sequence[str]]
+"""Each environment's root URL, or the URLs of its replicas (`grpojob run` starts `replicas` processes of an
+environment; in the cluster its replicas are pods behind one Service URL)."""
+
+
+def replica_urls(env_urls: EnvironmentURLs) -> dict[str, tuple[str, ...]]:
+    """Every environment's URLs as a tuple (one for a single URL); raises `ValueError` for an empty list."""
+    urls = {name: (value,) if isinstance(value, str) else tuple(value) for name, value in env_urls.items()}
+    if empty := sorted(name for name, value in urls.items() if not value):
+        raise ValueError(f"environments without a URL: {empty}")
+    return urls
+
+
+def env_name_of(row: Row, env_urls: Mapping[str, tuple[str, ...]]) -> str:
+    """The environment a row goes to: ``agent_ref.name``, or the only environment when there is one (a
+    NeMo Gym environment's URL is listed under its name and its agent's). ``env_urls``: `replica_urls`'."""
+    name = row.agent_ref.name if row.agent_ref is not None else None
+    if name is None and len(set(env_urls.values())) == 1:
+        return next(iter(env_urls))
+    if name not in env_urls:
+        raise KeyError(f"row routed to environment {name!r}, but only {sorted(env_urls)} have URLs")
+    return name
+
+
+async def collect_rollouts(
+    rows: Sequence[Row | Mapping[str, Any]],
+    env_urls: EnvironmentURLs,
+    *,
+    concurrency: int = 32,
+    timeout_s: float = 300.0,
+    retries: int = 3,
+    backoff_s: float = 1.0,
+    group_indices: Sequence[int] | None = None,
+    sampling: PolicySampling | None = None,
+    deadline_s: float | None = None,
+) -> RolloutBatch:
+    """Run every row through its environment's ``/run`` and convert the results to training samples.
+
+    An environment with several replica URLs gets row i at replica ``i % replicas``; a retry goes to the next.
+
+    ``group_indices[i]`` becomes sample i's ``group_index`` (default: i). ``sampling`` overwrites each
+    row's temperature/top-p (and caps max_output_tokens). Rollouts not done ``deadline_s`` after the call
+    are abandoned and reported as failed (with no attempts counted). Raises, before any request,
+    `KeyError` when a row names an unknown environment and pydantic's `ValidationError` when a row is
+    not a NeMo Gym row.
+    """
+    if concurrency < 1 or retries < 0 or timeout_s <= 0 or backoff_s < 0:
+        raise ValueError("need concurrency >= 1, retries >= 0, timeout_s > 0 and backoff_s >= 0")
+    if deadline_s is not None and deadline_s <= 0:
+        raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+    if group_indices is not None and len(group_indices) != len(rows):
+        raise ValueError(f"group_indices has {len(group_indices)} entries for {len(rows)} rows")
+    parsed = [row if isinstance(row, Row) else Row.model_validate(row) for row in rows]
+    urls = replica_urls(env_urls)
+    names = [env_name_of(row, urls) for row in parsed]
+    bodies = [(sampling.apply(row) if sampling else row).model_dump_json(exclude_unset=True) for row in parsed]
+    groups = list(group_indices) if group_indices is not None else list(range(len(rows)))
+    semaphore = asyncio.Semaphore(concurrency)
+    began = time.perf_counter()
+    session = {
+        "connector": aiohttp.TCPConnector(limit=concurrency),
+        "cookie_jar": aiohttp.DummyCookieJar(),
+        "timeout": aiohttp.ClientTimeout(total=None),  # each attempt is bounded by asyncio.wait_for(timeout_s)
+    }
+
+    async with aiohttp.ClientSession(**session) as client:
+
+        async def one(index: int) -> RolloutOutcome:
+            replicas = urls[names[index]]
+            first = index % len(replicas)
+            targets = [replicas[(first + k) % len(replicas)].rstrip("/") + "/run" for k in range(len(replicas))]
+            return await _run_with_retries(
+                client,
+                semaphore,
+                targets,
+                bodies[index],
+                index,
+                names[index],
+                groups[index],
+                timeout_s,
+                retries,
+                backoff_s,
+                began,
+            )
+
+        tasks = [asyncio.create_task(one(i)) for i in range(len(rows))]
+        if tasks:
+            await asyncio.wait(tasks, timeout=deadline_s)
+        outcomes = []
+        for index, task in enumerate(tasks):
+            if task.done():
+                outcomes.append(task.result())
+            else:
+                task.cancel()
+                error = (
+                    f"abandoned: not done within the step's rollout deadline (rolloutDeadlineSeconds: {deadline_s:g}s)"
+                )
+                outcomes.append(RolloutOutcome(index, names[index], attempts=0, error=error))
+        await asyncio.gather(*tasks, return_exceptions=True)
+    samples = [o.sample for o in outcomes if o.sample is not None]
+    timed = [
+        (o.started_s, o.finished_s) for o in outcomes if o.ok and o.started_s is not None and o.finished_s is not None
+    ]
+    metrics = rollout_metrics(samples, failed=len(outcomes) - len(samples)) | timing_metrics(timed)
+    return RolloutBatch(outcomes, metrics)
+
+
+async def _run_with_retries(
+    client: aiohttp.ClientSession,
+    semaphore: asyncio.Semaphore,
+    targets: Sequence[str],
+    body: str,
+    index: int,
+    env_name: str,
+    group_index: int,
+    timeout_s: float,
+    retries: int,
+    backoff_s: float,
+    began: float,
+) -> RolloutOutcome:
+    error = ""
+    sent = None
+
+    def since_began() -> float:
+        return time.perf_counter() - began
+
+    for attempt in range(retries + 1):
+        url = targets[attempt % len(targets)]
+        if attempt:
+            await asyncio.sleep(min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
+        try:
+            async with semaphore:
+                sent = since_began()
+                result = await asyncio.wait_for(_post_run(client, url, body), timeout_s)
+            sample = result_to_sample(result, group_index)
+            return RolloutOutcome(index, env_name, attempt + 1, sample=sample, started_s=sent, finished_s=since_began())
+        except _Permanent as failure:
+            return RolloutOutcome(
+                index, env_name, attempt + 1, error=str(failure), started_s=sent, finished_s=since_began()
+            )
+        except RolloutConversionError as failure:
+            error = f"bad rollout: {failure}"
+            return RolloutOutcome(index, env_name, attempt + 1, error=error, started_s=sent, finished_s=since_began())
+        except TimeoutError:
+            error = f"POST {url} timed out after {timeout_s}s"
+        except _Transient as failure:
+            error = str(failure)
+    error = f"{error} (gave up after {retries + 1} attempts)"
+    return RolloutOutcome(index, env_name, retries + 1, error=error, started_s=sent, finished_s=since_began())
+
+
+async def _post_run(client: aiohttp.ClientSession, url: str, body: str) -> RunResult:
+    try:
+        async with client.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+            status, text = response.status, await response.text()
+    except aiohttp.ClientError as error:
+        raise _Transient(f"POST {url} failed: {type(error).__name__}: {error}") from error
+    if status == 500 and (inner := inner_client_error(text)) is not None:  # retrying cannot fix an inner 4xx
+        raise _Permanent(f"POST {url} answered 500: {str(inner)[:ERROR_BODY_CHARS]}")
+    if status in TRANSIENT_STATUS:
+        raise _Transient(f"POST {url} answered {status}: {text[:ERROR_BODY_CHARS]}")
+    if status != 200:
+        raise _Permanent(f"POST {url} answered {status}: {text[:ERROR_BODY_CHARS]}")
+    try:
+        return RunResult.model_validate_json(text)
+    except ValidationError as error:
+        raise RolloutConversionError(
+            f"POST {url} answered 200 with a body that is not a /run result: {describe(error)}"
+        ) from None

@@ -1,1 +1,0 @@
-"""NeMo Gym (Penguin) protocol: rows, Responses↔Chat conversion, rollout collection into TrainingSamples."""

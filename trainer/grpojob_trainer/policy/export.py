@@ -1,0 +1,117 @@
+"""The trained policy as a Hugging Face model directory, which `vllm serve` and `transformers` load as they are.
+
+An exported directory holds the weights as safetensors in the layout `transformers` writes (one
+``model.safetensors``, or ``model-00001-of-0000N.safetensors`` shards with ``model.safetensors.index.json``
+when larger than ``max_shard_size``; tied weights stored once), in the dtype asked for, beside the base
+model's other files, copied unchanged: ``config.json`` (its dtype set to the weights'),
+``generation_config.json``, the tokenizer files and the chat template. The base model is the model the
+job started from: its directory, or a checkpoint, which carries those files too (`checkpoint.save_checkpoint`).
+
+Like a checkpoint, a directory is written beside its final place and renamed into it when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import safetensors.torch
+import torch
+
+from grpojob_trainer.policy.checkpoint import META, latest_checkpoint
+from grpojob_trainer.policy.model_files import copy_model_files
+
+DTYPES = ("bfloat16", "float32")
+DEFAULT_MAX_SHARD_SIZE = "5GB"
+_STEP_EXPORT = re.compile(r"^step_(\d+)$")
+
+
+def write_model(
+    state: dict[str, torch.Tensor],
+    out: str | os.PathLike[str],
+    *,
+    base: str | os.PathLike[str],
+    dtype: str = "bfloat16",
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+) -> Path:
+    """Write ``state`` (a full model state dict, tied weights once) as a Hugging Face model directory at
+    ``out``, with the other files of ``base``; an existing ``out`` is replaced. Returns ``out``."""
+    from huggingface_hub import save_torch_state_dict
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch_dtype = getattr(torch, dtype)
+    weights = {name: t.to(torch_dtype) if t.is_floating_point() else t for name, t in state.items()}
+    temp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    try:
+        save_torch_state_dict(weights, temp, max_shard_size=max_shard_size, metadata={"format": "pt"})
+        copy_model_files(base, temp, dtype)
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(temp, out)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors files of a model or checkpoint directory (one file or shards)."""
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{directory} holds no .safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state |= safetensors.torch.load_file(str(file))
+    return state
+
+
+def export_checkpoint(
+    checkpoint: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    base: str | os.PathLike[str] | None = None,
+    dtype: str = "bfloat16",
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+) -> Path:
+    """`grpojob export`: the model of ``checkpoint`` (a `step_*` directory; a checkpoint directory, for its
+    newest; or an exported model) as a Hugging Face model directory at ``out``. The config and tokenizer
+    come from the checkpoint, or from ``base`` (the model the job started from) for a checkpoint that has
+    none."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise FileNotFoundError(f"{checkpoint} is not a directory")
+    if not (checkpoint / META).exists() and not (checkpoint / "config.json").exists():
+        newest = latest_checkpoint(checkpoint)
+        if newest is None:
+            raise FileNotFoundError(f"{checkpoint} is neither a checkpoint, a directory of checkpoints nor a model")
+        checkpoint = newest
+    files_from = Path(base) if base is not None else checkpoint
+    if not (files_from / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{files_from} has no config.json (a checkpoint written before checkpoints carried the model's "
+            "files): name the model the job started from with --base"
+        )
+    return write_model(read_weights(checkpoint), out, base=files_from, dtype=dtype, max_shard_size=max_shard_size)
+
+
+def prune_exports(output_dir: str | os.PathLike[str], keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` models exported with checkpoints (`step_*`) in ``output_dir``, and
+    temporary directories of interrupted exports. Returns what was deleted."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    steps = sorted(
+        (int(match.group(1)), entry)
+        for entry in output_dir.iterdir()
+        if (match := _STEP_EXPORT.match(entry.name)) and entry.is_dir()
+    )
+    doomed = [path for _, path in steps[:-keep]] + [e for e in output_dir.iterdir() if e.name.startswith(".tmp-")]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed

@@ -1,0 +1,111 @@
+"""The driver's handle on the policy: its ranks (`PolicyWorker` Ray actors) behind blocking methods.
+
+A call that touches the parameters (training, checkpoints, gathering the weights) goes to every rank at
+once, since gathering sharded parameters is a collective; the result is rank 0's. Calls about the
+weight transport's setup (the GPU's UUID, the bucket layouts, the broadcast group) go to rank 0 alone,
+the rank that sends to the engines. A Ray actor runs its calls one at a time in the order they were
+made, so every rank sees the same sequence of collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from grpojob_trainer.algorithm.samples import TrainingSample
+
+
+class PolicyGroup:
+    """The ranks of the policy, started (see `start`), rank 0 first."""
+
+    def __init__(self, ranks: Sequence[Any]) -> None:
+        if not ranks:
+            raise ValueError("a policy needs at least one rank")
+        self.ranks = list(ranks)
+
+    @classmethod
+    def start(cls, ranks: Sequence[Any], timeout_s: float | None = None) -> PolicyGroup:
+        """Start the ranks (actors of `PolicyWorker` for ranks 0 … n-1): they load the model and join
+        their process group at rank 0's rendezvous address. Returns when all are ready."""
+        import ray
+
+        host, port = ray.get(ranks[0].rendezvous_address.remote(), timeout=timeout_s)
+        ray.get([rank.start.remote(host, port) for rank in ranks], timeout=timeout_s)
+        return cls(ranks)
+
+    def _on_every_rank(self, method: str, *args: Any) -> Any:
+        """``method(*args)`` on every rank; rank 0's result once all have returned."""
+        import ray
+
+        return ray.get([getattr(rank, method).remote(*args) for rank in self.ranks])[0]
+
+    def _on_rank0(self, method: str, *args: Any) -> Any:
+        import ray
+
+        return ray.get(getattr(self.ranks[0], method).remote(*args))
+
+    # training and checkpoints
+
+    def train_step(self, samples: list[TrainingSample]) -> dict[str, float]:
+        """One GRPO step; every rank receives all the samples (one object) and trains on its share."""
+        import ray
+
+        return self._on_every_rank("train_step", ray.put(samples))
+
+    def resume(self, directory: str) -> tuple[int, dict[str, Any]] | None:
+        """Load the newest checkpoint in ``directory`` on every rank; (its step, data position) or None."""
+        return self._on_every_rank("resume", directory)
+
+    def save(self, directory: str, step: int, data_position: dict[str, Any], config: dict[str, Any], keep: int) -> str:
+        """Write the checkpoint of ``step`` (gathered from every rank, written by rank 0); its path."""
+        return self._on_every_rank("save", directory, step, data_position, config, keep)
+
+    def export(self, out: str, dtype: str, keep: int | None = None) -> str:
+        """Write the policy as a Hugging Face model directory at ``out`` (gathered from every rank, written
+        by rank 0, which then keeps the newest ``keep`` of the `step_*` models beside it, if given); its path."""
+        return self._on_every_rank("export", out, dtype, keep)
+
+    # weights to the engines
+
+    def weights(self) -> Any:
+        """The full state on the CPU, as a Ray object (an ObjectRef of rank 0's named tensors) for the
+        engines to read; returns when every rank has taken part in gathering it."""
+        import ray
+
+        refs = [rank.weights.remote() for rank in self.ranks]
+        ray.get(refs[1:])
+        return refs[0]
+
+    def device_uuid(self) -> str | None:
+        """Rank 0's GPU (None on the CPU)."""
+        return self._on_rank0("device_uuid")
+
+    def bucket_layouts(self, bucket_bytes: int) -> list[Any]:
+        return self._on_rank0("bucket_layouts", bucket_bytes)
+
+    def share_weights_ipc(self, bucket_bytes: int) -> bytes:
+        """Rank 0's CUDA IPC payload of the weights' buckets (kept alive until `release_shared_weights`)."""
+        return self._on_every_rank("share_weights_ipc", bucket_bytes)
+
+    def release_shared_weights(self) -> None:
+        self._on_rank0("release_shared_weights")
+
+    def weight_group_address(self) -> tuple[str, int]:
+        return self._on_rank0("weight_group_address")
+
+    def join_weight_group(self, host: str, port: int, world_size: int, receivers: Sequence[Any] = ()) -> list[Any]:
+        """Rank 0 joins the broadcast group as its rank 0, while ``receivers`` (the engines' pending join
+        calls, ObjectRefs) join it; their results."""
+        import ray
+
+        _, *joined = ray.get([self.ranks[0].join_weight_group.remote(host, port, world_size), *receivers])
+        return joined
+
+    def broadcast_weights(self, bucket_bytes: int, receivers: Sequence[Any] = ()) -> tuple[int, list[Any]]:
+        """Broadcast the weights' buckets from rank 0 while ``receivers`` (the engines' pending receive
+        calls, ObjectRefs) take them; the bytes sent and the receivers' results."""
+        import ray
+
+        sent = [rank.broadcast_weights.remote(bucket_bytes) for rank in self.ranks]
+        results = ray.get([*sent, *receivers])
+        return results[0], results[len(sent) :]

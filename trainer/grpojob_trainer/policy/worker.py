@@ -1,0 +1,185 @@
+"""The policy as Ray actors: one `PolicyWorker` per rank, placed on the `policy` worker group.
+
+A `policy` pod runs one `PolicyWorker` per GPU (one on a CPU pod), the ranks of the policy, which
+`grpojob_trainer.policy.group.PolicyGroup` drives together. Placement uses the custom Ray resource the
+RayCluster's group declares (`{"policy": GPUs}`, each rank asking for one unit); `grpojob run` declares the
+same resource on its local Ray head. How weights travel policy → engines (object store, CUDA IPC or NCCL
+broadcast) is `grpojob_trainer.weight_sync.paths`'s choice; the worker offers the sending end of every path.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpojob_api import v1alpha1 as api
+from grpojob_trainer.algorithm.samples import TrainingSample
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+def _free_address() -> tuple[str, int]:
+    """This node's address and a port free on it now."""
+    import ray
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return ray.util.get_node_ip_address(), port
+
+
+class PolicyWorker:
+    """One rank of the policy being trained (a Ray actor on a `policy` worker, one per GPU).
+
+    The ranks are driven together by `grpojob_trainer.policy.group.PolicyGroup`: `start` on every rank
+    (rank 0's `rendezvous_address` first), then the same calls on every rank for anything that touches
+    the (sharded) parameters: `train_step`, `save`, `export`, `resume`, `weights`, `share_weights_ipc`,
+    `broadcast_weights`. Rank 0 is the one that sends the weights to the engines; the other ranks take
+    part in gathering them and return nothing (None, 0 or an empty list). With one rank nothing is
+    sharded and no process group is created.
+    """
+
+    def __init__(self, spec: dict[str, Any], model_path: str, seed: int, rank: int = 0, world: int = 1) -> None:
+        self.spec = api.GRPOJobSpec.model_validate(spec)
+        self.model_path, self.seed, self.rank, self.world = model_path, seed, rank, world
+        self.trainer: Any = None
+        self._shared: list[torch.Tensor] = []
+        self._group: Any = None
+        self._layouts: dict[int, list[Any]] = {}
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Rank 0: where the ranks' process group will rendezvous (this node's address, a free port)."""
+        return _free_address()
+
+    def start(self, host: str, port: int) -> None:
+        """Load the model, join the ranks' process group at ``host:port`` (with several ranks: nccl on
+        GPUs, gloo on the CPU) and build the trainer (sharding the model over the ranks)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from grpojob_trainer.policy.ranks import init_ranks
+        from grpojob_trainer.policy.trainer import PolicyTrainer
+
+        torch.manual_seed(self.seed)
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32, local_files_only=True)
+        on_gpu = torch.cuda.is_available()  # the GPU Ray gave this actor (none on a CPU worker)
+        if on_gpu:
+            model.to("cuda")
+        if self.spec.training.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        mesh = None
+        if self.world > 1:
+            mesh = init_ranks(host, port, rank=self.rank, world=self.world, backend="nccl" if on_gpu else "gloo")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.trainer = PolicyTrainer.from_spec(model, self.spec, pad_token_id=pad, mesh=mesh)
+
+    def train_step(self, samples: list[TrainingSample]) -> dict[str, float]:
+        """Every rank: one GRPO step on the step's samples (this rank trains its slice); the step's metrics."""
+        return self.trainer.train_step(samples)
+
+    def weights(self) -> NamedTensors:
+        """Every rank: the state to push to the engines (full tensors on the CPU): the object-store path.
+        Rank 0 returns it, the others an empty list."""
+        from grpojob_trainer.policy.ranks import full_tensor
+
+        state = [(name, full_tensor(t.detach())) for name, t in self.trainer.model.state_dict().items()]
+        return [(name, t.cpu().clone()) for name, t in state] if self.rank == 0 else []
+
+    # GPU weight paths: buckets of the parameters in the engines' dtype (bfloat16)
+
+    def device_uuid(self) -> str | None:
+        """The UUID of this rank's GPU (None on the CPU)."""
+        from grpojob_trainer.weight_sync.buckets import device_uuid
+
+        device = self.trainer.device
+        return device_uuid(device) if device.type == "cuda" else None
+
+    def bucket_layouts(self, bucket_bytes: int) -> list[Any]:
+        """How the parameters (full shapes) are packed into buckets (computed once per bucket size)."""
+        from grpojob_trainer.weight_sync.buckets import plan_buckets
+
+        if bucket_bytes not in self._layouts:
+            shapes = [(name, tuple(p.shape)) for name, p in self.trainer.model.named_parameters()]
+            self._layouts[bucket_bytes] = plan_buckets(shapes, bucket_bytes=bucket_bytes, dtype=torch.bfloat16)
+        return self._layouts[bucket_bytes]
+
+    def share_weights_ipc(self, bucket_bytes: int) -> bytes | None:
+        """Every rank (the gather is a collective); rank 0 packs the parameters into buckets on its GPU and
+        shares them by CUDA IPC handles (kept alive until `release_shared_weights`): the payload
+        `grpojob_trainer.weight_sync.buckets.open_shared_buckets` opens. Other ranks return None."""
+        from grpojob_trainer.policy.ranks import trainable_weights
+        from grpojob_trainer.weight_sync.buckets import share_buckets
+
+        tensors = dict(trainable_weights(self.trainer.model))
+        if self.rank != 0:
+            return None
+        payload, self._shared = share_buckets(self.bucket_layouts(bucket_bytes), tensors, self.trainer.device)
+        return payload
+
+    def release_shared_weights(self) -> None:
+        self._shared = []
+
+    def weight_group_address(self) -> tuple[str, int]:
+        """Rank 0: where the broadcast group's rendezvous will listen: this node's address and a free port."""
+        return _free_address()
+
+    def join_weight_group(self, host: str, port: int, world_size: int) -> None:
+        """Rank 0: host the broadcast group's rendezvous and join it as its rank 0."""
+        from grpojob_trainer.weight_sync.buckets import WeightBroadcastGroup
+
+        self._group = WeightBroadcastGroup(host, port, world_size=world_size, rank=0, backend="nccl")
+
+    def broadcast_weights(self, bucket_bytes: int) -> int:
+        """Every rank (the gather is a collective); rank 0 broadcasts every bucket to the engines of the
+        group (they receive concurrently). Bytes sent (0 on other ranks)."""
+        from grpojob_trainer.policy.ranks import trainable_weights
+
+        tensors = dict(trainable_weights(self.trainer.model))
+        if self.rank != 0:
+            return 0
+        return self._group.send_buckets(self.bucket_layouts(bucket_bytes), tensors, self.trainer.device)
+
+    def save(self, directory: str, step: int, data_position: dict[str, Any], config: dict[str, Any], keep: int) -> str:
+        """Every rank: gather the full state; rank 0 writes the checkpoint. Its path."""
+        from grpojob_trainer.policy.checkpoint import save_checkpoint
+
+        path = save_checkpoint(
+            directory,
+            step=step,
+            model=self.trainer.model,
+            optimizer=self.trainer.optimizer,
+            data_position=data_position,
+            config=config,
+            keep=keep,
+            base_model=self.model_path,
+        )
+        return str(path)
+
+    def export(self, out: str, dtype: str, keep: int | None = None) -> str | None:
+        """Every rank: gather the full model; rank 0 writes it as a Hugging Face model directory at ``out``
+        (with the tokenizer and config of the model the run started from), then, given ``keep``, keeps
+        only the newest ``keep`` models exported with checkpoints beside it (here, because rank 0 is
+        where the output volume is mounted). Its path on rank 0."""
+        from grpojob_trainer.policy.checkpoint import gather_model_state
+        from grpojob_trainer.policy.export import prune_exports, write_model
+
+        state = gather_model_state(self.trainer.model)
+        if self.rank != 0:
+            return None
+        written = write_model(state, out, base=self.model_path, dtype=dtype)
+        if keep is not None:
+            prune_exports(written.parent, keep)
+        return str(written)
+
+    def resume(self, directory: str) -> tuple[int, dict[str, Any]] | None:
+        """Every rank: load the newest checkpoint in ``directory``; (its step, its data position), or None."""
+        from grpojob_trainer.policy.checkpoint import latest_checkpoint, load_checkpoint
+
+        path = latest_checkpoint(directory) if Path(directory).exists() else None
+        if path is None:
+            return None
+        info = load_checkpoint(path, model=self.trainer.model, optimizer=self.trainer.optimizer)
+        return info.step, info.data_position

@@ -1,0 +1,150 @@
+"""Connecting the trainer to Ray: a local head for `grpojob run`, or the job's RayCluster on Kubernetes.
+
+On Kubernetes the trainer pod is outside the RayCluster. A Ray driver needs a raylet on its own node,
+so the pod joins the cluster as a node with no resources at `RAY_GCS_ADDRESS` (from the
+`<job>-endpoints` ConfigMap) and attaches to it; nothing is scheduled on it. Either way the address is
+read back from the runtime context, which proves Ray is initialised and is what the environment
+servers' config receives (as NeMo-RL does for NeMo Gym's `ray_head_node_address`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from grpojob_api import endpoints
+from grpojob_trainer.errors import RayHeadLost
+from grpojob_trainer.generation.worker import GenerationWorker
+from grpojob_trainer.policy.group import PolicyGroup
+from grpojob_trainer.policy.worker import PolicyWorker
+
+log = logging.getLogger(__name__)
+
+
+def start_local(generation_replicas: int, policy_replicas: int, num_gpus: int = 0) -> str:
+    """Start a local Ray head declaring the resources of the RayCluster's worker groups (and this
+    machine's GPUs); its GCS address."""
+    import ray
+
+    ray.init(
+        num_cpus=os.cpu_count() or 1,
+        num_gpus=num_gpus,
+        resources={endpoints.GENERATION_GROUP: generation_replicas, endpoints.POLICY_GROUP: policy_replicas},
+        include_dashboard=False,
+        namespace="grpojob",
+        logging_level=logging.WARNING,
+    )
+    return gcs_address()
+
+
+def join(address: str, timeout_s: float = 300.0) -> str:
+    """Join the Ray cluster at ``address`` as a zero-resource node and attach the driver to it."""
+    import ray
+
+    command = [sys.executable, "-m", "ray.scripts.scripts", "start", f"--address={address}", "--num-cpus=0"]
+    command += ["--num-gpus=0", "--disable-usage-stats"]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"could not join the Ray cluster at {address}: no answer within {timeout_s:.0f}s") from None
+    if result.returncode != 0:
+        raise RuntimeError(f"could not join the Ray cluster at {address}: {result.stderr.strip()[-2000:]}")
+    ray.init(address=address, namespace="grpojob", logging_level=logging.WARNING)
+    return gcs_address()
+
+
+def disconnect() -> None:
+    """Disconnect the driver (a joined pod's raylet ends with the pod)."""
+    import ray
+
+    ray.shutdown()
+
+
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+"""The resource Ray gives the head node only."""
+
+
+class HeadWatch:
+    """The Ray head this driver is attached to, checked between steps.
+
+    Actors talk to each other directly, so a trainer whose head pod was killed keeps stepping until Ray's
+    processes give up on the GCS (a minute by default), or joins the new head's GCS with none of the old
+    cluster's state. ``check`` asks the GCS for its nodes: no answer within ``timeout_s``, an error, or a
+    node list without the head seen at start all raise ``RayHeadLost``, so the step loop stops at a step
+    boundary and the attempt fails with the reason.
+    """
+
+    def __init__(self, timeout_s: float = 30.0) -> None:
+        self.timeout_s = timeout_s
+        heads = [node["NodeID"] for node in self._alive_nodes() if HEAD_NODE_RESOURCE in node["Resources"]]
+        if len(heads) != 1:
+            raise RayHeadLost(f"expected one Ray head node, the GCS lists {len(heads)}")
+        self.head_node_id: str = heads[0]
+
+    def check(self) -> None:
+        """Raise ``RayHeadLost`` unless the head seen at start is still the cluster's live head."""
+        if not any(node["NodeID"] == self.head_node_id for node in self._alive_nodes()):
+            raise RayHeadLost(
+                f"the Ray head node {self.head_node_id[:12]} is gone from the cluster (its pod was replaced)"
+            )
+
+    def _alive_nodes(self) -> list[dict[str, Any]]:
+        import ray
+
+        answer: dict[str, Any] = {}
+
+        def ask() -> None:
+            try:
+                answer["nodes"] = ray.nodes()
+            except Exception as error:  # whatever the GCS client raises, the head is not usable
+                answer["error"] = error
+
+        # A daemon thread: a GCS that is gone never answers, and nothing must wait for it at exit.
+        asking = threading.Thread(target=ask, name="ray-head-check", daemon=True)
+        asking.start()
+        asking.join(self.timeout_s)
+        if "error" in answer:
+            raise RayHeadLost(f"the Ray GCS answered with an error: {answer['error']}")
+        if "nodes" not in answer:
+            raise RayHeadLost(f"the Ray GCS did not answer within {self.timeout_s:.0f}s (the head pod is gone)")
+        return [node for node in answer["nodes"] if node["Alive"]]
+
+
+def gcs_address() -> str:
+    """The GCS address of the Ray cluster this process is connected to, read from the runtime context."""
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError("Ray is not initialised: connect with start_local() or join() first")
+    address = ray.get_runtime_context().gcs_address
+    if not address:
+        raise RuntimeError("Ray is initialised but its runtime context has no GCS address")
+    return address
+
+
+def place_generation(
+    replicas: int, gpus: int, spec: dict, model_path: str, host: str, port: int | None, seed: int
+) -> list:
+    """One generation engine per `generation` worker (each needs the group's custom resource, and its
+    GPUs: Ray hides GPUs from an actor that did not ask for them)."""
+    import ray
+
+    actor = ray.remote(GenerationWorker).options(num_cpus=0, num_gpus=gpus, resources={endpoints.GENERATION_GROUP: 1})
+    return [actor.remote(spec, model_path, host, port, seed + i) for i in range(replicas)]
+
+
+def place_policy(
+    world: int, gpus: float, spec: dict, model_path: str, seed: int, timeout_s: float | None = None
+) -> PolicyGroup:
+    """The policy's ``world`` ranks, each on a `policy` worker (one unit of its resource) with ``gpus`` GPUs
+    (1, a share of one, or 0 on the CPU), started; returns when all have loaded the model (or raises
+    ``GetTimeoutError`` after ``timeout_s``)."""
+    import ray
+
+    actor = ray.remote(PolicyWorker).options(num_cpus=0, num_gpus=gpus, resources={endpoints.POLICY_GROUP: 1})
+    ranks = [actor.remote(spec, model_path, seed, rank, world) for rank in range(world)]
+    return PolicyGroup.start(ranks, timeout_s=timeout_s)

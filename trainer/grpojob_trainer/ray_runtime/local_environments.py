@@ -1,0 +1,121 @@
+"""Environment servers as local processes, for `grpojob run`: the same command each pod would run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from grpojob_api import endpoints
+from grpojob_api import v1alpha1 as api
+from grpojob_trainer.ray_runtime.net import free_port, wait_until_healthy
+
+START_TIMEOUT_S = 120.0
+
+
+DEFAULT_ENTRYPOINT = ("python", "-m", "grpojob_trainer.environments")
+
+
+def environment_command(env: api.EnvironmentSpec) -> list[str]:
+    """What the environment's container runs: its command (else the environment image's entrypoint) and
+    its args (else the environment's name). A leading `python` is this interpreter, so the venv runs it."""
+    command = [*(env.command or DEFAULT_ENTRYPOINT), *(env.args or ([] if env.command else [env.name]))]
+    if command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    return command
+
+
+class EnvironmentProcesses:
+    """Start every environment of a job, ``replicas`` processes of each, every one on a free loopback port;
+    stop them on exit. Entering gives each environment's replica URLs (the driver spreads rollouts over
+    them, as a Service spreads them over an environment's pods)."""
+
+    def __init__(
+        self,
+        environments: list[api.EnvironmentSpec],
+        *,
+        policy_base_url: str,
+        policy_model_name: str,
+        gcs_address: str,
+        log_dir: Path,
+    ) -> None:
+        self.environments = environments
+        self.common_env = {
+            endpoints.POLICY_BASE_URL: policy_base_url,
+            endpoints.POLICY_MODEL_NAME: policy_model_name,
+            endpoints.RAY_GCS_ADDRESS: gcs_address,
+        }
+        self.log_dir = log_dir
+        self.processes: dict[str, subprocess.Popen] = {}
+        """Keyed by replica name: the environment's name, then ``<name>-1``, ``<name>-2``, ... ."""
+        self.urls: dict[str, str] = {}
+
+    def __enter__(self) -> dict[str, list[str]]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for index, env in enumerate(self.environments):
+                for replica in range(env.replicas):
+                    self._start(index, env, replica_name(env.name, replica))
+            for replica in self.processes:
+                self._wait_healthy(replica)
+        except BaseException:
+            self.__exit__()
+            raise
+        return {
+            env.name: [self.urls[replica_name(env.name, replica)] for replica in range(env.replicas)]
+            for env in self.environments
+        }
+
+    def _start(self, index: int, env: api.EnvironmentSpec, name: str) -> None:
+        variables = {}
+        for position, var in enumerate(env.env):
+            if var.value is None:
+                raise ValueError(
+                    f"spec.environments[{index}].env[{position}] ({var.name}): secretKeyRef only works on Kubernetes; "
+                    "give a value for `grpojob run`"
+                )
+            variables[var.name] = var.value
+        port = free_port()
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+        self.processes[name] = subprocess.Popen(
+            environment_command(env),
+            env={**os.environ, **self.common_env, **variables, endpoints.PORT: str(port), endpoints.HOST: "127.0.0.1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.urls[name] = f"http://127.0.0.1:{port}"
+
+    def _wait_healthy(self, name: str) -> None:
+        def running() -> None:
+            if self.processes[name].poll() is not None:
+                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"environment {name} exited during start-up; end of its log:\n{tail}")
+
+        wait_until_healthy(self.urls[name] + "/", START_TIMEOUT_S, check=running)
+
+    def __exit__(self, *_: object) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+
+def replica_name(environment: str, replica: int) -> str:
+    """A replica's name in logs and errors: the environment's for the first, ``<environment>-<n>`` after."""
+    return environment if replica == 0 else f"{environment}-{replica}"
+
+
+def wait_for_environments(urls: dict[str, str], timeout_s: float = 600.0) -> None:
+    """Wait until every environment Service answers GET / (on Kubernetes, where the pods start on their own)."""
+    deadline = time.monotonic() + timeout_s
+    for url in urls.values():
+        wait_until_healthy(url.rstrip("/") + "/", max(0.0, deadline - time.monotonic()), interval_s=2.0)

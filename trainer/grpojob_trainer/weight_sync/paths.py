@@ -1,0 +1,130 @@
+"""How the driver moves the policy's weights to the generation engines after every step.
+
+Three paths, picked once per run by `weight_sync_for` from where the actors are:
+
+- `ObjectStoreSync`: the policy's tensors, copied to the CPU, go through the Ray object store (one put,
+  every engine reads it). The path of CPU jobs and of the transformers backend.
+- `CudaIpcSync`: policy and vLLM engine on the same GPU (colocated). The policy packs its parameters
+  into bfloat16 buckets on the GPU and hands the engine CUDA IPC handles; the engine's workers load
+  straight from the policy's memory. Nothing crosses the host.
+- `NcclBroadcastSync`: engines on other GPUs. Policy (rank 0) and every engine join an NCCL group once;
+  each sync broadcasts the buckets, which the engines load as they arrive.
+
+Each `push` returns when every engine serves the new weights, with ``weight_sync/seconds`` (wall time
+seen by the driver), ``weight_sync/version`` (the weights version the engines now serve, the oldest of
+theirs) and, on the NCCL path, ``weight_sync/bytes`` (what was broadcast). The policy is a
+`grpojob_trainer.policy.group.PolicyGroup`: with several ranks all of them gather the sharded weights and
+rank 0 sends them.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from grpojob_trainer.policy.group import PolicyGroup
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUCKET_BYTES = 512 << 20
+"""Bucket size of the GPU paths: large enough for few collectives, small enough to bound the extra memory
+of one NCCL bucket on each side."""
+
+
+class WeightSync(Protocol):
+    name: str
+
+    def push(self) -> dict[str, float]:
+        """Send the policy's current weights to every engine; return when all of them use them."""
+
+
+class ObjectStoreSync:
+    """Through the Ray object store (host memory)."""
+
+    name = "object-store"
+
+    def __init__(self, policy: PolicyGroup, engines: list[Any]) -> None:
+        self.policy, self.engines = policy, engines
+
+    def push(self) -> dict[str, float]:
+        import ray
+
+        started = time.perf_counter()
+        weights = self.policy.weights()
+        versions = ray.get([engine.update_weights.remote(weights) for engine in self.engines])
+        return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/version": float(min(versions))}
+
+
+class CudaIpcSync:
+    """Buckets shared by CUDA IPC handles: policy and engines on one GPU."""
+
+    name = "cuda-ipc"
+
+    def __init__(self, policy: PolicyGroup, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.policy, self.engines, self.bucket_bytes = policy, engines, bucket_bytes
+
+    def push(self) -> dict[str, float]:
+        import ray
+
+        started = time.perf_counter()
+        try:
+            payload = ray.put(self.policy.share_weights_ipc(self.bucket_bytes))
+            versions = ray.get([engine.update_weights_ipc.remote(payload) for engine in self.engines])
+        finally:
+            self.policy.release_shared_weights()
+        return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/version": float(min(versions))}
+
+
+class NcclBroadcastSync:
+    """Buckets broadcast over NCCL from the policy's GPU to the engines' GPUs."""
+
+    name = "nccl-broadcast"
+
+    def __init__(self, policy: PolicyGroup, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.policy, self.engines, self.bucket_bytes = policy, engines, bucket_bytes
+        host, port = policy.weight_group_address()
+        world = 1 + len(engines)
+        joins = [engine.join_weight_group.remote(host, port, world, rank) for rank, engine in enumerate(engines, 1)]
+        policy.join_weight_group(host, port, world, receivers=joins)
+        self.layouts_payload = pickle.dumps(policy.bucket_layouts(bucket_bytes))
+
+    def push(self) -> dict[str, float]:
+        started = time.perf_counter()
+        receivers = [engine.update_weights_from_group.remote(self.layouts_payload) for engine in self.engines]
+        sent, versions = self.policy.broadcast_weights(self.bucket_bytes, receivers=receivers)
+        return {
+            "weight_sync/seconds": time.perf_counter() - started,
+            "weight_sync/bytes": float(sent),
+            "weight_sync/version": float(min(versions)),
+        }
+
+
+def choose_path(policy_gpu: str | None, engines: list[dict[str, Any]]) -> str:
+    """The path for a policy on GPU ``policy_gpu`` (None: CPU) and engines described by their
+    ``weight_sync_info`` (backend, device UUIDs): object-store, cuda-ipc or nccl-broadcast."""
+    if policy_gpu is None or any(e["backend"] != "vllm" for e in engines):
+        return ObjectStoreSync.name
+    if all(e["device_uuids"] == [policy_gpu] for e in engines):
+        return CudaIpcSync.name
+    if all(policy_gpu not in e["device_uuids"] and len(e["device_uuids"]) == 1 for e in engines):
+        return NcclBroadcastSync.name
+    return ObjectStoreSync.name  # tensor-parallel engines, or some sharing the policy's GPU and some not
+
+
+def weight_sync_for(policy: PolicyGroup, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightSync:
+    """The weight path for these actors (see `choose_path`; the policy's GPU is its rank 0's), set up and
+    ready to `push`."""
+    import ray
+
+    policy_gpu = policy.device_uuid()
+    infos = ray.get([engine.weight_sync_info.remote() for engine in engines])
+    path = choose_path(policy_gpu, infos)
+    log.info("weight sync: %s (policy GPU %s, engines %s)", path, policy_gpu, infos)
+    if path == CudaIpcSync.name:
+        return CudaIpcSync(policy, engines, bucket_bytes)
+    if path == NcclBroadcastSync.name:
+        return NcclBroadcastSync(policy, engines, bucket_bytes)
+    return ObjectStoreSync(policy, engines)
