@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grpojob_api import endpoints, kubeyaml
+from grpojob_api import endpoints, kubeyaml, paths
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import names, nemo_gym
 from grpojob_operator.settings import OperatorSettings
@@ -140,7 +140,7 @@ def model_path(job: api.GRPOJob, model_commit: str | None = None) -> str:
     if model.id is not None:
         if not model_commit:
             raise ValueError(f"spec.model.id {model.id}: no commit yet (the model's download has not finished)")
-        return f"{HUB_CACHE_MOUNT}/{api.hub_snapshot_path(model.id, model_commit)}"
+        return f"{HUB_CACHE_MOUNT}/{paths.hub_snapshot_path(model.id, model_commit)}"
     path = str(model.path)
     return f"{MODEL_MOUNT}/{path.strip('/')}" if model.pvc else path
 
@@ -207,7 +207,7 @@ def output_volume(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest], str
     """The output claim's volume and mount on the `policy` workers (rank 0 writes the exported model), and
     the output directory as they see it; without a claim, the policy pod's /tmp."""
     pvc = output_claim(job)
-    inside = api.output_dir(job).lstrip("/")
+    inside = paths.output_dir(job).lstrip("/")
     if pvc is None:
         return [], [], f"/tmp/{inside}"
     mount = {"name": "output", "mountPath": OUTPUT_MOUNT}
@@ -330,24 +330,24 @@ def checkpoint_volume(job: api.GRPOJob) -> tuple[list[Manifest], list[Manifest],
     """
     pvc = job.spec.checkpointing.pvc
     if pvc is None:
-        return [], [], f"/tmp/{api.checkpoint_dir(job)}"
+        return [], [], f"/tmp/{paths.checkpoint_dir(job)}"
     mount = {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}
     if pvc.path:
         mount["subPath"] = pvc.path
-    inside = api.checkpoint_dir(job).lstrip("/")
+    inside = paths.checkpoint_dir(job).lstrip("/")
     return [_pvc_volume("checkpoints", pvc, read_only=False)], [mount], f"{CHECKPOINT_MOUNT}/{inside}"
 
 
 def log_volume(job: api.GRPOJob, *, read_only: bool) -> tuple[list[Manifest], list[Manifest], str]:
-    """The log claim's volume and mount (`api.log_claim`), and the job's log directory as a pod sees it.
+    """The log claim's volume and mount (`GRPOJobSpec.log_claim`), and the job's log directory as a pod sees it.
     Without a claim the logs stay in the pod's /tmp."""
-    pvc = api.log_claim(job.spec)
+    pvc = job.spec.log_claim
     if pvc is None:
-        return [], [], f"/tmp/{api.log_dir(job)}"
+        return [], [], f"/tmp/{paths.log_dir(job)}"
     mount = {"name": "logs", "mountPath": LOG_MOUNT, "readOnly": read_only}
     if pvc.path:
         mount["subPath"] = pvc.path
-    inside = api.log_dir(job).lstrip("/")
+    inside = paths.log_dir(job).lstrip("/")
     return [_pvc_volume("logs", pvc, read_only=read_only)], [mount], f"{LOG_MOUNT}/{inside}"
 
 

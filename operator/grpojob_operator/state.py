@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from grpojob_api import admission
 from grpojob_api import v1alpha1 as api
 from grpojob_api.progress import parse_progress
 from grpojob_api.v1alpha1 import ConditionType, Phase
@@ -200,10 +201,10 @@ def plan(body: dict[str, Any], observed: Observed, settings: OperatorSettings, n
     status.observed_generation = body.get("metadata", {}).get("generation")
     result = Plan(status=status)
     try:
-        job = api.parse_job({k: v for k, v in body.items() if k != "status"})
+        job = admission.parse_job({k: v for k, v in body.items() if k != "status"})
     except ValidationError as error:
         if status.phase != Phase.FAILED:
-            _fail(result, "InvalidSpec", api.describe(error), now)
+            _fail(result, "InvalidSpec", admission.describe(error), now)
     else:
         if status.phase.is_terminal():
             _finished(job, result, observed, now)

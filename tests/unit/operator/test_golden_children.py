@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator import kueue, manifests
 from grpojob_operator.settings import OperatorSettings
 
@@ -89,7 +90,7 @@ def render_children(job: api.GRPOJob, settings: OperatorSettings) -> list[dict[s
 
 
 def rendered(name: str, body: dict[str, Any]) -> str:
-    job = api.parse_job(body)
+    job = parse_job(body)
     children = render_children(job, OperatorSettings())
     return yaml.safe_dump_all(children, sort_keys=True, default_flow_style=False, width=1000)
 

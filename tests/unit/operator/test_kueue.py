@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_api.v1alpha1 import Phase
 from grpojob_operator import kueue, manifests, names, state
 from grpojob_operator.observe import KueueContext, Observed, summarize
@@ -49,7 +50,7 @@ def observed_with(workload: dict[str, Any] | None, **kueue_context: Any) -> Obse
 
 
 def test_the_workload_covers_every_pod_of_the_job_with_its_priority():
-    job = api.parse_job(labelled_body())
+    job = parse_job(labelled_body())
     workload = kueue.build_workload(job, SETTINGS, 1000)
     assert workload["metadata"]["name"] == "demo-workload"
     assert workload["metadata"]["ownerReferences"][0]["name"] == "demo"
@@ -154,7 +155,7 @@ def test_an_unlabelled_job_has_no_workload():
     plan = state.plan(job_body(), Observed(), SETTINGS, NOW)
     assert "Workload" not in [a.manifest["kind"] for a in plan.actions if isinstance(a, state.Create)]
     assert plan.status.phase != Phase.QUEUED
-    assert manifests.build_raycluster(api.parse_job(job_body()), SETTINGS)["kind"] == "RayCluster"
+    assert manifests.build_raycluster(parse_job(job_body()), SETTINGS)["kind"] == "RayCluster"
 
 
 def test_a_suspended_job_gives_its_workload_up_and_queues_anew_when_resumed():

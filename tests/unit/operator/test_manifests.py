@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator import manifests
 from grpojob_operator.settings import OperatorSettings
 
@@ -16,7 +17,7 @@ SETTINGS = OperatorSettings(cluster_domain="cluster.example", ray_image="example
 def job(**spec_overrides) -> api.GRPOJob:
     body = job_body()
     body["spec"].update(spec_overrides)
-    return api.parse_job(body)
+    return parse_job(body)
 
 
 def test_every_child_is_owned_by_the_job_as_its_controller():
@@ -137,7 +138,7 @@ def test_job_config_renders_the_spec_the_trainer_parses_back():
     rendered = manifests.render_job_config(j)
     import yaml
 
-    again = api.parse_job(yaml.safe_load(rendered))
+    again = parse_job(yaml.safe_load(rendered))
     assert again.spec == j.spec
 
 

@@ -10,6 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator import manifests, names, nemo_gym, state
 from grpojob_operator.observe import ConfigMapInfo, DeploymentInfo, Observed, OtherInfo, PodInfo
 from grpojob_operator.settings import OperatorSettings
@@ -31,7 +32,7 @@ def gym_body(**nemo_gym_fields) -> dict:
     return body
 
 
-JOB = api.parse_job(gym_body())
+JOB = parse_job(gym_body())
 GYM_ENV = JOB.spec.environments[1]
 
 
@@ -56,7 +57,7 @@ def test_the_config_points_nemo_gym_at_the_jobs_policy_ray_cluster_and_port():
 
 
 def test_overrides_merge_under_what_the_operator_sets():
-    job = api.parse_job(
+    job = parse_job(
         gym_body(
             agentServer="tool_agent",
             overrides={
@@ -88,7 +89,7 @@ def test_a_bad_nemo_gym_block_is_refused_naming_the_field(nemo_gym_block, field,
     body = job_body()
     body["spec"]["environments"] = [{"name": "tools", "nemoGym": nemo_gym_block}]
     with pytest.raises(ValidationError) as error:
-        api.parse_job(body)
+        parse_job(body)
     assert f"nemoGym.{field}" in str(error.value) and words in str(error.value)
 
 
@@ -98,7 +99,7 @@ def test_a_nemo_gym_environment_takes_no_command():
         {"name": "tools", "command": ["x"], "nemoGym": {"configPaths": [TOOL_CALL], "agent": AGENT}}
     ]
     with pytest.raises(ValidationError, match="command and args must be empty with nemoGym"):
-        api.parse_job(body)
+        parse_job(body)
 
 
 def test_rows_reach_the_agent_by_its_nemo_gym_name_and_by_the_environment_name():

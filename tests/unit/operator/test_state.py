@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator import manifests, state
 from grpojob_operator.observe import (
     ConfigMapInfo,
@@ -21,7 +21,7 @@ from .conftest import children_up_to_the_head, job_body
 
 NOW = datetime(2026, 11, 30, 10, 0, 10, tzinfo=UTC)
 SETTINGS = OperatorSettings(pod_failure_grace_seconds=60)
-JOB = api.parse_job(job_body())
+JOB = parse_job(job_body())
 
 
 def pod(name: str, component: str, *, ip: str = "10.0.0.2", attempt: int | None = None, **kw) -> PodInfo:
