@@ -13,7 +13,7 @@ from grpojob_operator import manifests
 from grpojob_operator.settings import OperatorSettings
 from grpojob_trainer.environments.__main__ import parse_args as environment_args
 
-from .operator.conftest import job_body
+from ..operator.conftest import job_body
 
 SETTINGS = OperatorSettings(cluster_domain="cluster.example")
 
