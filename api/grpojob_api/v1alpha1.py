@@ -597,7 +597,7 @@ class NemoGymSpec(ApiModel):
 
 
 class EnvironmentSpec(ApiModel):
-    """One Penguin (NeMo Gym-compatible) environment server: agent `/run`, `/seed_session`, `/verify`."""
+    """One environment server speaking NeMo Gym's protocol: agent `/run`, `/seed_session`, `/verify`."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -629,7 +629,7 @@ class EnvironmentSpec(ApiModel):
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV_VARS)
     """Extra environment variables."""
     nemo_gym: NemoGymSpec | None = None
-    """Run NeMo Gym's servers (`ng_run`) instead of a Penguin server command: the pods run the NeMo Gym
+    """Run NeMo Gym's own servers (`ng_run`) instead of `command`: the pods run the NeMo Gym
     image, join the job's Ray cluster and serve the agent on `port`. `command` and `args` stay empty."""
 
     @model_validator(mode="after")
@@ -939,7 +939,7 @@ class SchedulingSpec(ApiModel):
     policy: PodScheduling = Field(default_factory=PodScheduling)
     """The `policy` Ray workers (policy training)."""
     environments: PodScheduling = Field(default_factory=PodScheduling)
-    """Every environment server pod (Penguin and NeMo Gym)."""
+    """Every environment server pod (ours, and NeMo Gym's with `nemoGym`)."""
     trainer: PodScheduling = Field(default_factory=PodScheduling)
     """The trainer pod (the Ray driver), and the download of a hub model (`spec.model.id`)."""
 
