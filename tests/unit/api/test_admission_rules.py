@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from grpojob_api import crd, paths
 from grpojob_api import v1alpha1 as api
-from grpojob_api.admission import field_path, parse_job
+from grpojob_api.admission import describe, field_path, parse_job
 from grpojob_api.quantity import parse_quantity
 from grpojob_operator import manifests
 from grpojob_trainer.cli import load_job
@@ -256,3 +256,15 @@ def test_output_defaults_to_a_directory_named_after_the_job():
     assert paths.output_dir(job) == "models/demo"
     assert (job.spec.output.dtype, job.spec.output.every_checkpoint) == ("bfloat16", False)
     assert paths.output_dir(parse_job(with_spec("output.path", "out/x"))) == "out/x"
+
+
+def test_a_refusal_is_worded_with_the_manifests_field_names():
+    with pytest.raises(ValidationError) as field:
+        parse_job(with_spec("environments.0.port", 80))
+    with pytest.raises(ValidationError) as cross_field:
+        parse_job(with_spec("logging.tensorboard", True))
+
+    assert describe(field.value) == "spec.environments[0].port: Input should be greater than or equal to 1024"
+    assert describe(cross_field.value) == (
+        "spec.logging.tensorboard needs a claim for the logs: spec.logging.pvc or spec.checkpointing.pvc"
+    )
