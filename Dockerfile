@@ -1,9 +1,9 @@
 # Our three images, as targets of one Dockerfile that builds this repository's wheel once:
 #
-#   docker build --target operator    -t ghcr.io/grpojob/operator:0.1.0 .
-#   docker build --target penguin-env -t ghcr.io/grpojob/penguin-env:0.1.0 .
-#   docker build --target trainer     -t ghcr.io/grpojob/trainer:0.1.0 .            # GPU: vLLM
-#   docker build --target trainer     -t ghcr.io/grpojob/trainer:0.1.0-cpu --build-arg WITH_VLLM=false .
+#   docker build --target operator     -t ghcr.io/grpojob/operator:0.1.0 .
+#   docker build --target environments -t ghcr.io/grpojob/environments:0.1.0 .
+#   docker build --target trainer      -t ghcr.io/grpojob/trainer:0.1.0 .            # GPU: vLLM
+#   docker build --target trainer      -t ghcr.io/grpojob/trainer:0.1.0-cpu --build-arg WITH_VLLM=false .
 #
 # (The NeMo Gym image has a Dockerfile of its own, images/nemo-gym/Dockerfile: none of this is in it.)
 #
@@ -42,7 +42,7 @@ RUN python -m venv /opt/grpojob \
     && /opt/grpojob/bin/pip install --no-cache-dir "$(ls /dist/grpojob-*.whl)[operator]" \
     && /opt/grpojob/bin/pip uninstall --yes pip
 
-FROM ${PYTHON_IMAGE} AS penguin-env-install
+FROM ${PYTHON_IMAGE} AS environments-install
 COPY --from=wheel /dist /dist
 RUN python -m venv /opt/grpojob \
     && /opt/grpojob/bin/pip install --no-cache-dir "$(ls /dist/grpojob-*.whl)[environment]" \
@@ -66,15 +66,15 @@ EXPOSE 8080 8081
 USER 65532:65532
 ENTRYPOINT ["grpojob-operator"]
 
-# Our own Penguin (NeMo Gym-compatible) environment servers: the `environment` extra, no torch, no Ray.
+# Our own environment servers (NeMo Gym's protocol): the `environment` extra, no torch, no Ray.
 #   docker run -e PORT=8080 -e POLICY_BASE_URL=http://policy:8000/v1 -p 8080:8080 \
-#     ghcr.io/grpojob/penguin-env:0.1.0 arithmetic
-FROM ${PYTHON_IMAGE} AS penguin-env
-LABEL org.opencontainers.image.title="grpojob-penguin-env" \
-      org.opencontainers.image.description="GRPOJob Penguin (NeMo Gym) environment servers" \
+#     ghcr.io/grpojob/environments:0.1.0 arithmetic
+FROM ${PYTHON_IMAGE} AS environments
+LABEL org.opencontainers.image.title="grpojob-environments" \
+      org.opencontainers.image.description="GRPOJob environment servers (NeMo Gym protocol)" \
       org.opencontainers.image.source="https://github.com/grpojob/grpojob" \
       org.opencontainers.image.licenses="Apache-2.0"
-COPY --from=penguin-env-install /opt/grpojob /opt/grpojob
+COPY --from=environments-install /opt/grpojob /opt/grpojob
 ENV PATH=/opt/grpojob/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -39,7 +39,7 @@ cluster-binaries: $(VENV)/.dev-installed
 image-tools:
 	testing/install-debian-packages testing/image-packages.txt
 
-# Builds the base (Debian trixie, Python 3.13), the operator, CPU trainer, penguin-env and nemo-gym images
+# Builds the base (Debian trixie, Python 3.13), the operator, CPU trainer, environments and nemo-gym images
 # into ~/.cache/grpojob/images unless cached (each by the hash of its inputs).
 images: image-tools $(VENV)/.dev-installed
 	$(BIN)/python -m grpojob_testing.images build

@@ -309,13 +309,13 @@ def grpojob_manifest(name: str) -> dict[str, Any]:
 
 def rayjob_manifest(name: str, namespace: str) -> dict[str, Any]:
     """A RayJob in K8sJobMode whose rayClusterSpec is exactly what the operator builds for the GRPOJob above."""
-    from grpojob_api import v1alpha1 as api
+    from grpojob_api.admission import parse_job
     from grpojob_operator.children.raycluster import build_raycluster
     from grpojob_operator.settings import OperatorSettings
 
     source = grpojob_manifest(name)
     source["metadata"].update(namespace=namespace, uid="00000000-0000-0000-0000-000000000000")
-    cluster_spec = build_raycluster(api.parse_job(source), OperatorSettings())["spec"]
+    cluster_spec = build_raycluster(parse_job(source), OperatorSettings())["spec"]
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",

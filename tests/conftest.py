@@ -7,9 +7,8 @@ that cluster instead (kind, for example). Each test gets a namespace of its own.
 ``pytest --real-node`` starts the session's cluster with a real node (kubelet, containerd, CNI,
 kube-proxy, CoreDNS; root only) and without kwok's fake nodes, for tests/e2e.
 
-With ``GRPOJOB_CI=1`` (set by `.ci/run`) a test skipped for a missing setup step (root, the image
-tools, the node packages, a cluster program such as Kueue, the GPU image) fails instead: CI installs all of them, so
-such a skip is a broken CI.
+The rule that fails a setup skip in CI is the repository's (conftest.py at the root): the test tooling's
+own tests (testing/tests/) keep it too.
 """
 
 from __future__ import annotations
@@ -23,26 +22,6 @@ from pathlib import Path
 import pytest
 
 EXISTING_CLUSTER_ENV = "GRPOJOB_TEST_KUBECONFIG"
-CI_ENV = "GRPOJOB_CI"
-SETUP_SKIP_REASONS = (
-    "needs root",
-    "make image-tools",
-    "make node-packages",
-    "make cluster-binaries",
-    "make gpu-image",
-)
-"""Words of the skips that only a machine without CI's setup may take."""
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    if report.skipped and os.environ.get(CI_ENV) == "1":
-        reason = str(report.longrepr)
-        if any(words in reason for words in SETUP_SKIP_REASONS):
-            report.outcome = "failed"
-            report.longrepr = f"skipped in CI, where every setup step has run: {reason}"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

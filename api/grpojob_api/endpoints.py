@@ -59,6 +59,8 @@ RAY_HEAD_POD_IP = "RAY_HEAD_POD_IP"
 RAY_DASHBOARD_URL = "RAY_DASHBOARD_URL"
 POLICY_BASE_URL = "POLICY_BASE_URL"
 PENGUIN_ENV_URLS = "PENGUIN_ENV_URLS"
+"""The environment servers' base URLs by environment name (a JSON object). The `<job>-endpoints` contract's
+historical name for NeMo Gym environment URLs, kept as it is: pods and environment images read it."""
 GRPOJOB_NAME = "GRPOJOB_NAME"
 GRPOJOB_ATTEMPT = "GRPOJOB_ATTEMPT"
 GRPOJOB_POD_ATTEMPT = "GRPOJOB_POD_ATTEMPT"

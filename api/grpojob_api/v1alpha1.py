@@ -6,8 +6,8 @@ shows it. Constraints live in ``Field(...)``; every rule that JSON Schema cannot
 here and, beside it, the same rule in CEL (`cel(...)`) that the generated CRD (`grpojob_api.crd`)
 carries, so `kubectl apply` refuses at once what the operator and the trainer would refuse later.
 
-`parse_job` judges a manifest as the API server does (strict types, int64 integers, nulls of
-non-nullable fields as absent); a test holds the two verdicts equal on fuzzed manifests.
+This module holds the types only: `grpojob_api.admission` parses a manifest into them as the API server
+admits it, `grpojob_api.paths` says where a job's files go.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -598,7 +597,7 @@ class NemoGymSpec(ApiModel):
 
 
 class EnvironmentSpec(ApiModel):
-    """One Penguin (NeMo Gym-compatible) environment server: agent `/run`, `/seed_session`, `/verify`."""
+    """One environment server speaking NeMo Gym's protocol: agent `/run`, `/seed_session`, `/verify`."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -630,7 +629,7 @@ class EnvironmentSpec(ApiModel):
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV_VARS)
     """Extra environment variables."""
     nemo_gym: NemoGymSpec | None = None
-    """Run NeMo Gym's servers (`ng_run`) instead of a Penguin server command: the pods run the NeMo Gym
+    """Run NeMo Gym's own servers (`ng_run`) instead of `command`: the pods run the NeMo Gym
     image, join the job's Ray cluster and serve the agent on `port`. `command` and `args` stay empty."""
 
     @model_validator(mode="after")
@@ -940,7 +939,7 @@ class SchedulingSpec(ApiModel):
     policy: PodScheduling = Field(default_factory=PodScheduling)
     """The `policy` Ray workers (policy training)."""
     environments: PodScheduling = Field(default_factory=PodScheduling)
-    """Every environment server pod (Penguin and NeMo Gym)."""
+    """Every environment server pod (ours, and NeMo Gym's with `nemoGym`)."""
     trainer: PodScheduling = Field(default_factory=PodScheduling)
     """The trainer pod (the Ray driver), and the job's other CPU pods: the download of a hub model
     (`spec.model.id`) and TensorBoard (`spec.logging.tensorboard`)."""
@@ -1002,9 +1001,14 @@ class GRPOJobSpec(ApiModel):
     """A Running job whose training step has not advanced for this long is stalled: the attempt fails
     (condition `Stalled`) and is retried within `backoffLimit`. Unset: no stall detection."""
 
+    @property
+    def log_claim(self) -> PvcSource | None:
+        """The claim the logs go to: `logging.pvc`, else the checkpoint claim, else none (the pod's disk)."""
+        return self.logging.pvc or self.checkpointing.pvc
+
     @model_validator(mode="after")
     def _tensorboard_needs_claim(self) -> GRPOJobSpec:
-        if self.logging.tensorboard and log_claim(self) is None:
+        if self.logging.tensorboard and self.log_claim is None:
             raise ValueError(_TENSORBOARD_NEEDS_CLAIM)
         return self
 
@@ -1126,65 +1130,3 @@ class GRPOJob(ApiModel):
     metadata: ObjectMeta
     spec: GRPOJobSpec
     status: GRPOJobStatus | None = None
-
-
-def checkpoint_dir(job: GRPOJob) -> str:
-    """The job's checkpoint directory, relative to the claim (or the working directory)."""
-    return job.spec.checkpointing.path or f"checkpoints/{job.metadata.name}"
-
-
-def output_dir(job: GRPOJob) -> str:
-    """The job's output directory (exported models), relative to the claim (or the working directory)."""
-    return job.spec.output.path or f"models/{job.metadata.name}"
-
-
-FINAL_MODEL_DIR = "final"
-"""The model exported at the end of the job: `<output dir>/final`."""
-
-
-def step_model_dir(step: int) -> str:
-    """The model exported with the checkpoint of ``step``: `<output dir>/step_<step:08d>`."""
-    return f"step_{step:08d}"
-
-
-def hub_snapshot_path(model_id: str, commit: str) -> str:
-    """Where the Hugging Face hub cache holds ``commit`` of ``model_id``, relative to the cache's root
-    (`HF_HUB_CACHE`): `models--<owner>--<name>/snapshots/<commit>` (the hub's layout)."""
-    return "models--" + model_id.replace("/", "--") + f"/snapshots/{commit}"
-
-
-def log_claim(spec: GRPOJobSpec) -> PvcSource | None:
-    """The claim the logs go to: `spec.logging.pvc`, else the checkpoint claim, else none (the pod's disk)."""
-    return spec.logging.pvc or spec.checkpointing.pvc
-
-
-def log_dir(job: GRPOJob) -> str:
-    """The job's log directory, relative to its claim: each trainer attempt writes `attempt-<n>/` in it."""
-    return job.spec.logging.path or f"logs/{job.metadata.name}"
-
-
-def parse_job(manifest: Any) -> GRPOJob:
-    """Validate a GRPOJob manifest as the API server admits it (for `grpojob run`, the trainer and the
-    operator alike): strict types, integers within int64, nulls of fields that are not nullable taken as
-    absent (`grpojob_api.admission`). Raises pydantic's ValidationError, naming the fields."""
-    from grpojob_api.admission import admit  # it reads the CRD generated from the models above
-
-    return admit(manifest)
-
-
-def field_path(loc: tuple[int | str, ...]) -> str:
-    """A pydantic error location (by alias) as a Kubernetes field path: ("spec", "environments", 0,
-    "port") → `spec.environments[0].port`."""
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else ("." if path else "") + str(part)
-    return path
-
-
-def describe(error: ValidationError) -> str:
-    """A validation error as `field: problem` parts, fields named as in the manifest."""
-    parts = []
-    for item in error.errors():
-        message = item["msg"].removeprefix("Value error, ")
-        parts.append(message if message.startswith("spec.") else f"{field_path(tuple(item['loc']))}: {message}")
-    return "; ".join(parts)

@@ -1,6 +1,6 @@
 """Build our images here with buildah from our Dockerfiles, export them, load them into containerd.
 
-    python -m grpojob_testing.images build [NAME ...]   # base, then operator, trainer-cpu, penguin-env, nemo-gym
+    python -m grpojob_testing.images build [NAME ...]   # base, then operator, trainer-cpu, environments, nemo-gym
     python -m grpojob_testing.images build-gpu          # the GPU trainer image (vLLM), into podman only
     python -m grpojob_testing.images list               # name, image, archive, whether it is built
     python -m grpojob_testing.images load ADDRESS       # import every archive into a containerd
@@ -93,7 +93,7 @@ def images() -> list[Image]:
     return [
         Image("operator", f"ghcr.io/grpojob/operator:{tag}", "Dockerfile", "operator", PROJECT_FILES),
         Image("trainer-cpu", f"ghcr.io/grpojob/trainer:{tag}-cpu", "Dockerfile", "trainer", PROJECT_FILES, cpu),
-        Image("penguin-env", f"ghcr.io/grpojob/penguin-env:{tag}", "Dockerfile", "penguin-env", PROJECT_FILES),
+        Image("environments", f"ghcr.io/grpojob/environments:{tag}", "Dockerfile", "environments", PROJECT_FILES),
         Image("nemo-gym", f"ghcr.io/grpojob/nemo-gym:{tag}", "images/nemo-gym/Dockerfile", None, NEMO_GYM_FILES),
     ]
 
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpojob_testing.images", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     build_command = commands.add_parser("build", help="build the images unless cached")
-    build_command.add_argument("keys", nargs="*", help="operator, trainer-cpu, penguin-env, nemo-gym (default: all)")
+    build_command.add_argument("keys", nargs="*", help="operator, trainer-cpu, environments, nemo-gym (default: all)")
     commands.add_parser("build-gpu", help="build the GPU trainer image (vLLM) into podman's storage unless cached")
     commands.add_parser("list", help="show the images and their cached archives")
     load = commands.add_parser("load", help="import every built archive into a containerd")

@@ -27,7 +27,7 @@ SMALL_REQUESTS_POLICY = "grpojob-e2e-small-requests"
 
 
 def image_names() -> dict[str, str]:
-    """Image key (operator, trainer-cpu, penguin-env) to the name the chart and the jobs use."""
+    """Image key (operator, trainer-cpu, environments) to the name the chart and the jobs use."""
     return {image.key: image.name for image in images.images()}
 
 
@@ -132,7 +132,7 @@ def helm_install(kubeconfig: Path, namespace: str, release: str) -> None:
             f"--set=image.repository={operator_repo}",
             f"--set=image.tag={operator_tag}",
             f"--set=defaults.rayImage={names['trainer-cpu']}",
-            f"--set=defaults.environmentImage={names['penguin-env']}",
+            f"--set=defaults.environmentImage={names['environments']}",
             "--wait",
             "--timeout=5m",
         ],

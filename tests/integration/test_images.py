@@ -115,12 +115,12 @@ def test_the_trainer_image_trains_the_tiny_model_with_grpojob_run(archives: dict
     assert all(0.0 <= record["rollout/reward/mean"] <= 1.0 for record in metrics)
 
 
-def test_the_penguin_env_image_serves_its_health_route(archives: dict[str, Path]):
+def test_the_environments_image_serves_its_health_route(archives: dict[str, Path]):
     port, name = free_port(), f"grpojob-test-{uuid.uuid4().hex[:8]}"
     pod_like = [f"--user={NON_ROOT_UID}", "--read-only", "--tmpfs=/tmp:rw,mode=1777", f"--env=PORT={port}"]
     pod_like.append("--env=POLICY_BASE_URL=http://127.0.0.1:9/v1")  # not called: only the health route is
     subprocess.run(
-        ["podman", "run", "--detach", f"--name={name}", *images.run_flags(), *pod_like, image_name("penguin-env")],
+        ["podman", "run", "--detach", f"--name={name}", *images.run_flags(), *pod_like, image_name("environments")],
         capture_output=True,
         check=True,
     )

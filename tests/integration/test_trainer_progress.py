@@ -14,6 +14,7 @@ import yaml
 from kubernetes import client
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator.children.trainer import build_progress, build_trainer_rbac
 from grpojob_trainer.observability.progress import ConfigMapProgressPublisher
 
@@ -38,7 +39,7 @@ def without_owner(manifest: dict) -> dict:
 
 
 def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubeconfig, namespace, tmp_path, caplog):
-    job = api.parse_job(
+    job = parse_job(
         {
             "apiVersion": api.API_VERSION,
             "kind": api.KIND,

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_testing.cluster import wait_until
 from grpojob_trainer.observability.metrics import MetricsLogger
 from grpojob_trainer.observability.tracking import MlflowSink, WandbSink, job_params
@@ -28,7 +29,7 @@ STEPS = [
 
 
 def a_job(logging: dict[str, Any]) -> api.GRPOJob:
-    return api.parse_job(
+    return parse_job(
         {
             "apiVersion": api.API_VERSION,
             "kind": api.KIND,

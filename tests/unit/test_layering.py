@@ -96,6 +96,10 @@ def test_the_tree_keeps_every_contract(tree: Path):
             "Product code never imports the test",
         ),
         ("api/grpojob_api/progress.py", "import grpojob_trainer", "The API package imports none of ours"),
+        ("api/grpojob_api/v1alpha1.py", "from grpojob_api import admission", "The API's types import only the"),
+        ("api/grpojob_api/v1alpha1.py", "from grpojob_api import paths", "The API's types import only the"),
+        ("api/grpojob_api/quantity.py", "from grpojob_api import v1alpha1", "The API's types import only the"),
+        ("api/grpojob_api/crd.py", "from grpojob_api import admission", "The API's types import only the"),
     ],
 )
 def test_an_import_across_a_layer_breaks_its_contract(tree: Path, module: str, line: str, contract: str):
@@ -107,3 +111,12 @@ def test_an_import_across_a_layer_breaks_its_contract(tree: Path, module: str, l
     assert result.returncode != 0
     broken = [text for text in result.stdout.splitlines() if text.endswith("BROKEN")]
     assert any(text.startswith(contract) for text in broken), result.stdout
+
+
+def test_a_new_api_module_must_take_its_place_in_the_layers(tree: Path):
+    (tree / "api" / "grpojob_api" / "naming.py").write_text('"""Not in the API\'s layers yet."""\n')
+
+    result = lint_imports(tree)
+
+    assert result.returncode != 0
+    assert "grpojob_api.naming" in result.stdout, result.stdout

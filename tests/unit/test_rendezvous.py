@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from grpojob_api import endpoints
-from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_api.endpoints import ContractError
 from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.children.environments import build_environment_deployment
@@ -24,7 +24,7 @@ from grpojob_trainer.ray_runtime.rendezvous import StaleEndpoints, current_endpo
 from .operator.conftest import job_body
 
 SETTINGS = OperatorSettings(cluster_domain="cluster.example")
-JOB = api.parse_job(job_body())
+JOB = parse_job(job_body())
 
 
 def endpoints_of(attempt: int, head_ip: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from grpojob_api import kubeyaml
+from grpojob_api import admission, kubeyaml, paths
 from grpojob_api import v1alpha1 as api
 from grpojob_api.endpoints import GENERATION_PORT, ContractError, TrainerEnv
 from grpojob_trainer.errors import AllRolloutsFailed, RayHeadLost, UsageError
@@ -38,9 +38,9 @@ def load_job(path: Path) -> api.GRPOJob:
     except (OSError, yaml.YAMLError) as error:
         raise UsageError(f"{path}: {error}") from None
     try:
-        return api.parse_job(manifest)
+        return admission.parse_job(manifest)
     except ValidationError as error:
-        raise UsageError(f"{path}: invalid GRPOJob: {api.describe(error)}") from None
+        raise UsageError(f"{path}: invalid GRPOJob: {admission.describe(error)}") from None
 
 
 def _no_nemo_gym_environments(spec: api.GRPOJobSpec) -> None:
@@ -196,8 +196,8 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
                     dataset=dataset,
                     logger=logger,
                     progress=FileProgressPublisher(out / "progress.json"),
-                    checkpoint_dir=Path(api.checkpoint_dir(job)),
-                    output_dir=Path(api.output_dir(job)).resolve(),
+                    checkpoint_dir=Path(paths.checkpoint_dir(job)),
+                    output_dir=Path(paths.output_dir(job)).resolve(),
                     on_step=on_step,
                 )
             )
@@ -208,7 +208,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     png = report.plot_reward_curve(curve, out / "reward.png", f"{job.metadata.name}: mean reward per step")
     print(f"trained steps {result.first_step} to {result.last_step}: {report.summary(curve)}")
     print(f"failed rollouts: {result.failed_rollouts}")
-    print(f"trained model: {Path(api.output_dir(job)) / api.FINAL_MODEL_DIR}  (vllm serve DIR)")
+    print(f"trained model: {Path(paths.output_dir(job)) / paths.FINAL_MODEL_DIR}  (vllm serve DIR)")
     print(f"reward curve: {png}")
     print(f"TensorBoard logs: {out}  (tensorboard --logdir {out})")
     return 0

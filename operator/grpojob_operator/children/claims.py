@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grpojob_api import endpoints
+from grpojob_api import endpoints, paths
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import names
 from grpojob_operator.children.meta import Manifest
@@ -93,7 +93,7 @@ def model_path(job: api.GRPOJob, model_commit: str | None = None) -> str:
     if model.id is not None:
         if not model_commit:
             raise ValueError(f"spec.model.id {model.id}: no commit yet (the model's download has not finished)")
-        return f"{HUB_CACHE_MOUNT}/{api.hub_snapshot_path(model.id, model_commit)}"
+        return f"{HUB_CACHE_MOUNT}/{paths.hub_snapshot_path(model.id, model_commit)}"
     return model_mount(job).path
 
 
@@ -127,7 +127,7 @@ def checkpoint_mount(job: api.GRPOJob) -> Mounted:
     The policy actor writes and reads checkpoints, so the claim is mounted on the `policy` workers.
     Without a claim, checkpoints stay in the policy pod's /tmp and go with it.
     """
-    return _on_claim("checkpoints", job.spec.checkpointing.pvc, CHECKPOINT_MOUNT, api.checkpoint_dir(job))
+    return _on_claim("checkpoints", job.spec.checkpointing.pvc, CHECKPOINT_MOUNT, paths.checkpoint_dir(job))
 
 
 def output_claim(job: api.GRPOJob) -> api.PvcSource | None:
@@ -138,7 +138,7 @@ def output_claim(job: api.GRPOJob) -> api.PvcSource | None:
 def output_mount(job: api.GRPOJob) -> Mounted:
     """The output claim on the `policy` workers (rank 0 writes the exported model), and the output directory
     as they see it; without a claim, the policy pod's /tmp."""
-    return _on_claim("output", output_claim(job), OUTPUT_MOUNT, api.output_dir(job))
+    return _on_claim("output", output_claim(job), OUTPUT_MOUNT, paths.output_dir(job))
 
 
 def output_model_status(job: api.GRPOJob, reported: str, step: int) -> api.OutputModelStatus:
@@ -152,9 +152,9 @@ def output_model_status(job: api.GRPOJob, reported: str, step: int) -> api.Outpu
 
 
 def log_mount(job: api.GRPOJob, *, read_only: bool) -> Mounted:
-    """The log claim (`api.log_claim`) and the job's log directory as a pod sees it. Without a claim the
+    """The log claim (`GRPOJobSpec.log_claim`) and the job's log directory as a pod sees it. Without a claim the
     logs stay in the pod's /tmp."""
-    return _on_claim("logs", api.log_claim(job.spec), LOG_MOUNT, api.log_dir(job), read_only)
+    return _on_claim("logs", job.spec.log_claim, LOG_MOUNT, paths.log_dir(job), read_only)
 
 
 def attempt_log_dir(log_dir: str, attempt: int) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import describe, parse_job
 from grpojob_api.v1alpha1 import Phase
 from grpojob_operator.children.trainer import build_config_map
 from grpojob_operator.observe import Observed
@@ -84,10 +85,10 @@ def plan(
     status.observed_generation = body.get("metadata", {}).get("generation")
     result = Plan(status=status)
     try:
-        job = api.parse_job({k: v for k, v in body.items() if k != "status"})
+        job = parse_job({k: v for k, v in body.items() if k != "status"})
     except ValidationError as error:
         if status.phase != Phase.FAILED:
-            fail(result, "InvalidSpec", api.describe(error), now)
+            fail(result, "InvalidSpec", describe(error), now)
     else:
         pass_ = Pass(job, result, observed, settings, now, config_map)
         for stage in STAGES:

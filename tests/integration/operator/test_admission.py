@@ -294,10 +294,10 @@ def field_names(path: Path_) -> list[str]:
     sides), map keys as `.cpu` (the model) or `[cpu]` (the API server)."""
     names = []
     for end in range(len(path), 1, -1):
-        prefix = api.field_path(path[:end])
+        prefix = admission.field_path(path[:end])
         names.append(prefix)
         if isinstance(path[end - 1], str) and end > 1:
-            names.append(api.field_path(path[: end - 1]) + f"[{path[end - 1]}]")
+            names.append(admission.field_path(path[: end - 1]) + f"[{path[end - 1]}]")
     return names
 
 
@@ -347,7 +347,7 @@ def model_verdict(manifest: dict[str, Any], path: Path):
 
 def deployment_refusals(apps: client.AppsV1Api, namespace: str, admitted: dict[str, Any]) -> list[str]:
     """The API server's refusals of the environment Deployments built from an admitted GRPOJob (dry run)."""
-    job = api.parse_job(admitted)
+    job = admission.parse_job(admitted)
     refusals = []
     for env in job.spec.environments:
         deployment = build_environment_deployment(job, env, OperatorSettings(), 1)
@@ -388,7 +388,7 @@ def test_the_fuzzed_manifests_cover_both_verdicts():
     refused = 0
     for manifest, _ in first:
         try:
-            api.parse_job(manifest)
+            admission.parse_job(manifest)
         except ValueError:
             refused += 1
     assert MANIFESTS / 4 < refused < MANIFESTS * 3 / 4, refused
@@ -403,7 +403,7 @@ def test_kubectl_apply_and_grpojob_run_judge_every_manifest_alike(custom, api_cl
     disagreements, unnamed, defaults, both_admitted = [], [], [], []
     for index, ((manifest, touched), (admitted, refusal)) in enumerate(zip(corpus, server, strict=True)):
         job, model_refusal = model_verdict(manifest, tmp_path / f"{index}.yaml")
-        mutated = ", ".join(api.field_path(p) for p in touched)
+        mutated = ", ".join(admission.field_path(p) for p in touched)
         if (admitted is None) != (job is None):
             disagreements.append(
                 f"#{index} ({mutated}): API server: {refusal or 'admitted'}; model: {model_refusal or 'admitted'}"

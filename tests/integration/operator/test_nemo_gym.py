@@ -74,7 +74,7 @@ def test_a_nemo_gym_environment_gets_its_config_and_pods_and_follows_a_new_head(
     assert (
         jobs.apps.read_namespaced_deployment("gym-env-arithmetic", namespace)
         .spec.template.spec.containers[0]
-        .image.endswith("penguin-env:0.1.0")
+        .image.endswith("environments:0.1.0")
     )
     first_hash = deployment.spec.template.metadata.annotations[HASH]
     (first_pod,) = jobs.pods("grpo.dev/job=gym,grpo.dev/environment=tools")

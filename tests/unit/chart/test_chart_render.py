@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.settings import DEFAULT_ENVIRONMENT_IMAGE, DEFAULT_RAY_IMAGE, OperatorSettings
 from grpojob_testing import build
@@ -251,7 +251,7 @@ def test_the_trainer_pod_monitor_is_off_by_default_and_scrapes_the_metrics_port_
     (monitor,) = by_kind(render(helm, "--set", "metrics.trainerPodMonitor.enabled=true"), "PodMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
-    trainer = build_trainer_job(api.parse_job(job_body()), OperatorSettings(), 1)["spec"]["template"]
+    trainer = build_trainer_job(parse_job(job_body()), OperatorSettings(), 1)["spec"]["template"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= trainer["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] in [p["name"] for p in trainer["spec"]["containers"][0]["ports"]]

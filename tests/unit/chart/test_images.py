@@ -75,7 +75,7 @@ def test_every_image_runs_as_a_numeric_non_root_user_matching_its_pods():
     operator_user = f"{operator_uid}:{values['podSecurityContext']['runAsGroup']}"
     assert _last_user(_stage(DOCKERFILE, "operator")) == operator_user
     # The operator gives the trainer, Ray and environment pods runAsUser NON_ROOT_UID.
-    for stage in (_stage(DOCKERFILE, "trainer"), _stage(DOCKERFILE, "penguin-env"), _stage(NEMO_GYM)):
+    for stage in (_stage(DOCKERFILE, "trainer"), _stage(DOCKERFILE, "environments"), _stage(NEMO_GYM)):
         assert _last_user(stage).split(":")[0] == str(NON_ROOT_UID)
 
 
@@ -88,9 +88,9 @@ def test_images_pin_their_bases_and_packages():
     assert "[operator]" in operator and "[trainer]" not in operator
     assert re.search(r'^ENTRYPOINT \["grpojob-operator"\]$', _stage(DOCKERFILE, "operator"), re.MULTILINE)
     assert "GRPOJOB_PROBE_PORT=8081" in _stage(DOCKERFILE, "operator")
-    assert "[environment]" in _stage(DOCKERFILE, "penguin-env-install")
+    assert "[environment]" in _stage(DOCKERFILE, "environments-install")
     entrypoint = r'^ENTRYPOINT \["python", "-m", "grpojob_trainer.environments"\]$'
-    assert re.search(entrypoint, _stage(DOCKERFILE, "penguin-env"), re.M)
+    assert re.search(entrypoint, _stage(DOCKERFILE, "environments"), re.M)
 
 
 def test_the_dockerfile_pins_no_package_that_pyproject_pins():

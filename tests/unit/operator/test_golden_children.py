@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator import kueue
 from grpojob_operator.children.claims import model_cache_claim
 from grpojob_operator.children.endpoints import build_endpoints
@@ -107,7 +108,7 @@ def render_children(job: api.GRPOJob, settings: OperatorSettings) -> list[dict[s
 
 
 def rendered(name: str, body: dict[str, Any]) -> str:
-    job = api.parse_job(body)
+    job = parse_job(body)
     children = render_children(job, OperatorSettings())
     return yaml.safe_dump_all(children, sort_keys=True, default_flow_style=False, width=1000)
 

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_api.v1alpha1 import Phase
 from grpojob_operator import kueue, names
 from grpojob_operator.children.model import build_model_download_job
@@ -55,7 +56,7 @@ def observed_with(workload: dict[str, Any] | None, **kueue_context: Any) -> Obse
 
 
 def test_the_workload_covers_every_pod_of_the_job_with_its_priority():
-    job = api.parse_job(labelled_body())
+    job = parse_job(labelled_body())
     workload = kueue.build_workload(job, SETTINGS, 1000)
     assert workload["metadata"]["name"] == "demo-workload"
     assert workload["metadata"]["ownerReferences"][0]["name"] == "demo"
@@ -158,7 +159,7 @@ def test_an_unlabelled_job_has_no_workload():
     plan = plan_job(job_body(), Observed(), SETTINGS, NOW)
     assert "Workload" not in [a.manifest["kind"] for a in plan.actions if isinstance(a, Create)]
     assert plan.status.phase != Phase.QUEUED
-    assert build_raycluster(api.parse_job(job_body()), SETTINGS)["kind"] == "RayCluster"
+    assert build_raycluster(parse_job(job_body()), SETTINGS)["kind"] == "RayCluster"
 
 
 def test_a_suspended_job_gives_its_workload_up_and_queues_anew_when_resumed():
@@ -189,12 +190,12 @@ def hub_body(tensorboard: bool = False) -> dict[str, Any]:
 
 def test_a_hub_model_job_gets_a_workload_before_its_model_is_downloaded():
     # The trainer's pod set needs its requests and scheduling, not the commit the download resolves later.
-    workload = kueue.build_workload(api.parse_job(hub_body()), SETTINGS, 1000)
+    workload = kueue.build_workload(parse_job(hub_body()), SETTINGS, 1000)
     assert "trainer" in {s["name"] for s in workload["spec"]["podSets"]}
 
 
 def test_the_model_download_and_tensorboard_are_pod_sets_placed_as_the_trainer():
-    sets = {s["name"]: s for s in kueue.pod_sets(api.parse_job(hub_body(tensorboard=True)), SETTINGS)}
+    sets = {s["name"]: s for s in kueue.pod_sets(parse_job(hub_body(tensorboard=True)), SETTINGS)}
     assert sets["model-download"]["count"] == sets["tensorboard"]["count"] == 1
     for name in ("model-download", "tensorboard", "trainer"):
         spec = sets[name]["template"]["spec"]
@@ -205,12 +206,12 @@ def test_the_model_download_and_tensorboard_are_pod_sets_placed_as_the_trainer()
 
 def test_only_a_hub_model_is_downloaded_and_only_tensorboard_watches_the_logs():
     assert {"model-download", "tensorboard"}.isdisjoint(
-        s["name"] for s in kueue.pod_sets(api.parse_job(labelled_body()), SETTINGS)
+        s["name"] for s in kueue.pod_sets(parse_job(labelled_body()), SETTINGS)
     )
 
 
 def test_the_admitted_flavors_place_the_model_download_and_tensorboard():
-    job = api.parse_job(hub_body(tensorboard=True))
+    job = parse_job(hub_body(tensorboard=True))
     place = kueue.placer({"model-download": ({"pool": "h200"}, []), "tensorboard": ({"pool": "cpu-b"}, [])})
     download = place(build_model_download_job(job, SETTINGS))["spec"]["template"]["spec"]
     tensorboard = place(build_tensorboard_deployment(job, SETTINGS))["spec"]["template"]["spec"]

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator.children.claims import HUB_CACHE_MOUNT, OUTPUT_MOUNT, model_cache_claim, model_path, output_claim
 from grpojob_operator.children.model import build_model_cache_claim, build_model_download_job
 from grpojob_operator.children.raycluster import build_raycluster
@@ -84,7 +85,7 @@ def test_a_cache_claim_the_spec_names_is_used_not_created():
 
 
 def test_the_download_job_runs_huggingface_hub_with_the_token_of_the_named_secret():
-    job = api.parse_job(hub_body())
+    job = parse_job(hub_body())
     download = build_model_download_job(job, SETTINGS)
     (container,) = download["spec"]["template"]["spec"]["containers"]
 
@@ -97,9 +98,9 @@ def test_the_download_job_runs_huggingface_hub_with_the_token_of_the_named_secre
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert download["spec"]["backoffLimit"] == 0
     placed = hub_body(scheduling={"trainer": {"nodeSelector": {"pool": "cpu"}}})
-    template = build_model_download_job(api.parse_job(placed), SETTINGS)["spec"]["template"]
+    template = build_model_download_job(parse_job(placed), SETTINGS)["spec"]["template"]
     assert template["spec"]["nodeSelector"] == {"pool": "cpu"}  # placed as the trainer pod is
-    offline = build_model_download_job(api.parse_job(hub_body({"id": "org/m", "offline": True})), SETTINGS)
+    offline = build_model_download_job(parse_job(hub_body({"id": "org/m", "offline": True})), SETTINGS)
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in offline["spec"]["template"]["spec"]["containers"][0]["env"]
 
 
@@ -107,7 +108,7 @@ def test_the_claim_the_job_creates_has_the_size_and_class_of_the_spec():
     body = hub_body(
         {"id": "org/m", "cache": {"size": "200Gi", "storageClassName": "fast", "accessMode": "ReadWriteMany"}}
     )
-    claim = build_model_cache_claim(api.parse_job(body))
+    claim = build_model_cache_claim(parse_job(body))
 
     assert claim["spec"] == {
         "accessModes": ["ReadWriteMany"],
@@ -143,7 +144,7 @@ def test_the_commit_the_download_resolved_is_the_one_every_pod_loads():
     assert model_ready(result).status == "True" and COMMIT in model_ready(result).message
     assert ("RayCluster", "demo") in created(result)
 
-    job = api.parse_job(hub_body())
+    job = parse_job(hub_body())
     trainer = build_trainer_job(job, SETTINGS, 1, result.status.model_commit)
     env = {e["name"]: e.get("value") for e in trainer["spec"]["template"]["spec"]["containers"][0]["env"]}
     snapshot = f"/data/hf-cache/models--Qwen--Qwen2.5-0.5B-Instruct/snapshots/{COMMIT}"
@@ -166,7 +167,7 @@ def test_a_finished_download_whose_pod_the_cache_still_shows_running_is_waited_f
 
 
 def test_every_pod_that_loads_the_model_has_the_hub_off_and_the_cache_read_only():
-    job = api.parse_job(hub_body())
+    job = parse_job(hub_body())
     cluster = build_raycluster(job, SETTINGS)
     trainer = build_trainer_job(job, SETTINGS, 1, COMMIT)
     templates = [cluster["spec"]["headGroupSpec"]["template"], trainer["spec"]["template"]]
@@ -225,7 +226,7 @@ def test_a_path_model_needs_no_download():
 
 def test_the_exported_model_goes_to_the_output_claim_on_the_policy_workers():
     body = job_body(spec={**JOB_SPEC, "output": {"pvc": {"claimName": "models", "path": "team"}, "path": "out/demo"}})
-    job = api.parse_job(body)
+    job = parse_job(body)
     cluster = build_raycluster(job, SETTINGS)
     policy = next(g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "policy")
     mounts = {m["name"]: m for m in policy["template"]["spec"]["containers"][0]["volumeMounts"]}
@@ -242,7 +243,7 @@ def test_the_trainers_report_of_its_exported_model_becomes_status_output_model()
     result = plan(job_body(spec=spec), children)
 
     assert result.status.output_model == api.OutputModelStatus(path="runs/models/demo/final", claim_name="ckpt", step=7)
-    named = api.parse_job(
+    named = parse_job(
         job_body(spec={**spec, "model": {"path": "runs/models/demo/final", "pvc": {"claimName": "ckpt"}}})
     )
     assert model_path(named) == "/data/model/runs/models/demo/final"

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import yaml
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator import names
 from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.children.nemo_gym import CONFIG_FILE, build_nemo_gym_config_map, build_nemo_gym_deployment
@@ -23,7 +24,7 @@ NOW = datetime(2026, 11, 30, 10, 0, 10, tzinfo=UTC)
 SETTINGS = OperatorSettings(nemo_gym_image="example/nemo-gym:1")
 
 
-JOB = api.parse_job(gym_body())
+JOB = parse_job(gym_body())
 GYM_ENV = JOB.spec.environments[1]
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpojob_api import paths
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.algorithm.data import PromptDataset
 from grpojob_trainer.algorithm.samples import TrainingSample
@@ -217,10 +218,12 @@ async def run_loop(
         if step % interval == 0 or step == grpo.max_steps:
             policy.save(str(checkpoint_dir), step, rollouts.data_position, config, spec.checkpointing.keep)
             if spec.output.every_checkpoint:  # off the event loop: later steps' rollouts are in flight
-                await asyncio.to_thread(export_model, job, policy, output_dir, api.step_model_dir(step), step, progress)
+                await asyncio.to_thread(
+                    export_model, job, policy, output_dir, paths.step_model_dir(step), step, progress
+                )
         if on_step is not None:
             on_step(step, metrics)
-    export_model(job, policy, output_dir, api.FINAL_MODEL_DIR, result.last_step, progress)
+    export_model(job, policy, output_dir, paths.FINAL_MODEL_DIR, result.last_step, progress)
     return result
 
 
@@ -230,4 +233,4 @@ def export_model(
     """Export the policy to ``output_dir / name`` and report it (by its path inside the output claim)."""
     written = policy.export(str(output_dir / name), job.spec.output.dtype, job.spec.checkpointing.keep)
     log.info("exported the model of step %d to %s", step, written)
-    progress.publish_output_model(f"{api.output_dir(job)}/{name}", step)
+    progress.publish_output_model(f"{paths.output_dir(job)}/{name}", step)

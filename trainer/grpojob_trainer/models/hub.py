@@ -2,7 +2,7 @@
 
 `download_model` is what the download step of a job (`grpojob download-model`) runs: `huggingface_hub`'s
 own `snapshot_download` into the cache volume, which resolves the revision to one commit; every pod of
-the job then loads that commit's snapshot directory (`grpojob_api.v1alpha1.hub_snapshot_path`) with
+the job then loads that commit's snapshot directory (`grpojob_api.paths.hub_snapshot_path`) with
 ``HF_HUB_OFFLINE=1``. With ``HF_HUB_OFFLINE=1`` (``spec.model.offline``) the same call resolves the revision
 from the cache alone. Failures become `HubError` with a reason and a message that says what to fix.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator.settings import OperatorSettings
 
 from ..conftest import job_body
@@ -14,7 +15,7 @@ def job(**spec_overrides) -> api.GRPOJob:
     """The `demo` job of `conftest.job_body`, with ``spec_overrides``."""
     body = job_body()
     body["spec"].update(spec_overrides)
-    return api.parse_job(body)
+    return parse_job(body)
 
 
 def env_of(container: dict) -> dict[str, dict]:

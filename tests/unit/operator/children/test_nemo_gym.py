@@ -9,6 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator import names
 from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.children.environments import build_environment_service
@@ -21,7 +22,7 @@ from .jobs import AGENT, TOOL_CALL, gym_body
 SETTINGS = OperatorSettings(nemo_gym_image="example/nemo-gym:1")
 
 
-JOB = api.parse_job(gym_body())
+JOB = parse_job(gym_body())
 GYM_ENV = JOB.spec.environments[1]
 
 
@@ -46,7 +47,7 @@ def test_the_config_points_nemo_gym_at_the_jobs_policy_ray_cluster_and_port():
 
 
 def test_overrides_merge_under_what_the_operator_sets():
-    job = api.parse_job(
+    job = parse_job(
         gym_body(
             agentServer="tool_agent",
             overrides={
@@ -78,7 +79,7 @@ def test_a_bad_nemo_gym_block_is_refused_naming_the_field(nemo_gym_block, field,
     body = job_body()
     body["spec"]["environments"] = [{"name": "tools", "nemoGym": nemo_gym_block}]
     with pytest.raises(ValidationError) as error:
-        api.parse_job(body)
+        parse_job(body)
     assert f"nemoGym.{field}" in str(error.value) and words in str(error.value)
 
 
@@ -88,7 +89,7 @@ def test_a_nemo_gym_environment_takes_no_command():
         {"name": "tools", "command": ["x"], "nemoGym": {"configPaths": [TOOL_CALL], "agent": AGENT}}
     ]
     with pytest.raises(ValidationError, match="command and args must be empty with nemoGym"):
-        api.parse_job(body)
+        parse_job(body)
 
 
 def test_rows_reach_the_agent_by_its_nemo_gym_name_and_by_the_environment_name():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator.children.trainer import build_trainer_job, build_trainer_rbac, render_job_config
 
 from .jobs import SETTINGS, env_of, job
@@ -20,7 +20,7 @@ def test_job_config_renders_the_spec_the_trainer_parses_back():
     rendered = render_job_config(j)
     import yaml
 
-    again = api.parse_job(yaml.safe_load(rendered))
+    again = parse_job(yaml.safe_load(rendered))
     assert again.spec == j.spec
 
 

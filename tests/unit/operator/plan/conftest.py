@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.children.trainer import build_config_map
 from grpojob_operator.observe import ConfigMapInfo, DeploymentInfo, Observed, OtherInfo, PodInfo, TrainerJobInfo
@@ -18,7 +19,7 @@ from ..conftest import children_up_to_the_head, job_body
 
 NOW = datetime(2026, 11, 30, 10, 0, 10, tzinfo=UTC)
 SETTINGS = OperatorSettings(pod_failure_grace_seconds=60)
-JOB = api.parse_job(job_body())
+JOB = parse_job(job_body())
 
 
 def pod(name: str, component: str, *, ip: str | None = "10.0.0.2", attempt: int | None = None, **kw) -> PodInfo:
@@ -59,7 +60,7 @@ def run(body: dict, children: dict, now: datetime = NOW) -> Plan:
 def one_pass(body: dict, children: dict) -> Pass:
     """The inputs of a pass over ``body`` (valid) for one stage on its own."""
     status = api.GRPOJobStatus.model_validate(body.get("status") or {})
-    job = api.parse_job({k: v for k, v in body.items() if k != "status"})
+    job = parse_job({k: v for k, v in body.items() if k != "status"})
     return Pass(job, Plan(status=status), Observed(children), SETTINGS, NOW, build_config_map)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpojob_api import v1alpha1 as api
+from grpojob_api import paths
 from grpojob_trainer.models.hub import place_in_cache
 from grpojob_trainer.models.tiny import write_tiny_model
 
@@ -45,8 +45,8 @@ def test_the_download_step_resolves_a_cached_model_id_to_one_commit(model_dir, t
     assert done.returncode == 0, done.stderr
     report = json.loads(log.read_text())
     assert report["commit"] == placed.commit
-    assert Path(report["path"]) == cache / api.hub_snapshot_path(MODEL_ID, placed.commit)
-    snapshot = cache / api.hub_snapshot_path(MODEL_ID, report["commit"])
+    assert Path(report["path"]) == cache / paths.hub_snapshot_path(MODEL_ID, placed.commit)
+    snapshot = cache / paths.hub_snapshot_path(MODEL_ID, report["commit"])
     model = AutoModelForCausalLM.from_pretrained(snapshot, local_files_only=True)
     assert model.num_parameters() == AutoModelForCausalLM.from_pretrained(model_dir).num_parameters()
     assert (

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from grpojob_api import v1alpha1 as api
+from grpojob_api import paths
 from grpojob_trainer.cli import main
 from grpojob_trainer.models.tiny import write_tiny_model
 from grpojob_trainer.policy.worker import PolicyWorker
@@ -178,8 +178,8 @@ def test_exports_with_checkpoints_keep_the_newest(tmp_path):
     from grpojob_trainer.policy.export import prune_exports
 
     for step in (2, 4, 6):
-        (tmp_path / api.step_model_dir(step)).mkdir()
-    (tmp_path / api.FINAL_MODEL_DIR).mkdir()
+        (tmp_path / paths.step_model_dir(step)).mkdir()
+    (tmp_path / paths.FINAL_MODEL_DIR).mkdir()
 
     prune_exports(tmp_path, keep=2)
 

@@ -7,6 +7,7 @@ import pytest
 
 from grpojob_api import endpoints
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_api.endpoints import ContractError, Endpoints, TrainerEnv
 from grpojob_operator.children.claims import model_path
 from grpojob_operator.children.endpoints import build_endpoints, endpoints_data
@@ -15,7 +16,7 @@ from grpojob_operator.children.trainer import build_trainer_job, render_job_conf
 from grpojob_operator.settings import OperatorSettings
 from grpojob_trainer.environments.__main__ import parse_args as environment_args
 
-from .operator.conftest import job_body
+from ..operator.conftest import job_body
 
 SETTINGS = OperatorSettings(cluster_domain="cluster.example")
 
@@ -30,7 +31,7 @@ def pod_environment(job: api.GRPOJob, container: dict, head_ip: str = "10.0.0.7"
 
 
 def test_the_endpoints_the_operator_writes_read_back_as_written():
-    job = api.parse_job(job_body())
+    job = parse_job(job_body())
     read = Endpoints.from_data(build_endpoints(job, SETTINGS, "10.0.0.7", 3)["data"])
     assert read.ray_gcs_address == f"demo-head-svc.team-a.svc.cluster.example:{endpoints.GCS_PORT}"
     assert read.policy_base_url == f"http://demo-generation.team-a.svc.cluster.example:{endpoints.GENERATION_PORT}/v1"
@@ -40,7 +41,7 @@ def test_the_endpoints_the_operator_writes_read_back_as_written():
 
 
 def test_the_trainer_pod_finds_everything_it_reads_in_its_environment():
-    job = api.parse_job(job_body())
+    job = parse_job(job_body())
     container = build_trainer_job(job, SETTINGS, 2)["spec"]["template"]["spec"]["containers"][0]
     environ = pod_environment(job, container, attempt=2)
     assert Endpoints.from_data(environ).attempt == 2
@@ -52,7 +53,7 @@ def test_the_trainer_pod_finds_everything_it_reads_in_its_environment():
 
 
 def test_an_environment_pod_serves_on_its_port_and_calls_the_published_policy(monkeypatch: pytest.MonkeyPatch):
-    job = api.parse_job(job_body())
+    job = parse_job(job_body())
     env = job.spec.environments[0]
     container = build_environment_deployment(job, env, SETTINGS, 1)["spec"]["template"]["spec"]["containers"][0]
     for name, value in pod_environment(job, container).items():
@@ -65,7 +66,7 @@ def test_an_environment_pod_serves_on_its_port_and_calls_the_published_policy(mo
 
 @pytest.mark.parametrize("renamed", [None, "RAY_GCS_ADDR"])
 def test_a_missing_or_renamed_key_is_refused_by_name(renamed: str | None):
-    data = endpoints_data(api.parse_job(job_body()), SETTINGS, "10.0.0.7", 1)
+    data = endpoints_data(parse_job(job_body()), SETTINGS, "10.0.0.7", 1)
     value = data.pop(endpoints.RAY_GCS_ADDRESS)
     if renamed:
         data[renamed] = value
@@ -74,7 +75,7 @@ def test_a_missing_or_renamed_key_is_refused_by_name(renamed: str | None):
 
 
 def test_malformed_values_are_refused_by_name():
-    data = endpoints_data(api.parse_job(job_body()), SETTINGS, "10.0.0.7", 1)
+    data = endpoints_data(parse_job(job_body()), SETTINGS, "10.0.0.7", 1)
     with pytest.raises(ContractError, match=r"PENGUIN_ENV_URLS: Value error, not JSON.*; GRPOJOB_ATTEMPT: "):
         Endpoints.from_data({**data, endpoints.PENGUIN_ENV_URLS: "math=http://x", endpoints.GRPOJOB_ATTEMPT: "0"})
 
@@ -90,8 +91,8 @@ def test_grpojob_train_without_the_endpoints_exits_2_naming_them(
     from grpojob_trainer import cli
 
     config = tmp_path / "grpojob.yaml"
-    config.write_text(render_job_config(api.parse_job(job_body())))
-    for name in endpoints_data(api.parse_job(job_body()), SETTINGS, "10.0.0.7", 1):
+    config.write_text(render_job_config(parse_job(job_body())))
+    for name in endpoints_data(parse_job(job_body()), SETTINGS, "10.0.0.7", 1):
         monkeypatch.delenv(name, raising=False)
     assert cli.main(["train", "--config", str(config)]) == 2
     assert "the <job>-endpoints ConfigMap: RAY_GCS_ADDRESS is missing; RAY_HEAD_POD_IP is missing" in (

@@ -18,7 +18,7 @@ def test_images_carry_the_names_the_chart_and_the_operator_default_to():
     values = yaml.safe_load((REPO / "charts" / "grpojob" / "values.yaml").read_text())
     names = {image.key: image.name for image in images.images()}
     assert names["operator"] == f"{values['image']['repository']}:{chart['appVersion']}"
-    assert names["penguin-env"] == DEFAULT_ENVIRONMENT_IMAGE == values["defaults"]["environmentImage"]
+    assert names["environments"] == DEFAULT_ENVIRONMENT_IMAGE == values["defaults"]["environmentImage"]
     assert names["trainer-cpu"] == f"{DEFAULT_RAY_IMAGE}-cpu"
     assert names["nemo-gym"] == DEFAULT_NEMO_GYM_IMAGE == values["defaults"]["nemoGymImage"]
 

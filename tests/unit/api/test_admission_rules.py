@@ -13,8 +13,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from grpojob_api import crd
+from grpojob_api import crd, paths
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import describe, field_path, parse_job
 from grpojob_api.quantity import parse_quantity
 from grpojob_operator.children.trainer import render_job_config
 from grpojob_trainer.cli import load_job
@@ -46,8 +47,8 @@ def with_spec(path: str, value: Any) -> dict[str, Any]:
 
 def refusal(manifest: dict[str, Any]) -> str:
     with pytest.raises(ValidationError) as error:
-        api.parse_job(manifest)
-    return "; ".join(f"{api.field_path(tuple(e['loc']))}: {e['msg']}" for e in error.value.errors())
+        parse_job(manifest)
+    return "; ".join(f"{field_path(tuple(e['loc']))}: {e['msg']}" for e in error.value.errors())
 
 
 @pytest.mark.parametrize(
@@ -67,23 +68,23 @@ def test_types_are_as_strict_as_the_api_servers(path, value):
 
 
 def test_numbers_are_read_as_the_api_server_decodes_them():
-    assert api.parse_job(with_spec("grpo.maxSteps", 3.0)).spec.grpo.max_steps == 3
-    assert api.parse_job(with_spec("grpo.seed", 2**63 - 1)).spec.grpo.seed == 2**63 - 1
-    assert api.parse_job(with_spec("generation.temperature", 1)).spec.generation.temperature == 1.0
+    assert parse_job(with_spec("grpo.maxSteps", 3.0)).spec.grpo.max_steps == 3
+    assert parse_job(with_spec("grpo.seed", 2**63 - 1)).spec.grpo.seed == 2**63 - 1
+    assert parse_job(with_spec("generation.temperature", 1)).spec.generation.temperature == 1.0
 
 
 def test_a_null_is_an_absent_field_unless_the_field_is_nullable():
-    job = api.parse_job(with_spec("generation", None))
+    job = parse_job(with_spec("generation", None))
     assert job.spec.generation == api.GenerationSpec()
-    assert api.parse_job(with_spec("suspend", None)).spec.suspend is False
-    assert api.parse_job(with_spec("grpo.importanceSamplingCap", None)).spec.grpo.importance_sampling_cap is None
+    assert parse_job(with_spec("suspend", None)).spec.suspend is False
+    assert parse_job(with_spec("grpo.importanceSamplingCap", None)).spec.grpo.importance_sampling_cap is None
     assert "spec.model" in refusal(with_spec("model", None))
     nullable = [path for path, node in _walk(ROOT) if node.get("nullable")]
     assert nullable == [".spec.grpo.importanceSamplingCap"]
 
 
 def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
-    job = api.parse_job(with_spec("grpo.importanceSamplingCap", None))
+    job = parse_job(with_spec("grpo.importanceSamplingCap", None))
     config = tmp_path / "job.yaml"
     config.write_text(render_job_config(job))
     assert load_job(config).spec == job.spec
@@ -139,9 +140,9 @@ def test_what_the_trainer_or_operator_would_refuse_is_refused_naming_the_field(p
 def test_tensorboard_takes_the_checkpoint_claim_when_the_logs_have_none():
     manifest = with_spec("logging", {"tensorboard": True})
     manifest["spec"]["checkpointing"] = {"pvc": {"claimName": "runs"}}
-    job = api.parse_job(manifest)
-    assert api.log_claim(job.spec) == api.PvcSource(claim_name="runs")
-    assert api.log_dir(job) == "logs/demo"
+    job = parse_job(manifest)
+    assert job.spec.log_claim == api.PvcSource(claim_name="runs")
+    assert paths.log_dir(job) == "logs/demo"
 
 
 @pytest.mark.parametrize("name", ["a.b", "1job", "Job", "a" * 41])
@@ -234,24 +235,36 @@ def test_grpojob_run_reads_plain_scalars_as_kubectl(tmp_path):
 
 
 def test_the_trainer_config_keeps_strings_kubectl_would_read_as_numbers(tmp_path):
-    job = api.parse_job(with_spec("environments.0.env", [{"name": "A", "value": "y"}, {"name": "B", "value": "1e9"}]))
+    job = parse_job(with_spec("environments.0.env", [{"name": "A", "value": "y"}, {"name": "B", "value": "1e9"}]))
     config = tmp_path / "job.yaml"
     config.write_text(render_job_config(job))
     assert load_job(config).spec == job.spec
 
 
 def test_a_model_is_named_by_path_or_by_hub_id():
-    by_id = api.parse_job(with_spec("model", {"id": "Qwen/Qwen2.5-0.5B-Instruct", "revision": "v1.0"}))
+    by_id = parse_job(with_spec("model", {"id": "Qwen/Qwen2.5-0.5B-Instruct", "revision": "v1.0"}))
     assert (by_id.spec.model.id, by_id.spec.model.revision, by_id.spec.model.path) == (
         "Qwen/Qwen2.5-0.5B-Instruct",
         "v1.0",
         None,
     )
-    assert api.parse_job(JOB).spec.model.id is None
+    assert parse_job(JOB).spec.model.id is None
 
 
 def test_output_defaults_to_a_directory_named_after_the_job():
-    job = api.parse_job(JOB)
-    assert api.output_dir(job) == "models/demo"
+    job = parse_job(JOB)
+    assert paths.output_dir(job) == "models/demo"
     assert (job.spec.output.dtype, job.spec.output.every_checkpoint) == ("bfloat16", False)
-    assert api.output_dir(api.parse_job(with_spec("output.path", "out/x"))) == "out/x"
+    assert paths.output_dir(parse_job(with_spec("output.path", "out/x"))) == "out/x"
+
+
+def test_a_refusal_is_worded_with_the_manifests_field_names():
+    with pytest.raises(ValidationError) as field:
+        parse_job(with_spec("environments.0.port", 80))
+    with pytest.raises(ValidationError) as cross_field:
+        parse_job(with_spec("logging.tensorboard", True))
+
+    assert describe(field.value) == "spec.environments[0].port: Input should be greater than or equal to 1024"
+    assert describe(cross_field.value) == (
+        "spec.logging.tensorboard needs a claim for the logs: spec.logging.pvc or spec.checkpointing.pvc"
+    )
