@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.admission import parse_job
+from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.settings import OperatorSettings
 
 from ..conftest import job_body
@@ -35,3 +36,13 @@ def gym_body(**nemo_gym_fields) -> dict:
         {"name": "tools", "port": 9000, "nemoGym": {"configPaths": [TOOL_CALL], "agent": AGENT, **nemo_gym_fields}},
     ]
     return body
+
+
+GYM_SETTINGS = OperatorSettings(nemo_gym_image="example/nemo-gym:1")
+GYM_JOB = parse_job(gym_body())
+GYM_ENV = GYM_JOB.spec.environments[1]
+
+
+def gym_endpoints(ip: str = "10.0.0.2") -> dict[str, str]:
+    """The endpoints' data of `GYM_JOB` with the head at ``ip``."""
+    return endpoints_data(GYM_JOB, GYM_SETTINGS, ip, 1)

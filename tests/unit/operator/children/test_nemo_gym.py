@@ -14,20 +14,11 @@ from grpojob_operator import names
 from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.children.environments import build_environment_service
 from grpojob_operator.children.nemo_gym import CONFIG_FILE, build_nemo_gym_config_map, build_nemo_gym_deployment
-from grpojob_operator.settings import OperatorSettings
 
 from ..conftest import job_body
-from .jobs import AGENT, TOOL_CALL, gym_body
+from .jobs import AGENT, GYM_ENV, GYM_JOB, GYM_SETTINGS, TOOL_CALL, gym_body, gym_endpoints
 
-SETTINGS = OperatorSettings(nemo_gym_image="example/nemo-gym:1")
-
-
-JOB = parse_job(gym_body())
-GYM_ENV = JOB.spec.environments[1]
-
-
-def endpoints(ip: str = "10.0.0.2") -> dict[str, str]:
-    return endpoints_data(JOB, SETTINGS, ip, 1)
+SETTINGS, JOB, endpoints = GYM_SETTINGS, GYM_JOB, gym_endpoints
 
 
 def rendered(job: api.GRPOJob = JOB, ip: str = "10.0.0.2") -> dict:

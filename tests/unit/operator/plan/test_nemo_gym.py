@@ -4,37 +4,18 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import yaml
-
-from grpojob_api import v1alpha1 as api
-from grpojob_api.admission import parse_job
 from grpojob_operator import names
-from grpojob_operator.children.endpoints import endpoints_data
-from grpojob_operator.children.nemo_gym import CONFIG_FILE, build_nemo_gym_config_map, build_nemo_gym_deployment
+from grpojob_operator.children.nemo_gym import build_nemo_gym_config_map, build_nemo_gym_deployment
 from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.observe import ConfigMapInfo, DeploymentInfo, Observed, OtherInfo, PodInfo
 from grpojob_operator.plan import plan as plan_job
 from grpojob_operator.plan.actions import Create, Delete, Patch, Plan, Replace
-from grpojob_operator.settings import OperatorSettings
 
-from .children.jobs import gym_body
-from .conftest import children_up_to_the_head
+from ..children.jobs import GYM_ENV, GYM_JOB, GYM_SETTINGS, gym_body, gym_endpoints
+from ..conftest import children_up_to_the_head
 
 NOW = datetime(2026, 11, 30, 10, 0, 10, tzinfo=UTC)
-SETTINGS = OperatorSettings(nemo_gym_image="example/nemo-gym:1")
-
-
-JOB = parse_job(gym_body())
-GYM_ENV = JOB.spec.environments[1]
-
-
-def endpoints(ip: str = "10.0.0.2") -> dict[str, str]:
-    return endpoints_data(JOB, SETTINGS, ip, 1)
-
-
-def rendered(job: api.GRPOJob = JOB, ip: str = "10.0.0.2") -> dict:
-    config_map = build_nemo_gym_config_map(job, job.spec.environments[1], endpoints(ip))
-    return yaml.safe_load(config_map["data"][CONFIG_FILE])
+SETTINGS, JOB, endpoints = GYM_SETTINGS, GYM_JOB, gym_endpoints
 
 
 def children(head_ip: str = "10.0.0.2", head_name: str = "demo-head") -> dict:
