@@ -78,6 +78,12 @@ def test_the_tree_keeps_every_contract(tree: Path):
             "from grpojob_operator.plan import trainer",
             "The plan's stages build",
         ),
+        (
+            "operator/grpojob_operator/children/trainer.py",
+            "from grpojob_operator.plan import conditions",
+            "The operator imports downwards",
+        ),
+        ("operator/grpojob_operator/kueue.py", "from grpojob_operator import plan", "The operator imports downwards"),
         ("trainer/grpojob_trainer/algorithm/samples.py", "import ray", "The GRPO math imports no Ray, HTTP"),
         ("trainer/grpojob_trainer/policy/group.py", "from grpojob_trainer.algorithm import loop", TRAINER_LAYERS),
         ("trainer/grpojob_trainer/generation/app.py", "from grpojob_trainer.policy import trainer", TRAINER_LAYERS),
