@@ -6,12 +6,14 @@
 
 Every download is verified by the wrapper module's committed go.sum (the go command runs with
 ``-mod=readonly``). A finished build is marked by a ``.complete`` file, so an interrupted build is
-redone rather than trusted.
+redone rather than trusted. Builds of one component take turns (a lock file beside its directory): two
+runs at once (`make cluster-up` while `make test` starts) would otherwise write one staging directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import re
@@ -194,10 +196,20 @@ def pin(component: Component) -> None:
 
 
 def build(component: Component, log=sys.stderr) -> Path:
-    """Build a component unless its programs are cached; return the directory holding them."""
+    """Build a component unless its programs are cached; return the directory holding them. A build that
+    another process is running is waited for, not repeated."""
     target = component.bin_dir
     if (target / ".complete").exists():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").exists():
+            return target
+        return _build(component, target, log)
+
+
+def _build(component: Component, target: Path, log) -> Path:
     problems = mismatches(component)
     if problems:
         raise RuntimeError("\n".join(problems))
