@@ -26,7 +26,7 @@ def test_two_builds_of_one_component_at_once_build_it_once_and_both_get_its_prog
     def run(log: io.StringIO) -> None:
         try:
             results.append(build.build(probe, log))
-        except BaseException as error:  # noqa: BLE001 - reported by the assertion below
+        except BaseException as error:  # reported by the assertion below
             errors.append(error)
 
     threads = [threading.Thread(target=run, args=(log,)) for log in logs]
