@@ -17,7 +17,9 @@ export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TO
 case $1 in
   part) mkdir -p /root/parts && cp "$2"/* /root/parts/ && ls /root/parts | wc -l ;;
   install)
-    mkdir -p /root/whl && (cd /root/parts && cat part_* | tar xf - -C /root/whl) && cp /root/parts/*.whl /root/whl/ \
+    # Loose wheels beside the parts (a part of their own, carried as is) are optional.
+    mkdir -p /root/whl && (cd /root/parts && cat part_* | tar xf - -C /root/whl) \
+      && { cp /root/parts/*.whl /root/whl/ 2>/dev/null || true; } \
       && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-packages /root/whl/*.whl \
       && python3 -c "import vllm, ray, trl; print('vllm', vllm.__version__, 'ray', ray.__version__, 'trl', trl.__version__)" \
       && python3 -c "import datasets; datasets.Dataset.from_list([{'a': 1}]); print('datasets', datasets.__version__)" ;;
