@@ -287,6 +287,39 @@ class OptimizerSpec(ApiModel):
     """Gradients are clipped to this global L2 norm."""
 
 
+LORA_MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+"""A module's own name (the last part of its dotted path, `q_proj`), as `peft`'s `target_modules` takes it."""
+
+
+class LoraSpec(ApiModel):
+    """Train a LoRA adapter over the frozen base model (the `peft` library) instead of every weight: the
+    optimizer holds the adapter's parameters only, checkpoints hold the adapter and its optimizer state,
+    and after each step only the adapter travels to the generation engines, which serve the base model
+    with it."""
+
+    rank: int = Field(default=16, ge=1, le=512)
+    """The adapter's rank `r` (vLLM serves adapters of rank up to 512)."""
+    alpha: int = Field(default=32, ge=1, le=65_536)
+    """`lora_alpha`: the adapter's update is scaled by `alpha / rank`."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input in the training forward (never in the forwards that compute the old
+    and reference policies' log-probabilities)."""
+    target_modules: list[Annotated[str, StringConstraints(pattern=LORA_MODULE_NAME, max_length=128)]] | None = Field(
+        default=None, min_length=1, max_length=64, json_schema_extra={"x-kubernetes-list-type": "set"}
+    )
+    """Names of the linear modules that get an adapter (`q_proj`, `down_proj`); default: every linear
+    projection of attention and MLP in the decoder layers. A name no module of the model has is refused
+    when the model is loaded."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _unique_target_modules(cls, names: list[str] | None) -> list[str] | None:
+        if names is not None and len(set(names)) != len(names):
+            duplicates = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"duplicate module names {duplicates}")
+        return names
+
+
 class TrainingSpec(ApiModel):
     """The policy trainers (the `policy` Ray worker group)."""
 
@@ -308,6 +341,8 @@ class TrainingSpec(ApiModel):
     """On GPUs: compile each decoder layer with `torch.compile` (dynamic shapes). On the H200 the training
     phase ran about 1.4x faster with it; the first step spends 10-20 s compiling, and the trainer image
     needs a C compiler (Triton builds its launchers). Ignored on the CPU."""
+    lora: LoraSpec | None = None
+    """Train a LoRA adapter instead of every weight (unset: full fine-tuning)."""
 
     @property
     def ranks_per_replica(self) -> int:
@@ -696,6 +731,11 @@ class CheckpointSpec(ApiModel):
     """Newest checkpoints kept."""
 
 
+class OutputFormat(StrEnum):
+    MERGED = "merged"
+    ADAPTER = "adapter"
+
+
 class OutputSpec(ApiModel):
     """The trained policy as a Hugging Face model directory (`config.json`, safetensors, tokenizer files,
     `generation_config.json`) that `vllm serve` and `transformers` load as they are: written at the end of
@@ -710,6 +750,11 @@ class OutputSpec(ApiModel):
     """Also export the model with each checkpoint (the newest `spec.checkpointing.keep` of them kept)."""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Data type of the exported weights (training keeps float32 master weights)."""
+    format: OutputFormat = OutputFormat.MERGED
+    """`merged`: a full model directory (with `spec.training.lora`, the adapter merged into the base).
+    `adapter` (needs `spec.training.lora`): a PEFT adapter directory (`adapter_config.json` naming its
+    base model, `adapter_model.safetensors`), which `vllm serve BASE --enable-lora --lora-modules
+    NAME=DIR` and `peft` load."""
 
 
 class MlflowSpec(ApiModel):
@@ -945,6 +990,11 @@ class SchedulingSpec(ApiModel):
     (`spec.model.id`) and TensorBoard (`spec.logging.tensorboard`)."""
 
 
+_ADAPTER_OUTPUT_NEEDS_LORA = (
+    "spec.output.format: adapter needs spec.training.lora (a full fine-tune has no adapter to write)"
+)
+
+
 class GRPOJobSpec(ApiModel):
     """Desired state of a GRPOJob."""
 
@@ -955,7 +1005,13 @@ class GRPOJobSpec(ApiModel):
                 "has(self.logging.pvc) || (has(self.checkpointing) && has(self.checkpointing.pvc))",
                 _TENSORBOARD_NEEDS_CLAIM,
                 ".logging.tensorboard",
-            )
+            ),
+            cel(
+                "!has(self.output) || !has(self.output.format) || self.output.format != 'adapter' || "
+                "(has(self.training) && has(self.training.lora))",
+                _ADAPTER_OUTPUT_NEEDS_LORA,
+                ".output.format",
+            ),
         )
     )
 
@@ -1010,6 +1066,12 @@ class GRPOJobSpec(ApiModel):
     def _tensorboard_needs_claim(self) -> GRPOJobSpec:
         if self.logging.tensorboard and self.log_claim is None:
             raise ValueError(_TENSORBOARD_NEEDS_CLAIM)
+        return self
+
+    @model_validator(mode="after")
+    def _adapter_output_needs_lora(self) -> GRPOJobSpec:
+        if self.output.format == OutputFormat.ADAPTER and self.training.lora is None:
+            raise ValueError(_ADAPTER_OUTPUT_NEEDS_LORA)
         return self
 
     @field_validator("environments")
@@ -1078,6 +1140,9 @@ class OutputModelStatus(ApiModel):
     """The claim holding it (none: it is in the policy pod and goes with it)."""
     step: int
     """Training step the model was exported at."""
+    format: OutputFormat = OutputFormat.MERGED
+    """`merged`: a full model directory; `adapter`: a PEFT adapter directory, served over its base model
+    (`spec.output.format`)."""
 
 
 class GRPOJobStatus(ApiModel):

@@ -4,7 +4,7 @@ grpojob run JOB.yaml          run a GRPOJob on this machine: local Ray, environm
                               processes, the transformers backend; the YAML `kubectl apply` takes
 grpojob train --config FILE   the trainer pod's entrypoint on Kubernetes (joins the job's RayCluster)
 grpojob tiny-model DIR        write a tiny random-init model (with tokenizer and chat template)
-grpojob export CKPT OUT       write a checkpoint's model as a Hugging Face model directory
+grpojob export CKPT OUT       write a checkpoint's model as a Hugging Face model directory (--adapter: a LoRA adapter)
 grpojob download-model ID     download a Hugging Face model into a hub cache (a job's download step)
 grpojob cache-model DIR ID    put a local model directory into a hub cache as ID (air-gapped clusters)
 grpojob dataset NAME --out F  write an example environment's JSONL rows
@@ -27,6 +27,7 @@ from grpojob_api import admission, kubeyaml, paths
 from grpojob_api import v1alpha1 as api
 from grpojob_api.endpoints import GENERATION_PORT, ContractError, TrainerEnv
 from grpojob_trainer.errors import AllRolloutsFailed, RayHeadLost, UsageError
+from grpojob_trainer.models.tiny import SHAPES
 
 log = logging.getLogger("grpojob")
 
@@ -307,13 +308,20 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--hidden-size", type=int, default=128, help="256 with --heads 4 gives vLLM's head_dim 64")
     tiny.add_argument("--heads", type=int, default=4)
-    tiny.add_argument(
-        "--shape", choices=["tiny", "small", "qwen2.5-1.5b"], help="a named shape (overrides --hidden-size/--heads)"
-    )
+    tiny.add_argument("--shape", choices=list(SHAPES), help="a named shape (overrides --hidden-size/--heads)")
     export = commands.add_parser("export", help="write a checkpoint's model as a Hugging Face model directory")
     export.add_argument("checkpoint", type=Path, help="a step_* checkpoint, or a checkpoint directory (its newest)")
     export.add_argument("out", type=Path)
-    export.add_argument("--base", type=Path, help="the model the job started from (for older checkpoints)")
+    export.add_argument(
+        "--base",
+        type=Path,
+        help="the model the job started from (for older checkpoints, and a LoRA checkpoint's base when it moved)",
+    )
+    export.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a LoRA checkpoint: write the PEFT adapter directory (`vllm serve BASE --enable-lora`) instead of merging",
+    )
     export.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     export.add_argument("--max-shard-size", default="5GB", help="safetensors shards of at most this size")
     download = commands.add_parser("download-model", help="download a Hugging Face model into a hub cache")
@@ -346,9 +354,14 @@ def main(argv: list[str] | None = None) -> int:
 
             try:
                 out = export_checkpoint(
-                    args.checkpoint, args.out, base=args.base, dtype=args.dtype, max_shard_size=args.max_shard_size
+                    args.checkpoint,
+                    args.out,
+                    base=args.base,
+                    dtype=args.dtype,
+                    max_shard_size=args.max_shard_size,
+                    adapter=args.adapter,
                 )
-            except FileNotFoundError as error:
+            except (FileNotFoundError, ValueError) as error:
                 raise UsageError(str(error)) from None
             print(out)
             return 0
@@ -360,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             print(place_in_cache(args.model_dir, args.model_id, args.cache, args.revision).path)
             return 0
         if args.command == "tiny-model":
-            from grpojob_trainer.models.tiny import SHAPES, TinyModelConfig, write_tiny_model
+            from grpojob_trainer.models.tiny import TinyModelConfig, write_tiny_model
 
             if args.shape is not None:
                 config = dataclasses.replace(SHAPES[args.shape], seed=args.seed)

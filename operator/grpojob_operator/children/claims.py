@@ -143,12 +143,14 @@ def output_mount(job: api.GRPOJob) -> Mounted:
 
 def output_model_status(job: api.GRPOJob, reported: str, step: int) -> api.OutputModelStatus:
     """`status.outputModel` from the trainer's report (a path inside the output volume's mount): the path
-    inside the claim, so that a `spec.model` of `path` and `pvc` names it."""
+    inside the claim, so that a `spec.model` of `path` and `pvc` names it; its format is the one the job
+    exports (`spec.output.format`)."""
     pvc = output_claim(job)
+    output_format = job.spec.output.format
     if pvc is None:
-        return api.OutputModelStatus(path=reported, step=step)
+        return api.OutputModelStatus(path=reported, step=step, format=output_format)
     path = f"{pvc.path.strip('/')}/{reported}" if pvc.path else reported
-    return api.OutputModelStatus(path=path, claim_name=pvc.claim_name, step=step)
+    return api.OutputModelStatus(path=path, claim_name=pvc.claim_name, step=step, format=output_format)
 
 
 def log_mount(job: api.GRPOJob, *, read_only: bool) -> Mounted:

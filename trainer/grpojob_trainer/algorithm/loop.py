@@ -231,6 +231,7 @@ def export_model(
     job: api.GRPOJob, policy: PolicyGroup, output_dir: Path, name: str, step: int, progress: ProgressPublisher
 ) -> None:
     """Export the policy to ``output_dir / name`` and report it (by its path inside the output claim)."""
-    written = policy.export(str(output_dir / name), job.spec.output.dtype, job.spec.checkpointing.keep)
+    output = job.spec.output
+    written = policy.export(str(output_dir / name), output.dtype, job.spec.checkpointing.keep, output.format)
     log.info("exported the model of step %d to %s", step, written)
     progress.publish_output_model(f"{paths.output_dir(job)}/{name}", step)

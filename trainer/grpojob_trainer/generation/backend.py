@@ -101,6 +101,14 @@ class GenerationBackend(abc.ABC):
         """Copy the policy's parameters in (same architecture, names as in ``state_dict()``) and return
         the new weights version. Never runs while a batch is generating."""
 
+    serves_lora: bool = False
+    """Whether `update_adapter` works: the engine serves its base model with a LoRA adapter."""
+
+    def update_adapter(self, config: dict[str, Any], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Serve the base model with a LoRA adapter (PEFT's ``adapter_config.json`` as a dict, tensors under
+        PEFT's file names) from now on; the new weights version."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve LoRA adapters")
+
 
 class ContinuousBatchingBackend(GenerationBackend):
     """A backend whose engine batches requests itself as they arrive (vLLM): the server hands it each

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -72,6 +73,7 @@ class TransformersBackend(GenerationBackend):
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._lock = threading.Lock()
         self._weights_version = 0
+        self._adapter_config: dict[str, Any] | None = None
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy tensors into the model's parameters and buffers by ``state_dict`` name."""
@@ -86,6 +88,31 @@ class TransformersBackend(GenerationBackend):
                         f"update_weights: {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
                     )
                 target.data.copy_(tensor.to(device=target.device, dtype=target.dtype))
+            self._weights_version += 1
+            return self._weights_version
+
+    serves_lora = True
+
+    def update_adapter(self, config: dict[str, Any], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Serve the model with a LoRA adapter: the first one wraps the model in a `peft` model of that
+        config, each one (the same config) replaces the adapter's tensors."""
+        from peft import get_peft_config, get_peft_model, set_peft_model_state_dict
+
+        with self._lock, torch.no_grad():
+            if self._adapter_config is None:
+                keys = {k: v for k, v in config.items() if k != "base_model_name_or_path"}
+                self.model = get_peft_model(self.model, get_peft_config(keys)).eval()
+                self._adapter_config = config
+            elif config != self._adapter_config:
+                raise ValueError("update_adapter: the adapter's config changed between versions")
+            tensors = {name: tensor.to(self.device) for name, tensor in named_tensors}
+            result = set_peft_model_state_dict(self.model, tensors)
+            missing = [k for k in result.missing_keys if ".lora_" in k]
+            if missing or result.unexpected_keys:
+                raise KeyError(
+                    f"update_adapter: the adapter does not fit the model (missing {missing[:3]}, unexpected "
+                    f"{list(result.unexpected_keys)[:3]})"
+                )
             self._weights_version += 1
             return self._weights_version
 

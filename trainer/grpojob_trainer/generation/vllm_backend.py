@@ -10,6 +10,10 @@ trainer's importance-sampling correction expects (see `GenerationResult`).
 Weights reach the GPU workers through `WeightSyncExtension` (`vllm_worker`): pickled CPU tensors, CUDA
 IPC handles of buckets on the same GPU, or buckets broadcast over NCCL from the policy's GPU. After a
 load the prefix cache is dropped: its keys and values were computed with the old weights.
+
+With ``lora_rank`` the engine serves the base model with LoRA enabled, and a LoRA policy's adapter
+arrives by the same paths (`update_adapter*`): each version is registered in memory and every request
+after it names that version; requests before the first adapter run on the base.
 """
 
 from __future__ import annotations
@@ -35,6 +39,17 @@ from grpojob_trainer.generation.backend import (
 WORKER_EXTENSION = "grpojob_trainer.generation.vllm_worker.WeightSyncExtension"
 T = TypeVar("T")
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The `max_lora_rank` values vLLM accepts: an engine is started with the smallest that holds the rank."""
+
+
+def max_lora_rank(rank: int) -> int:
+    """The smallest of `LORA_RANKS` at least ``rank``."""
+    for allowed in LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"vLLM serves LoRA adapters of rank up to {LORA_RANKS[-1]}, got {rank}")
+
 
 class VLLMBackend(ContinuousBatchingBackend):
     """One vLLM engine (tensor-parallel over ``tensor_parallel_size`` GPUs)."""
@@ -49,6 +64,7 @@ class VLLMBackend(ContinuousBatchingBackend):
         dtype: str = "bfloat16",
         seed: int = 0,
         enforce_eager: bool = False,
+        lora_rank: int | None = None,
     ) -> None:
         # Forking a process whose CPU thread pools have run (model writing, tokenizing) can deadlock the
         # child: the engine's processes are spawned.
@@ -74,6 +90,7 @@ class VLLMBackend(ContinuousBatchingBackend):
             enforce_eager=enforce_eager,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
+            **lora_engine_args(lora_rank),
         )
 
         async def start() -> Any:
@@ -86,6 +103,9 @@ class VLLMBackend(ContinuousBatchingBackend):
         self._tokenizer = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
         self._max_model_len = max_model_len
         self._weights_version = 0
+        self.serves_lora = lora_rank is not None
+        self._adapter_version: int | None = None
+        """The newest adapter version registered (None: the base model's weights, no adapter yet)."""
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on the engine's loop and wait for it (from any thread but that loop's)."""
@@ -107,10 +127,13 @@ class VLLMBackend(ContinuousBatchingBackend):
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        version = self._weights_version
+        from grpojob_trainer.generation.vllm_worker import adapter_request
+
+        version, adapter = self._weights_version, self._adapter_version
+        lora = adapter_request(adapter) if adapter is not None else None
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         final = None
-        async for output in self.engine.generate(prompt, sampling, request_id=uuid.uuid4().hex):
+        async for output in self.engine.generate(prompt, sampling, request_id=uuid.uuid4().hex, lora_request=lora):
             final = output
         if final is None:
             raise RuntimeError("the vLLM engine returned no output")
@@ -158,6 +181,27 @@ class VLLMBackend(ContinuousBatchingBackend):
         """Load buckets the policy shares by CUDA IPC (see `PolicyWorker.share_weights_ipc`)."""
         return self._load("grpojob_load_ipc", payload)
 
+    def _add_adapter(self, method: str, config: dict[str, Any], payload: bytes) -> int:
+        if not self.serves_lora:
+            raise RuntimeError("this engine was started without LoRA: it takes merged weights, not adapters")
+        version = self._weights_version + 1
+        self._run(self.engine.collective_rpc(method, args=(version, config, payload)))
+        self._adapter_version = self._weights_version = version
+        return version
+
+    def update_adapter(self, config: dict[str, Any], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Register a LoRA adapter sent by value (CPU tensors, PEFT's names) as the next version."""
+        named = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
+        return self._add_adapter("grpojob_add_adapter_tensors", config, pickle.dumps(named))
+
+    def update_adapter_ipc(self, config: dict[str, Any], payload: bytes) -> int:
+        """Register a LoRA adapter whose buckets the policy shares by CUDA IPC."""
+        return self._add_adapter("grpojob_add_adapter_ipc", config, payload)
+
+    def update_adapter_from_group(self, config: dict[str, Any], layouts_payload: bytes) -> int:
+        """Receive a LoRA adapter's buckets from the broadcast group and register it."""
+        return self._add_adapter("grpojob_add_adapter_from_group", config, layouts_payload)
+
     def join_weight_group(self, host: str, port: int, world_size: int, rank: int) -> None:
         """Join the policy's NCCL broadcast group (tensor parallelism 1: one worker, one rank)."""
         if self.tensor_parallel_size != 1:
@@ -175,3 +219,18 @@ class VLLMBackend(ContinuousBatchingBackend):
     def shutdown(self) -> None:
         self.engine.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def lora_engine_args(lora_rank: int | None) -> dict[str, Any]:
+    """vLLM engine arguments that serve LoRA adapters of rank ``lora_rank`` (none without one): the newest
+    two versions in a batch, as `vllm_worker.ADAPTERS_KEPT` keeps them."""
+    from grpojob_trainer.generation.vllm_worker import ADAPTERS_KEPT
+
+    if lora_rank is None:
+        return {}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": max_lora_rank(lora_rank),
+        "max_loras": ADAPTERS_KEPT,
+        "max_cpu_loras": ADAPTERS_KEPT + 1,
+    }

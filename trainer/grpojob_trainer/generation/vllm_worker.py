@@ -7,6 +7,13 @@ projection), then synchronises the GPU so the next request sees the new weights.
 ``grpojob_`` prefix so they never collide with vLLM's own worker methods.
 
 Payloads are pickled by us (bytes), so vLLM's message encoding never needs to know our types.
+
+A LoRA policy sends its adapter instead (PEFT's tensor names, `grpojob_trainer.policy.lora`), by the same
+three transports. The worker registers each version in memory with vLLM's LoRA manager under the id of
+the weights version (``grpojob_add_adapter_*``): its `_load_adapter`, asked for an id this extension
+holds, builds the adapter from those tensors (`LoRAModel.from_lora_tensors`) instead of reading a
+directory, so no file is written anywhere. Requests then name the version (`adapter_request`). The newest
+`ADAPTERS_KEPT` versions stay loaded, so a request still running on the previous one finds it.
 """
 
 from __future__ import annotations
@@ -18,6 +25,19 @@ from typing import Any
 import torch
 
 from grpojob_trainer.weight_sync.buckets import WeightBroadcastGroup, device_uuid, open_shared_buckets
+
+ADAPTERS_KEPT = 2
+"""Adapter versions a worker keeps loaded: the newest and the one before it."""
+IN_MEMORY = "grpojob-in-memory-adapter"
+"""The path every adapter request names (vLLM wants one); the adapters themselves never touch a disk."""
+
+
+def adapter_request(version: int) -> Any:
+    """The vLLM ``LoRARequest`` of adapter ``version`` (the weights version that loaded it, from 1). Each
+    version has a name of its own: the prefix cache keys blocks by the adapter's name."""
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(f"grpojob-v{version}", version, IN_MEMORY)
 
 
 class WeightSyncExtension:
@@ -55,3 +75,66 @@ class WeightSyncExtension:
         """Receive pickled ``[layout, ...]`` buckets from the broadcast group and load each as it arrives."""
         group: WeightBroadcastGroup = self._grpojob_group
         self._grpojob_load(group.receive_buckets(pickle.loads(payload), self.device))
+
+    # LoRA adapters, in memory
+
+    def _grpojob_adapter_loader(self) -> dict[int, tuple[dict[str, Any], dict[str, torch.Tensor]]]:
+        """The adapters sent but not yet built, by id; on first use, the LoRA manager's `_load_adapter` is
+        wrapped (on this instance only) to build those from memory."""
+        pending = getattr(self, "_grpojob_pending_adapters", None)
+        if pending is not None:
+            return pending
+        pending = self._grpojob_pending_adapters = {}
+        manager = self.model_runner.lora_manager
+        load_from_directory = manager._load_adapter
+
+        def load(request: Any) -> Any:
+            if request.lora_int_id not in pending:
+                if request.lora_path == IN_MEMORY:
+                    raise RuntimeError(f"adapter version {request.lora_int_id} is no longer loaded in this engine")
+                return load_from_directory(request)
+            from vllm.lora.peft_helper import PEFTHelper
+
+            config, tensors = pending.pop(request.lora_int_id)
+            helper = PEFTHelper.from_dict(config)
+            helper.validate_legal(manager.lora_config)
+            model = manager._adapter_manager.model
+            mapper = getattr(model, "hf_to_vllm_mapper", None)
+            return manager._lora_model_cls.from_lora_tensors(
+                lora_model_id=request.lora_int_id,
+                tensors=tensors,
+                peft_helper=helper,
+                device="cpu",
+                dtype=manager.lora_config.lora_dtype,
+                model_vocab_size=manager.vocab_size,
+                weights_mapper=mapper.get_unstacked_mapper() if mapper is not None else None,
+                skip_prefixes=getattr(model, "lora_skip_prefixes", None),
+            )
+
+        manager._load_adapter = load
+        return pending
+
+    def _grpojob_add_adapter(
+        self, version: int, config: dict[str, Any], named: Iterable[tuple[str, torch.Tensor]]
+    ) -> None:
+        """Register adapter ``version`` from named tensors (copied: the sender's memory may go), then drop
+        the versions older than the newest `ADAPTERS_KEPT`."""
+        pending = self._grpojob_adapter_loader()
+        pending[version] = (config, {name: tensor.to("cpu", copy=True) for name, tensor in named})
+        self.model_runner.add_lora(adapter_request(version))
+        for old in self.model_runner.list_loras():
+            if old <= version - ADAPTERS_KEPT:
+                self.model_runner.remove_lora(old)
+
+    def grpojob_add_adapter_tensors(self, version: int, config: dict[str, Any], payload: bytes) -> None:
+        """Register an adapter sent as pickled ``[(name, tensor), ...]`` (the object-store path)."""
+        self._grpojob_add_adapter(version, config, pickle.loads(payload))
+
+    def grpojob_add_adapter_ipc(self, version: int, config: dict[str, Any], payload: bytes) -> None:
+        """Register an adapter whose buckets the policy shares by CUDA IPC (same GPU)."""
+        self._grpojob_add_adapter(version, config, open_shared_buckets(payload))
+
+    def grpojob_add_adapter_from_group(self, version: int, config: dict[str, Any], payload: bytes) -> None:
+        """Receive an adapter's buckets (pickled ``[layout, ...]``) from the broadcast group and register it."""
+        group: WeightBroadcastGroup = self._grpojob_group
+        self._grpojob_add_adapter(version, config, group.receive_buckets(pickle.loads(payload), self.device))

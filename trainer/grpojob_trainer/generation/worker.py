@@ -8,6 +8,7 @@ receiving end of every weight path (object store, CUDA IPC, NCCL broadcast: `grp
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from grpojob_api import v1alpha1 as api
 
 NamedTensors = list[tuple[str, torch.Tensor]]
+log = logging.getLogger(__name__)
 
 
 class GenerationWorker:
@@ -30,15 +32,8 @@ class GenerationWorker:
         generation = job_spec.generation
         backend: GenerationBackend
         if generation.backend == api.GenerationBackend.VLLM:
-            from grpojob_trainer.generation.vllm_backend import VLLMBackend
-
-            backend = VLLMBackend(
-                model_path,
-                max_model_len=generation.max_model_len,
-                gpu_memory_utilization=generation.gpu_memory_utilization,
-                tensor_parallel_size=max(1, generation.gpus_per_replica),
-                seed=seed,
-            )
+            lora = job_spec.training.lora
+            backend = start_vllm(job_spec, model_path, seed, lora.rank if lora is not None else None)
         else:
             backend = TransformersBackend(model_path, max_model_len=generation.max_model_len, seed=seed)
         config = ServerConfig(
@@ -51,16 +46,26 @@ class GenerationWorker:
         return self.server.base_url
 
     def weight_sync_info(self) -> dict[str, Any]:
-        """Which weight paths this engine offers: its backend and, for vLLM, its GPUs' UUIDs."""
+        """Which weight paths this engine offers: its backend, for vLLM its GPUs' UUIDs, and whether it
+        serves LoRA adapters."""
         from grpojob_trainer.generation.vllm_backend import VLLMBackend
 
         backend = self.server.backend
         if isinstance(backend, VLLMBackend):
-            return {"backend": "vllm", "device_uuids": backend.device_uuids()}
-        return {"backend": "transformers", "device_uuids": []}
+            return {"backend": "vllm", "device_uuids": backend.device_uuids(), "lora": backend.serves_lora}
+        return {"backend": "transformers", "device_uuids": [], "lora": backend.serves_lora}
 
     def update_weights(self, named_tensors: NamedTensors) -> int:
         return self.server.update_weights(named_tensors)
+
+    def update_adapter(self, config: dict[str, Any], named_tensors: NamedTensors) -> int:
+        return self.server.backend.update_adapter(config, named_tensors)
+
+    def update_adapter_ipc(self, config: dict[str, Any], payload: bytes) -> int:
+        return self.server.backend.update_adapter_ipc(config, payload)
+
+    def update_adapter_from_group(self, config: dict[str, Any], layouts_payload: bytes) -> int:
+        return self.server.backend.update_adapter_from_group(config, layouts_payload)
 
     def update_weights_ipc(self, payload: bytes) -> int:
         return self.server.backend.update_weights_ipc(payload)
@@ -70,3 +75,31 @@ class GenerationWorker:
 
     def update_weights_from_group(self, layouts_payload: bytes) -> int:
         return self.server.backend.update_weights_from_group(layouts_payload)
+
+
+def start_vllm(spec: api.GRPOJobSpec, model_path: str, seed: int, lora_rank: int | None) -> Any:
+    """The job's vLLM engine; with ``lora_rank`` (a LoRA policy), one that serves LoRA adapters, or, when
+    vLLM cannot serve LoRA for this model, one without (the policy then sends merged weights: logged)."""
+    from grpojob_trainer.generation.vllm_backend import VLLMBackend
+
+    generation = spec.generation
+
+    def start(rank: int | None) -> VLLMBackend:
+        return VLLMBackend(
+            model_path,
+            max_model_len=generation.max_model_len,
+            gpu_memory_utilization=generation.gpu_memory_utilization,
+            tensor_parallel_size=max(1, generation.gpus_per_replica),
+            seed=seed,
+            lora_rank=rank,
+        )
+
+    if lora_rank is None:
+        return start(None)
+    try:
+        return start(lora_rank)
+    except (ValueError, NotImplementedError) as error:
+        if "lora" not in str(error).lower():
+            raise
+        log.warning("vLLM cannot serve LoRA adapters for this model (%s): the policy sends merged weights", error)
+        return start(None)

@@ -17,6 +17,11 @@ A checkpoint is written to a hidden temporary directory beside its final place a
 only when every file is complete, so a crash mid-write leaves no ``step_*`` directory: a half-written
 checkpoint is never loaded. `latest_checkpoint` also ignores a ``step_*`` directory without ``meta.json``.
 
+A LoRA policy's checkpoint (`grpojob_trainer.policy.lora`) holds the adapter instead of the model:
+``adapter_model.safetensors`` and ``adapter_config.json`` as PEFT writes them (so the checkpoint is also
+an adapter directory), beside ``meta.json``, ``optimizer.pt`` (the adapter's optimizer state) and
+``rng.pt``; the frozen base stays where the run loaded it from.
+
 A policy sharded over several ranks (FSDP2) writes the same files: every rank takes part in gathering
 the full model and optimizer state (``torch.distributed.checkpoint.state_dict``), rank 0 writes them;
 every rank loads the full state and keeps its shard. So a checkpoint of N ranks resumes on M.
@@ -38,11 +43,14 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from grpojob_trainer.policy.lora import adapter_config, adapter_parameter_name, adapter_weights, is_lora
 from grpojob_trainer.policy.model_files import copy_model_files
 
 FORMAT_VERSION = 1
 META = "meta.json"
 MODEL = "model.safetensors"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
 OPTIMIZER = "optimizer.pt"
 RNG = "rng.pt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -161,14 +169,34 @@ def gather_state(
     return model_state, optimizer_state_by_index(optimizer_state)
 
 
+def gather_adapter_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A LoRA policy's `gather_state`: the adapter's tensors under their file names and the optimizer's
+    state. A collective on a sharded model: rank 0 gets the states and the others empty dicts."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from grpojob_trainer.policy.ranks import rank
+
+    adapter = {name: tensor.cpu().contiguous() for name, tensor in adapter_weights(model)}
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+    if rank() != 0:
+        return {}, {}
+    return adapter, optimizer_state_by_index(optimizer_state)
+
+
 def restore_state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     model_state: dict[str, torch.Tensor],
     optimizer_state: dict[str, Any] | None,
+    *,
+    strict: bool = True,
 ) -> None:
     """Load full states (as `gather_state` returns them, or as read from a checkpoint) into a model and
-    optimizer, sharded or not (every rank of a sharded model calls it with the full states)."""
+    optimizer, sharded or not (every rank of a sharded model calls it with the full states). Not
+    ``strict``: ``model_state`` may hold only some of the model's tensors (a LoRA policy's adapter)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     model_state = dict(model_state)
@@ -176,7 +204,7 @@ def restore_state(
         present = next((name for name in names if name in model_state), None)
         if present is not None:
             model_state |= {name: model_state[present] for name in names}
-    options = StateDictOptions(full_state_dict=True, strict=True)
+    options = StateDictOptions(full_state_dict=True, strict=strict)
     set_model_state_dict(model, model_state, options=options)
     if optimizer is not None and optimizer_state is not None:
         named = optimizer_state_by_name(optimizer_state, optimizer_param_names(model, optimizer))
@@ -196,7 +224,8 @@ def save_checkpoint(
 ) -> Path:
     """Write the checkpoint of ``step`` atomically; with ``keep``, then delete all but the newest ``keep``.
     With ``base_model`` (the model directory the run started from) the checkpoint carries its config,
-    generation config and tokenizer files, so it is a model directory too.
+    generation config and tokenizer files, so it is a model directory too; a LoRA policy's checkpoint
+    holds its adapter (naming ``base_model`` as its base) and no model files.
 
     ``data_position`` and ``config`` must be JSON-serialisable. An existing checkpoint of the same step
     is replaced. Returns the checkpoint's directory. With a sharded model every rank calls this (the
@@ -204,7 +233,8 @@ def save_checkpoint(
     """
     directory = Path(directory)
     final = checkpoint_path(directory, step)
-    model_state, optimizer_state = gather_state(model, optimizer)
+    lora = is_lora(model)
+    model_state, optimizer_state = gather_adapter_state(model, optimizer) if lora else gather_state(model, optimizer)
     if not model_state:  # not rank 0
         return final
     directory.mkdir(parents=True, exist_ok=True)
@@ -219,10 +249,13 @@ def save_checkpoint(
     meta_text = json.dumps(meta, indent=2, sort_keys=True)  # fails before anything is written
     temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{step:08d}-", dir=directory))
     try:
-        safetensors.torch.save_file(model_state, str(temp / MODEL), metadata={"format": "pt"})
+        if lora:
+            write_adapter_files(temp, model_state, adapter_config(model, str(base_model or "")))
+        else:
+            safetensors.torch.save_file(model_state, str(temp / MODEL), metadata={"format": "pt"})
         torch.save(optimizer_state, temp / OPTIMIZER)
         torch.save(rng_state(), temp / RNG)
-        if base_model is not None:
+        if base_model is not None and not lora:
             copy_model_files(base_model, temp, "float32")
         (temp / META).write_text(meta_text, encoding="utf-8")
         for file in temp.iterdir():
@@ -253,14 +286,50 @@ def load_checkpoint(
     meta = json.loads((path / META).read_text(encoding="utf-8"))
     if meta.get("format") != FORMAT_VERSION:
         raise ValueError(f"{path}: checkpoint format {meta.get('format')!r}, this trainer reads {FORMAT_VERSION}")
-    model_state = safetensors.torch.load_file(str(path / MODEL))
+    lora = is_lora(model)
+    if lora != (path / ADAPTER_WEIGHTS).is_file():
+        raise ValueError(
+            f"{path}: a checkpoint of a {'LoRA' if not lora else 'fully fine-tuned'} policy cannot resume a "
+            f"{'LoRA' if lora else 'fully fine-tuned'} one (spec.training.lora changed)"
+        )
+    model_state = read_adapter_state(path, model) if lora else safetensors.torch.load_file(str(path / MODEL))
     optimizer_state = None
     if optimizer is not None:
         optimizer_state = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True)
-    restore_state(model, optimizer, model_state, optimizer_state)
+    restore_state(model, optimizer, model_state, optimizer_state, strict=not lora)
     if restore_rng:
         set_rng_state(torch.load(path / RNG, weights_only=True))
     return CheckpointInfo(path=path, step=meta["step"], data_position=meta["data_position"], config=meta["config"])
+
+
+def write_adapter_files(directory: Path, adapter: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """Write an adapter as PEFT does: ``adapter_model.safetensors`` (tensors under their file names) and
+    ``adapter_config.json``."""
+    safetensors.torch.save_file(adapter, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    (directory / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_adapter(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """An adapter directory's (or a LoRA checkpoint's) tensors, under their file names, and its config."""
+    directory = Path(directory)
+    config = json.loads((directory / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    return safetensors.torch.load_file(str(directory / ADAPTER_WEIGHTS)), config
+
+
+def read_adapter_state(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A LoRA checkpoint's adapter under the policy's parameter names; raises unless it holds exactly the
+    policy's trainable parameters with their shapes (a different rank or targetModules cannot resume)."""
+    adapter, _ = read_adapter(path)
+    state = {adapter_parameter_name(name): tensor for name, tensor in adapter.items()}
+    trainable = {name: tuple(p.shape) for name, p in model.named_parameters() if p.requires_grad}
+    saved = {name: tuple(t.shape) for name, t in state.items()}
+    if saved != trainable:
+        differ = sorted(set(saved) ^ set(trainable)) or sorted(n for n in saved if saved[n] != trainable[n])
+        raise ValueError(
+            f"{path}: the checkpoint's adapter does not fit the policy's (spec.training.lora rank or "
+            f"targetModules changed?): {len(differ)} tensors differ, e.g. {differ[0]}"
+        )
+    return state
 
 
 def list_checkpoints(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:

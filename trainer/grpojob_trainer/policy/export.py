@@ -7,6 +7,11 @@ model's other files, copied unchanged: ``config.json`` (its dtype set to the wei
 ``generation_config.json``, the tokenizer files and the chat template. The base model is the model the
 job started from: its directory, or a checkpoint, which carries those files too (`checkpoint.save_checkpoint`).
 
+A LoRA policy exports either the merged model (its adapter merged into the base's weights,
+`grpojob_trainer.policy.lora.merge_adapter`: a model directory like any other) or, as ``adapter``, a PEFT
+adapter directory (``adapter_config.json`` naming its base model, ``adapter_model.safetensors``) beside
+the tokenizer files, which ``vllm serve BASE --enable-lora --lora-modules NAME=DIR`` and `peft` load.
+
 Like a checkpoint, a directory is written beside its final place and renamed into it when complete.
 """
 
@@ -17,12 +22,20 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import safetensors.torch
 import torch
 
-from grpojob_trainer.policy.checkpoint import META, latest_checkpoint
-from grpojob_trainer.policy.model_files import copy_model_files
+from grpojob_trainer.policy.checkpoint import (
+    ADAPTER_WEIGHTS,
+    META,
+    latest_checkpoint,
+    read_adapter,
+    write_adapter_files,
+)
+from grpojob_trainer.policy.lora import merge_adapter
+from grpojob_trainer.policy.model_files import copy_model_files, tokenizer_files
 
 DTYPES = ("bfloat16", "float32")
 DEFAULT_MAX_SHARD_SIZE = "5GB"
@@ -60,6 +73,49 @@ def write_model(
     return out
 
 
+def write_adapter(
+    adapter: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    out: str | os.PathLike[str],
+    *,
+    base: str | os.PathLike[str],
+    dtype: str = "bfloat16",
+) -> Path:
+    """Write a LoRA adapter (tensors under PEFT's file names, its ``adapter_config.json``) as a PEFT adapter
+    directory at ``out``, with the tokenizer files of ``base``; an existing ``out`` is replaced."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch_dtype = getattr(torch, dtype)
+    temp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    try:
+        write_adapter_files(temp, {name: t.to(torch_dtype).contiguous() for name, t in adapter.items()}, config)
+        for file in tokenizer_files(base):
+            shutil.copyfile(file, temp / file.name)
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(temp, out)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return out
+
+
+def write_merged_model(
+    adapter: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    out: str | os.PathLike[str],
+    *,
+    base: str | os.PathLike[str],
+    dtype: str = "bfloat16",
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+) -> Path:
+    """Write the model directory of ``base`` (a model directory) with ``adapter`` merged into its weights."""
+    merged = merge_adapter(read_weights(base), adapter, config)
+    return write_model(merged, out, base=base, dtype=dtype, max_shard_size=max_shard_size)
+
+
 def read_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Every tensor of the safetensors files of a model or checkpoint directory (one file or shards)."""
     files = sorted(Path(directory).glob("*.safetensors"))
@@ -78,19 +134,29 @@ def export_checkpoint(
     base: str | os.PathLike[str] | None = None,
     dtype: str = "bfloat16",
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    adapter: bool = False,
 ) -> Path:
     """`grpojob export`: the model of ``checkpoint`` (a `step_*` directory; a checkpoint directory, for its
     newest; or an exported model) as a Hugging Face model directory at ``out``. The config and tokenizer
     come from the checkpoint, or from ``base`` (the model the job started from) for a checkpoint that has
-    none."""
+    none.
+
+    A LoRA checkpoint's adapter is merged into its base model (``base``, else the one its
+    ``adapter_config.json`` names), or with ``adapter`` written as a PEFT adapter directory."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
         raise FileNotFoundError(f"{checkpoint} is not a directory")
-    if not (checkpoint / META).exists() and not (checkpoint / "config.json").exists():
+    if not any((checkpoint / name).exists() for name in (META, "config.json", ADAPTER_WEIGHTS)):
         newest = latest_checkpoint(checkpoint)
         if newest is None:
             raise FileNotFoundError(f"{checkpoint} is neither a checkpoint, a directory of checkpoints nor a model")
         checkpoint = newest
+    if (checkpoint / ADAPTER_WEIGHTS).is_file():
+        return _export_adapter_checkpoint(checkpoint, out, base, dtype, max_shard_size, adapter)
+    if adapter:
+        raise ValueError(
+            f"{checkpoint} holds a fully fine-tuned model, not a LoRA adapter: export it without --adapter"
+        )
     files_from = Path(base) if base is not None else checkpoint
     if not (files_from / "config.json").is_file():
         raise FileNotFoundError(
@@ -98,6 +164,28 @@ def export_checkpoint(
             "files): name the model the job started from with --base"
         )
     return write_model(read_weights(checkpoint), out, base=files_from, dtype=dtype, max_shard_size=max_shard_size)
+
+
+def _export_adapter_checkpoint(
+    checkpoint: Path,
+    out: str | os.PathLike[str],
+    base: str | os.PathLike[str] | None,
+    dtype: str,
+    max_shard_size: int | str,
+    as_adapter: bool,
+) -> Path:
+    weights, config = read_adapter(checkpoint)
+    base_model = Path(base) if base is not None else Path(config.get("base_model_name_or_path") or "")
+    if not (base_model / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{checkpoint} is a LoRA adapter over {str(base_model) or 'an unnamed base'}, which is not a model "
+            "directory here: name the model the job started from with --base"
+        )
+    if as_adapter:
+        return write_adapter(
+            weights, config | {"base_model_name_or_path": str(base_model)}, out, base=base_model, dtype=dtype
+        )
+    return write_merged_model(weights, config, out, base=base_model, dtype=dtype, max_shard_size=max_shard_size)
 
 
 def prune_exports(output_dir: str | os.PathLike[str], keep: int) -> list[Path]:

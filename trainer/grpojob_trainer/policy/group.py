@@ -60,19 +60,25 @@ class PolicyGroup:
         """Write the checkpoint of ``step`` (gathered from every rank, written by rank 0); its path."""
         return self._on_every_rank("save", directory, step, data_position, config, keep)
 
-    def export(self, out: str, dtype: str, keep: int | None = None) -> str:
-        """Write the policy as a Hugging Face model directory at ``out`` (gathered from every rank, written
-        by rank 0, which then keeps the newest ``keep`` of the `step_*` models beside it, if given); its path."""
-        return self._on_every_rank("export", out, dtype, keep)
+    def export(self, out: str, dtype: str, keep: int | None = None, output_format: str = "merged") -> str:
+        """Write the policy as a Hugging Face model directory (or, for ``output_format`` ``adapter``, a LoRA
+        policy's adapter directory) at ``out`` (gathered from every rank, written by rank 0, which then keeps
+        the newest ``keep`` of the `step_*` models beside it, if given); its path."""
+        return self._on_every_rank("export", out, dtype, keep, output_format)
 
     # weights to the engines
 
-    def weights(self) -> Any:
-        """The full state on the CPU, as a Ray object (an ObjectRef of rank 0's named tensors) for the
-        engines to read; returns when every rank has taken part in gathering it."""
+    def adapter_config(self) -> dict[str, Any] | None:
+        """A LoRA policy's adapter config (PEFT's ``adapter_config.json``); None for a full fine-tune."""
+        return self._on_rank0("adapter_config")
+
+    def weights(self, content: str = "weights") -> Any:
+        """The tensors of ``content`` (`PolicyWorker._sync_tensors`) on the CPU, as a Ray object (an
+        ObjectRef of rank 0's named tensors) for the engines to read; returns when every rank has taken
+        part in gathering them."""
         import ray
 
-        refs = [rank.weights.remote() for rank in self.ranks]
+        refs = [rank.weights.remote(content) for rank in self.ranks]
         ray.get(refs[1:])
         return refs[0]
 
@@ -80,12 +86,14 @@ class PolicyGroup:
         """Rank 0's GPU (None on the CPU)."""
         return self._on_rank0("device_uuid")
 
-    def bucket_layouts(self, bucket_bytes: int) -> list[Any]:
-        return self._on_rank0("bucket_layouts", bucket_bytes)
+    def bucket_layouts(self, bucket_bytes: int, content: str = "weights") -> list[Any]:
+        """How the tensors of ``content`` are packed into buckets (every rank computes it: the first time,
+        gathering the shapes is a collective)."""
+        return self._on_every_rank("bucket_layouts", bucket_bytes, content)
 
-    def share_weights_ipc(self, bucket_bytes: int) -> bytes:
-        """Rank 0's CUDA IPC payload of the weights' buckets (kept alive until `release_shared_weights`)."""
-        return self._on_every_rank("share_weights_ipc", bucket_bytes)
+    def share_weights_ipc(self, bucket_bytes: int, content: str = "weights") -> bytes:
+        """Rank 0's CUDA IPC payload of the buckets of ``content`` (kept alive until `release_shared_weights`)."""
+        return self._on_every_rank("share_weights_ipc", bucket_bytes, content)
 
     def release_shared_weights(self) -> None:
         self._on_rank0("release_shared_weights")
@@ -101,11 +109,13 @@ class PolicyGroup:
         _, *joined = ray.get([self.ranks[0].join_weight_group.remote(host, port, world_size), *receivers])
         return joined
 
-    def broadcast_weights(self, bucket_bytes: int, receivers: Sequence[Any] = ()) -> tuple[int, list[Any]]:
-        """Broadcast the weights' buckets from rank 0 while ``receivers`` (the engines' pending receive
+    def broadcast_weights(
+        self, bucket_bytes: int, receivers: Sequence[Any] = (), content: str = "weights"
+    ) -> tuple[int, list[Any]]:
+        """Broadcast the buckets of ``content`` from rank 0 while ``receivers`` (the engines' pending receive
         calls, ObjectRefs) take them; the bytes sent and the receivers' results."""
         import ray
 
-        sent = [rank.broadcast_weights.remote(bucket_bytes) for rank in self.ranks]
+        sent = [rank.broadcast_weights.remote(bucket_bytes, content) for rank in self.ranks]
         results = ray.get([*sent, *receivers])
         return results[0], results[len(sent) :]

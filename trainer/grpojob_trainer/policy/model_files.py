@@ -28,6 +28,20 @@ def model_files(directory: str | os.PathLike[str]) -> list[Path]:
     return found
 
 
+TOKENIZER_FILES = frozenset(
+    {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json"}
+)
+"""What an adapter directory carries of its base model: the tokenizer and the chat template (vLLM and
+`peft` read an adapter's own tokenizer when it has one)."""
+
+
+def tokenizer_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The tokenizer files among `model_files` of ``directory`` (including vocabulary files such as
+    ``vocab.json``, ``merges.txt`` and ``tokenizer.model``)."""
+    vocabulary = ("vocab.json", "vocab.txt", "merges.txt", "tokenizer.model")
+    return [f for f in model_files(directory) if f.name in TOKENIZER_FILES or f.name in vocabulary]
+
+
 def copy_model_files(base: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str) -> None:
     """Copy `model_files` of ``base`` into ``out`` (following the hub cache's symlinks), with the dtype in
     ``config.json`` set to ``dtype``; write a ``generation_config.json`` from the config if ``base`` has none."""

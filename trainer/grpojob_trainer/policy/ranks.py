@@ -86,6 +86,13 @@ def distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def rank() -> int:
+    """This process's rank among the policy's (0 when it is the only one)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def all_reduce(values: list[float], op: str) -> list[float]:
     """``values`` combined element-wise over all ranks (``sum`` or ``max``); unchanged on one rank."""
     if not distributed() or not values:

@@ -52,6 +52,7 @@ from grpojob_trainer.algorithm.grpo import (
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.observability.metrics import PREPARE, TRAINING, StepTimer, tokens_per_second
 from grpojob_trainer.policy.forward import TokenBatch, build_batch, padding_batch, token_logprobs
+from grpojob_trainer.policy.lora import adapter_dropout, is_lora
 from grpojob_trainer.policy.packing import (
     supports_packing,
     varlen_available,
@@ -99,7 +100,9 @@ class PolicyTrainer:
 
     The reference policy, when ``loss.kl_coef > 0`` and none is given, is a frozen copy of ``model`` as
     it is at construction: when resuming, construct the trainer from the initial model and load the
-    checkpoint afterwards, so that the reference stays the initial policy.
+    checkpoint afterwards, so that the reference stays the initial policy. A LoRA policy
+    (`grpojob_trainer.policy.lora`) needs no copy: its reference is its own base, the adapter disabled.
+    Its adapter's dropout, if any, acts in the training forward only.
 
     ``packed``: forwards on packed rows with attention per sequence (see the module's docstring); None
     chooses them where they pay (CUDA, bf16, torch's ``varlen_attn``). ``compile_layers``: on a GPU,
@@ -153,8 +156,9 @@ class PolicyTrainer:
         self.packed = packed
         """Whether forwards run on packed rows (`packed_token_logprobs`) rather than padded batches."""
         log.info("policy forwards: %s", "packed, variable-length attention" if packed else "right-padded")
+        self.lora = is_lora(model)
         self.reference_model: torch.nn.Module | None = None
-        if loss.kl_coef > 0:
+        if loss.kl_coef > 0 and not self.lora:
             self.reference_model = reference_model if reference_model is not None else copy.deepcopy(model)
             self.reference_model.eval().requires_grad_(False)
         if self.world > 1:  # shard first: the optimizer holds the shards
@@ -270,6 +274,9 @@ class PolicyTrainer:
             with self._autocast():
                 if self.reference_model is not None:
                     ref = token_logprobs(self.reference_model, batch, self.temperature, packed=self.packed)
+                elif self.lora and self.loss_config.kl_coef > 0:
+                    with self.model.disable_adapter():  # the base: the LoRA policy's reference
+                        ref = token_logprobs(self.model, batch, self.temperature, packed=self.packed)
                 if old_logprobs:
                     old = token_logprobs(self.model, batch, self.temperature, packed=self.packed)
             prepared.append(
@@ -305,7 +312,8 @@ class PolicyTrainer:
         maxima: dict[str, torch.Tensor] = {}
         total_loss: torch.Tensor | float = 0.0
         for part in prepared:
-            with self._autocast():
+            dropout = adapter_dropout(self.model) if self.lora else contextlib.nullcontext()
+            with self._autocast(), dropout:
                 logprobs = token_logprobs(self.model, part.batch, self.temperature, packed=self.packed)
             inputs = LossInputs(
                 logprobs=logprobs,

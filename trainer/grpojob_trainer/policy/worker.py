@@ -10,6 +10,8 @@ broadcast) is `grpojob_trainer.weight_sync.paths`'s choice; the worker offers th
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,17 @@ from grpojob_api import v1alpha1 as api
 from grpojob_trainer.algorithm.samples import TrainingSample
 
 NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+class SyncContent(StrEnum):
+    """What the policy sends the engines after a step (`grpojob_trainer.weight_sync.paths`)."""
+
+    WEIGHTS = "weights"
+    """Every parameter (a full fine-tune)."""
+    ADAPTER = "adapter"
+    """A LoRA policy's adapter, for engines that serve LoRA."""
+    MERGED = "merged"
+    """A LoRA policy's adapter merged into its base, for engines that cannot serve LoRA."""
 
 
 def _free_address() -> tuple[str, int]:
@@ -63,13 +76,23 @@ class PolicyWorker:
         from grpojob_trainer.policy.trainer import PolicyTrainer
 
         torch.manual_seed(self.seed)
-        tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32, local_files_only=True)
+        training = self.spec.training
         on_gpu = torch.cuda.is_available()  # the GPU Ray gave this actor (none on a CPU worker)
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+        # A LoRA policy's base is frozen: it needs no float32 master weights, only the adapter does.
+        frozen_bf16 = training.lora is not None and on_gpu and training.precision == "bf16"
+        dtype = torch.bfloat16 if frozen_bf16 else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, local_files_only=True)
         if on_gpu:
             model.to("cuda")
-        if self.spec.training.gradient_checkpointing:
+        if training.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        if training.lora is not None:
+            from grpojob_trainer.policy.lora import apply_lora
+
+            if training.gradient_checkpointing:  # the frozen embeddings' output must carry gradients through
+                model.enable_input_require_grads()
+            model = apply_lora(model, training.lora)
         mesh = None
         if self.world > 1:
             mesh = init_ranks(host, port, rank=self.rank, world=self.world, backend="nccl" if on_gpu else "gloo")
@@ -80,13 +103,38 @@ class PolicyWorker:
         """Every rank: one GRPO step on the step's samples (this rank trains its slice); the step's metrics."""
         return self.trainer.train_step(samples)
 
-    def weights(self) -> NamedTensors:
-        """Every rank: the state to push to the engines (full tensors on the CPU): the object-store path.
-        Rank 0 returns it, the others an empty list."""
-        from grpojob_trainer.policy.ranks import full_tensor
+    # what the engines receive: the model's weights, a LoRA policy's adapter, or its merged weights
 
-        state = [(name, full_tensor(t.detach())) for name, t in self.trainer.model.state_dict().items()]
-        return [(name, t.cpu().clone()) for name, t in state] if self.rank == 0 else []
+    def adapter_config(self) -> dict[str, Any] | None:
+        """A LoRA policy's adapter config (PEFT's ``adapter_config.json``); None for a full fine-tune."""
+        from grpojob_trainer.policy.lora import adapter_config, is_lora
+
+        model = self.trainer.model
+        return adapter_config(model, self.model_path) if is_lora(model) else None
+
+    def _sync_tensors(self, content: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors the engines receive (full tensors; every rank iterates: gathering is a collective):
+        ``weights`` (every parameter), ``adapter`` (a LoRA policy's adapter, PEFT's names) or ``merged``
+        (a LoRA policy's adapter merged into its base)."""
+        from grpojob_trainer.policy import lora
+        from grpojob_trainer.policy.ranks import trainable_weights
+
+        model = self.trainer.model
+        if content == SyncContent.ADAPTER:
+            return lora.adapter_weights(model)
+        if content == SyncContent.MERGED:
+            return lora.merged_weights(model, lora.adapter_config(model, self.model_path))
+        return trainable_weights(model)
+
+    def weights(self, content: str = "weights") -> NamedTensors:
+        """Every rank: the tensors to push to the engines (`_sync_tensors`, on the CPU): the object-store
+        path. Rank 0 returns them, the others an empty list."""
+        tensors = self._sync_tensors(content)
+        if self.rank != 0:
+            for _ in tensors:  # take part in every gather
+                pass
+            return []
+        return [(name, tensor.cpu().clone()) for name, tensor in tensors]
 
     # GPU weight paths: buckets of the parameters in the engines' dtype (bfloat16)
 
@@ -97,26 +145,28 @@ class PolicyWorker:
         device = self.trainer.device
         return device_uuid(device) if device.type == "cuda" else None
 
-    def bucket_layouts(self, bucket_bytes: int) -> list[Any]:
-        """How the parameters (full shapes) are packed into buckets (computed once per bucket size)."""
+    def bucket_layouts(self, bucket_bytes: int, content: str = "weights") -> list[Any]:
+        """How the tensors of ``content`` (`_sync_tensors`, full shapes) are packed into buckets (computed
+        once per bucket size and content; a collective the first time, on every rank)."""
         from grpojob_trainer.weight_sync.buckets import plan_buckets
 
-        if bucket_bytes not in self._layouts:
-            shapes = [(name, tuple(p.shape)) for name, p in self.trainer.model.named_parameters()]
-            self._layouts[bucket_bytes] = plan_buckets(shapes, bucket_bytes=bucket_bytes, dtype=torch.bfloat16)
-        return self._layouts[bucket_bytes]
+        key = (bucket_bytes, content)
+        if key not in self._layouts:
+            shapes = [(name, tuple(t.shape)) for name, t in self._sync_tensors(content)]
+            self._layouts[key] = plan_buckets(shapes, bucket_bytes=bucket_bytes, dtype=torch.bfloat16)
+        return self._layouts[key]
 
-    def share_weights_ipc(self, bucket_bytes: int) -> bytes | None:
-        """Every rank (the gather is a collective); rank 0 packs the parameters into buckets on its GPU and
-        shares them by CUDA IPC handles (kept alive until `release_shared_weights`): the payload
+    def share_weights_ipc(self, bucket_bytes: int, content: str = "weights") -> bytes | None:
+        """Every rank (the gather is a collective); rank 0 packs the tensors of ``content`` into buckets on
+        its GPU and shares them by CUDA IPC handles (kept alive until `release_shared_weights`): the payload
         `grpojob_trainer.weight_sync.buckets.open_shared_buckets` opens. Other ranks return None."""
-        from grpojob_trainer.policy.ranks import trainable_weights
         from grpojob_trainer.weight_sync.buckets import share_buckets
 
-        tensors = dict(trainable_weights(self.trainer.model))
+        layouts = self.bucket_layouts(bucket_bytes, content)
+        tensors = dict(self._sync_tensors(content))
         if self.rank != 0:
             return None
-        payload, self._shared = share_buckets(self.bucket_layouts(bucket_bytes), tensors, self.trainer.device)
+        payload, self._shared = share_buckets(layouts, tensors, self.trainer.device)
         return payload
 
     def release_shared_weights(self) -> None:
@@ -132,15 +182,14 @@ class PolicyWorker:
 
         self._group = WeightBroadcastGroup(host, port, world_size=world_size, rank=0, backend="nccl")
 
-    def broadcast_weights(self, bucket_bytes: int) -> int:
-        """Every rank (the gather is a collective); rank 0 broadcasts every bucket to the engines of the
-        group (they receive concurrently). Bytes sent (0 on other ranks)."""
-        from grpojob_trainer.policy.ranks import trainable_weights
-
-        tensors = dict(trainable_weights(self.trainer.model))
+    def broadcast_weights(self, bucket_bytes: int, content: str = "weights") -> int:
+        """Every rank (the gather is a collective); rank 0 broadcasts every bucket of ``content`` to the
+        engines of the group (they receive concurrently). Bytes sent (0 on other ranks)."""
+        layouts = self.bucket_layouts(bucket_bytes, content)
+        tensors = dict(self._sync_tensors(content))
         if self.rank != 0:
             return 0
-        return self._group.send_buckets(self.bucket_layouts(bucket_bytes), tensors, self.trainer.device)
+        return self._group.send_buckets(layouts, tensors, self.trainer.device)
 
     def save(self, directory: str, step: int, data_position: dict[str, Any], config: dict[str, Any], keep: int) -> str:
         """Every rank: gather the full state; rank 0 writes the checkpoint. Its path."""
@@ -158,18 +207,28 @@ class PolicyWorker:
         )
         return str(path)
 
-    def export(self, out: str, dtype: str, keep: int | None = None) -> str | None:
-        """Every rank: gather the full model; rank 0 writes it as a Hugging Face model directory at ``out``
-        (with the tokenizer and config of the model the run started from), then, given ``keep``, keeps
-        only the newest ``keep`` models exported with checkpoints beside it (here, because rank 0 is
-        where the output volume is mounted). Its path on rank 0."""
+    def export(self, out: str, dtype: str, keep: int | None = None, output_format: str = "merged") -> str | None:
+        """Every rank: gather the full model (a LoRA policy: its adapter); rank 0 writes it at ``out`` as a
+        Hugging Face model directory (with the tokenizer and config of the model the run started from; a
+        LoRA policy's adapter merged into it) or, for ``output_format`` ``adapter``, as a PEFT adapter
+        directory; then, given ``keep``, keeps only the newest ``keep`` models exported with checkpoints
+        beside it (here, because rank 0 is where the output volume is mounted). Its path on rank 0."""
         from grpojob_trainer.policy.checkpoint import gather_model_state
-        from grpojob_trainer.policy.export import prune_exports, write_model
+        from grpojob_trainer.policy.export import prune_exports, write_adapter, write_merged_model, write_model
 
-        state = gather_model_state(self.trainer.model)
+        config = self.adapter_config()
+        if config is None:
+            state = gather_model_state(self.trainer.model)
+        else:
+            state = {name: tensor.cpu() for name, tensor in self._sync_tensors(SyncContent.ADAPTER)}
         if self.rank != 0:
             return None
-        written = write_model(state, out, base=self.model_path, dtype=dtype)
+        if config is None:
+            written = write_model(state, out, base=self.model_path, dtype=dtype)
+        elif output_format == api.OutputFormat.ADAPTER:
+            written = write_adapter(state, config, out, base=self.model_path, dtype=dtype)
+        else:
+            written = write_merged_model(state, config, out, base=self.model_path, dtype=dtype)
         if keep is not None:
             prune_exports(written.parent, keep)
         return str(written)

@@ -10,6 +10,10 @@ Three paths, picked once per run by `weight_sync_for` from where the actors are:
 - `NcclBroadcastSync`: engines on other GPUs. Policy (rank 0) and every engine join an NCCL group once;
   each sync broadcasts the buckets, which the engines load as they arrive.
 
+What travels (`choose_content`): every parameter of a fully fine-tuned policy; a LoRA policy's adapter
+alone when every engine serves LoRA (a few MB to a few hundred: the base never moves); otherwise, chosen
+at start and logged, the LoRA policy's adapter merged into its base, as full weights.
+
 Each `push` returns when every engine serves the new weights, with ``weight_sync/seconds`` (wall time
 seen by the driver), ``weight_sync/version`` (the weights version the engines now serve, the oldest of
 theirs) and, on the NCCL path, ``weight_sync/bytes`` (what was broadcast). The policy is a
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -32,6 +37,25 @@ log = logging.getLogger(__name__)
 DEFAULT_BUCKET_BYTES = 512 << 20
 """Bucket size of the GPU paths: large enough for few collectives, small enough to bound the extra memory
 of one NCCL bucket on each side."""
+
+
+WEIGHTS, ADAPTER, MERGED = "weights", "adapter", "merged"
+"""What a push carries (`grpojob_trainer.policy.worker.SyncContent`)."""
+
+
+@dataclass(frozen=True)
+class Content:
+    """What the policy sends: ``kind`` (`WEIGHTS`, `ADAPTER` or `MERGED`) and, for an adapter, its config."""
+
+    kind: str = WEIGHTS
+    adapter_config: dict[str, Any] | None = None
+
+    def receive(self, engine: Any, method: str, *args: Any) -> Any:
+        """``engine``'s receiving call for this content (``update_weights<method>`` or, for an adapter,
+        ``update_adapter<method>`` with the config first), started: its ObjectRef."""
+        if self.kind == ADAPTER:
+            return getattr(engine, f"update_adapter{method}").remote(self.adapter_config, *args)
+        return getattr(engine, f"update_weights{method}").remote(*args)
 
 
 class WeightSync(Protocol):
@@ -46,15 +70,15 @@ class ObjectStoreSync:
 
     name = "object-store"
 
-    def __init__(self, policy: PolicyGroup, engines: list[Any]) -> None:
-        self.policy, self.engines = policy, engines
+    def __init__(self, policy: PolicyGroup, engines: list[Any], content: Content = Content()) -> None:
+        self.policy, self.engines, self.content = policy, engines, content
 
     def push(self) -> dict[str, float]:
         import ray
 
         started = time.perf_counter()
-        weights = self.policy.weights()
-        versions = ray.get([engine.update_weights.remote(weights) for engine in self.engines])
+        weights = self.policy.weights(self.content.kind)
+        versions = ray.get([self.content.receive(engine, "", weights) for engine in self.engines])
         return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/version": float(min(versions))}
 
 
@@ -63,16 +87,22 @@ class CudaIpcSync:
 
     name = "cuda-ipc"
 
-    def __init__(self, policy: PolicyGroup, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        self.policy, self.engines, self.bucket_bytes = policy, engines, bucket_bytes
+    def __init__(
+        self,
+        policy: PolicyGroup,
+        engines: list[Any],
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        content: Content = Content(),
+    ) -> None:
+        self.policy, self.engines, self.bucket_bytes, self.content = policy, engines, bucket_bytes, content
 
     def push(self) -> dict[str, float]:
         import ray
 
         started = time.perf_counter()
         try:
-            payload = ray.put(self.policy.share_weights_ipc(self.bucket_bytes))
-            versions = ray.get([engine.update_weights_ipc.remote(payload) for engine in self.engines])
+            payload = ray.put(self.policy.share_weights_ipc(self.bucket_bytes, self.content.kind))
+            versions = ray.get([self.content.receive(engine, "_ipc", payload) for engine in self.engines])
         finally:
             self.policy.release_shared_weights()
         return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/version": float(min(versions))}
@@ -83,18 +113,26 @@ class NcclBroadcastSync:
 
     name = "nccl-broadcast"
 
-    def __init__(self, policy: PolicyGroup, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        self.policy, self.engines, self.bucket_bytes = policy, engines, bucket_bytes
+    def __init__(
+        self,
+        policy: PolicyGroup,
+        engines: list[Any],
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        content: Content = Content(),
+    ) -> None:
+        self.policy, self.engines, self.bucket_bytes, self.content = policy, engines, bucket_bytes, content
         host, port = policy.weight_group_address()
         world = 1 + len(engines)
         joins = [engine.join_weight_group.remote(host, port, world, rank) for rank, engine in enumerate(engines, 1)]
         policy.join_weight_group(host, port, world, receivers=joins)
-        self.layouts_payload = pickle.dumps(policy.bucket_layouts(bucket_bytes))
+        self.layouts_payload = pickle.dumps(policy.bucket_layouts(bucket_bytes, content.kind))
 
     def push(self) -> dict[str, float]:
         started = time.perf_counter()
-        receivers = [engine.update_weights_from_group.remote(self.layouts_payload) for engine in self.engines]
-        sent, versions = self.policy.broadcast_weights(self.bucket_bytes, receivers=receivers)
+        receivers = [self.content.receive(engine, "_from_group", self.layouts_payload) for engine in self.engines]
+        sent, versions = self.policy.broadcast_weights(
+            self.bucket_bytes, receivers=receivers, content=self.content.kind
+        )
         return {
             "weight_sync/seconds": time.perf_counter() - started,
             "weight_sync/bytes": float(sent),
@@ -114,17 +152,29 @@ def choose_path(policy_gpu: str | None, engines: list[dict[str, Any]]) -> str:
     return ObjectStoreSync.name  # tensor-parallel engines, or some sharing the policy's GPU and some not
 
 
+def choose_content(lora: bool, engines: list[dict[str, Any]]) -> str:
+    """What a policy (``lora``: a LoRA policy) sends engines described by their ``weight_sync_info``: every
+    parameter, the adapter (every engine serves LoRA), or the adapter merged into the base."""
+    if not lora:
+        return WEIGHTS
+    return ADAPTER if all(e.get("lora") for e in engines) else MERGED
+
+
 def weight_sync_for(policy: PolicyGroup, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightSync:
-    """The weight path for these actors (see `choose_path`; the policy's GPU is its rank 0's), set up and
-    ready to `push`."""
+    """The weight path for these actors (see `choose_path` and `choose_content`; the policy's GPU is its
+    rank 0's), set up and ready to `push`."""
     import ray
 
     policy_gpu = policy.device_uuid()
+    adapter_config = policy.adapter_config()
     infos = ray.get([engine.weight_sync_info.remote() for engine in engines])
     path = choose_path(policy_gpu, infos)
-    log.info("weight sync: %s (policy GPU %s, engines %s)", path, policy_gpu, infos)
+    content = Content(choose_content(adapter_config is not None, infos), adapter_config)
+    log.info("weight sync: %s of the %s (policy GPU %s, engines %s)", path, content.kind, policy_gpu, infos)
+    if content.kind == MERGED:
+        log.warning("the engines cannot serve LoRA adapters: the policy sends its adapter merged into the base")
     if path == CudaIpcSync.name:
-        return CudaIpcSync(policy, engines, bucket_bytes)
+        return CudaIpcSync(policy, engines, bucket_bytes, content)
     if path == NcclBroadcastSync.name:
-        return NcclBroadcastSync(policy, engines, bucket_bytes)
-    return ObjectStoreSync(policy, engines)
+        return NcclBroadcastSync(policy, engines, bucket_bytes, content)
+    return ObjectStoreSync(policy, engines, content)
