@@ -3,7 +3,7 @@
 `python -m grpojob_trainer.models.tiny OUT_DIR [--seed S]` writes weights (safetensors), config,
 generation config and a character-level tokenizer with a ChatML-style chat template, all built
 offline. The directory loads with ``AutoModelForCausalLM.from_pretrained(OUT_DIR)`` and
-``AutoTokenizer.from_pretrained(OUT_DIR)``. The same seed writes the same weights.
+``AutoTokenizer.from_pretrained(OUT_DIR)``. The same seed writes the same weights (on the same device).
 
 Chat format (what the template renders and what the generation server parses)::
 
@@ -83,6 +83,10 @@ class TinyModelConfig:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    """Base wavelength of the rotary position embeddings (Llama's default; Qwen2.5's is 1e6)."""
+    tie_word_embeddings: bool = True
+    """The output layer shares the embedding matrix (Qwen2.5 up to 3B); False gives it its own (7B and up)."""
     vocab_size: int | None = None
     """None: the tokenizer's ~100 tokens. Larger: the vocabulary is padded with filler tokens (never
     produced by encoding text; decoded as ``<|filler_N|>``) so that embedding and output layers have the
@@ -105,6 +109,21 @@ SHAPES: dict[str, TinyModelConfig] = {
         num_key_value_heads=2,
         max_position_embeddings=32768,
         vocab_size=151936,
+        save_dtype="bfloat16",
+    ),
+    # The dimensions of Qwen2.5-7B (28 layers, hidden 3584, MLP 18944, 28 query / 4 key-value heads,
+    # 152064-entry untied vocabulary, RoPE base 1e6: 7.62B parameters) on the Llama architecture (without
+    # Qwen2's q/k/v biases), random weights. Written in bf16 (15 GB), initialised on a GPU when there is one.
+    "qwen2.5-7b": TinyModelConfig(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=False,
+        vocab_size=152064,
         save_dtype="bfloat16",
     ),
 }
@@ -142,42 +161,80 @@ def build_tokenizer(vocab_size: int | None = None):  # -> transformers.PreTraine
     )
 
 
-def write_tiny_model(out_dir: str | Path, config: TinyModelConfig | None = None) -> Path:
-    """Write a randomly initialised Llama-architecture causal LM and its tokenizer to ``out_dir``.
+def llama_config(config: TinyModelConfig):  # -> transformers.LlamaConfig
+    """The Hugging Face configuration of ``config``'s model: its shape on the Llama architecture, with the
+    vocabulary size and special-token ids of `build_vocab`."""
+    from transformers import LlamaConfig
 
-    Deterministic: the same ``config`` (seed included) writes the same weights.
-    """
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    config = config or TinyModelConfig()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(config.vocab_size)
     vocab = build_vocab(config.vocab_size)
-    model_config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    return LlamaConfig(
+        vocab_size=len(vocab),
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
         num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads,
         max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        tie_word_embeddings=config.tie_word_embeddings,
         bos_token_id=vocab[IM_START],
         eos_token_id=vocab[IM_END],
         pad_token_id=vocab[PAD],
     )
-    generator_state = torch.random.get_rng_state()
-    try:
+
+
+def parameter_count(config: TinyModelConfig) -> int:
+    """Parameters of ``config``'s model (a tied output layer counted once), counted on the meta device:
+    nothing is allocated."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(llama_config(config))
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+GPU_INIT_PARAMETERS = 1_000_000_000
+"""Models above this many parameters are initialised on a CUDA GPU when there is one (a 7B model takes
+minutes of random-number generation on a few CPU cores)."""
+
+
+def default_device(config: TinyModelConfig) -> str:
+    """Where `write_tiny_model` initialises the weights unless told: ``"cuda"`` for a model above
+    `GPU_INIT_PARAMETERS` when CUDA is available, else ``"cpu"``."""
+    import torch
+
+    if torch.cuda.is_available() and parameter_count(config) > GPU_INIT_PARAMETERS:
+        return "cuda"
+    return "cpu"
+
+
+def write_tiny_model(out_dir: str | Path, config: TinyModelConfig | None = None, device: str | None = None) -> Path:
+    """Write a randomly initialised Llama-architecture causal LM and its tokenizer to ``out_dir``.
+
+    The weights are created directly in ``config.save_dtype`` on ``device`` (default: `default_device`), so
+    the peak memory is one copy of the model in that dtype (15 GB for the bf16 7B shape), and written from
+    there in safetensors shards of at most 5 GB. Deterministic: the same ``config`` (seed included) on the
+    same device writes the same weights. The caller's random-number generators are left as they were.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    config = config or TinyModelConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(config.vocab_size)
+    vocab = build_vocab(config.vocab_size)
+    model_config = llama_config(config)
+    target = torch.device(device or default_device(config))
+    with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
         torch.manual_seed(config.seed)
-        model = LlamaForCausalLM(model_config)
-    finally:
-        torch.random.set_rng_state(generator_state)
+        with target:
+            model = AutoModelForCausalLM.from_config(model_config, dtype=getattr(torch, config.save_dtype))
     model.generation_config = GenerationConfig(
         eos_token_id=vocab[IM_END], pad_token_id=vocab[PAD], bos_token_id=vocab[IM_START]
     )
-    model.to(getattr(torch, config.save_dtype)).save_pretrained(out)
+    model.save_pretrained(out, max_shard_size="5GB")
     tokenizer.save_pretrained(out)
     return out
 
