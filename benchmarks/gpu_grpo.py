@@ -79,6 +79,8 @@ class Workload:
     """Our legs: the arithmetic environment's `replicas` (under `grpojob run`, that many server processes)."""
     learning_rate: float = 1e-6
     colocated_generation_memory: float = 0.35
+    lora_rank: int = 0
+    """Our legs: `spec.training.lora` of this rank (alpha twice the rank); 0 trains every weight."""
     trl_use_vllm: bool = True
     """False: TRL generates with transformers (how the leg is smoke-tested on a CPU)."""
     breakdown_backend: str = "vllm"
@@ -255,6 +257,11 @@ def job_yaml(out: Path, workload: Workload, name: str, colocated: bool, ahead: i
                 "microBatchSize": workload.micro_batch_size,
                 "torchCompile": workload.torch_compile,
                 "optimizer": {"learningRate": workload.learning_rate},
+                **(
+                    {"lora": {"rank": workload.lora_rank, "alpha": 2 * workload.lora_rank}}
+                    if workload.lora_rank
+                    else {}
+                ),
             },
             "grpo": {
                 "promptsPerStep": workload.prompts_per_step,

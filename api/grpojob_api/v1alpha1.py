@@ -291,6 +291,13 @@ LORA_MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 """A module's own name (the last part of its dotted path, `q_proj`), as `peft`'s `target_modules` takes it."""
 
 
+ModuleNames = Annotated[
+    list[Annotated[str, StringConstraints(pattern=LORA_MODULE_NAME, max_length=128)]],
+    Field(min_length=1, max_length=64, json_schema_extra={"x-kubernetes-list-type": "set"}),
+]
+"""Module names, each once (a set: the API server refuses a name twice)."""
+
+
 class LoraSpec(ApiModel):
     """Train a LoRA adapter over the frozen base model (the `peft` library) instead of every weight: the
     optimizer holds the adapter's parameters only, checkpoints hold the adapter and its optimizer state,
@@ -304,9 +311,7 @@ class LoraSpec(ApiModel):
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout on the adapter's input in the training forward (never in the forwards that compute the old
     and reference policies' log-probabilities)."""
-    target_modules: list[Annotated[str, StringConstraints(pattern=LORA_MODULE_NAME, max_length=128)]] | None = Field(
-        default=None, min_length=1, max_length=64, json_schema_extra={"x-kubernetes-list-type": "set"}
-    )
+    target_modules: ModuleNames | None = None
     """Names of the linear modules that get an adapter (`q_proj`, `down_proj`); default: every linear
     projection of attention and MLP in the decoder layers. A name no module of the model has is refused
     when the model is loaded."""

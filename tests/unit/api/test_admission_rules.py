@@ -131,6 +131,15 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ("scheduling.environments.priorityClassName", "High", "spec.scheduling.environments.priorityClassName"),
         ("scheduling.head.affinity", {"nodeAffinity": {}, "other": {}}, "spec.scheduling.head.affinity.other"),
         ("progressDeadlineSeconds", 0, "spec.progressDeadlineSeconds"),
+        ("training.lora", {"rank": 0}, "spec.training.lora.rank"),
+        ("training.lora", {"rank": 1024}, "spec.training.lora.rank"),
+        ("training.lora", {"dropout": 1.0}, "spec.training.lora.dropout"),
+        ("training.lora", {"alpha": 0}, "spec.training.lora.alpha"),
+        ("training.lora", {"targetModules": []}, "spec.training.lora.targetModules"),
+        ("training.lora", {"targetModules": ["q_proj", "q_proj"]}, "duplicate module names ['q_proj']"),
+        ("training.lora", {"targetModules": ["model.layers.0.q_proj"]}, "spec.training.lora.targetModules[0]"),
+        ("output.format", "adapter", "spec.output.format: adapter needs spec.training.lora"),
+        ("output.format", "gguf", "spec.output.format"),
     ],
 )
 def test_what_the_trainer_or_operator_would_refuse_is_refused_naming_the_field(path, value, named):
@@ -170,6 +179,9 @@ def test_every_cross_field_rule_is_also_a_cel_rule():
     assert has_rule(f"{spec}.environments[].resources", "quantity(self.requests[k]).compareTo")
     assert has_rule(spec, "self.logging.tensorboard || has(self.logging.pvc)")
     assert has_rule(f"{spec}.logging.wandb", "self.mode != 'online' || has(self.apiKeySecret)")
+    assert has_rule(spec, "self.output.format != 'adapter' || (has(self.training) && has(self.training.lora))")
+    lora = ROOT["properties"]["spec"]["properties"]["training"]["properties"]["lora"]
+    assert lora["properties"]["targetModules"]["x-kubernetes-list-type"] == "set"  # no duplicates
     volume_paths = (".model.pvc.path", ".dataset.pvc.path", ".checkpointing.path", ".checkpointing.pvc.path")
     for volume_path in (*volume_paths, ".logging.path", ".logging.pvc.path", ".output.path"):
         assert has_rule(spec + volume_path, "[.][.]"), volume_path

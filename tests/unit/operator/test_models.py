@@ -242,7 +242,12 @@ def test_the_trainers_report_of_its_exported_model_becomes_status_output_model()
     children = {"ConfigMap": {"demo-progress": ConfigMapInfo("demo-progress", tuple(sorted(progress.items())))}}
     result = plan(job_body(spec=spec), children)
 
-    assert result.status.output_model == api.OutputModelStatus(path="runs/models/demo/final", claim_name="ckpt", step=7)
+    assert result.status.output_model == api.OutputModelStatus(
+        path="runs/models/demo/final", claim_name="ckpt", step=7, format=api.OutputFormat.MERGED
+    )
+    adapter_spec = {**spec, "training": {"lora": {"rank": 8}}, "output": {"format": "adapter"}}
+    adapter = plan(job_body(spec=adapter_spec), children).status.output_model
+    assert adapter is not None and adapter.format == api.OutputFormat.ADAPTER  # what a LoRA job wrote
     named = parse_job(
         job_body(spec={**spec, "model": {"path": "runs/models/demo/final", "pvc": {"claimName": "ckpt"}}})
     )

@@ -1,6 +1,6 @@
 """Which path the policy's weights take to the engines, decided from where the actors are."""
 
-from grpojob_trainer.weight_sync.paths import choose_path
+from grpojob_trainer.weight_sync.paths import ADAPTER, MERGED, WEIGHTS, choose_content, choose_path
 
 
 def vllm(*uuids: str) -> dict:
@@ -26,3 +26,24 @@ def test_engines_on_other_gpus_receive_an_nccl_broadcast():
 def test_mixed_or_tensor_parallel_layouts_fall_back_to_the_object_store():
     assert choose_path("GPU-a", [vllm("GPU-a"), vllm("GPU-b")]) == "object-store"
     assert choose_path("GPU-a", [vllm("GPU-b", "GPU-c")]) == "object-store"
+
+
+def test_a_full_fine_tune_sends_every_weight():
+    assert choose_content(False, [vllm("GPU-a") | {"lora": True}]) == WEIGHTS
+
+
+def test_a_lora_policy_sends_its_adapter_alone_when_every_engine_serves_lora():
+    engines = [vllm("GPU-a") | {"lora": True}, {"backend": "transformers", "device_uuids": [], "lora": True}]
+    assert choose_content(True, engines) == ADAPTER
+
+
+def test_a_lora_policy_sends_merged_weights_when_an_engine_cannot_serve_lora():
+    assert choose_content(True, [vllm("GPU-a") | {"lora": True}, vllm("GPU-b") | {"lora": False}]) == MERGED
+
+
+def test_engines_are_started_with_the_smallest_lora_rank_vllm_accepts_that_holds_the_adapter():
+    from grpojob_trainer.generation.vllm_backend import lora_engine_args, max_lora_rank
+
+    assert [max_lora_rank(r) for r in (1, 2, 8, 9, 300, 512)] == [1, 8, 8, 16, 320, 512]
+    assert lora_engine_args(None) == {}
+    assert lora_engine_args(20) == {"enable_lora": True, "max_lora_rank": 32, "max_loras": 2, "max_cpu_loras": 3}
