@@ -323,3 +323,15 @@ def test_a_lora_policy_raises_the_reward_sending_only_its_adapter_and_exports_bo
         torch.testing.assert_close(merged(tokens).logits, served(tokens).logits, atol=1e-4, rtol=1e-4)
         base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)(tokens).logits
     assert not torch.allclose(merged(tokens).logits, base, atol=1e-3), "the adapter trained"
+
+
+def test_a_lora_target_the_model_lacks_stops_grpojob_run_with_one_line_naming_it(tiny_model_dir: Path, tmp_path: Path):
+    job_path = write_job(tmp_path, tiny_model_dir, steps=1, interval=10)
+    job = yaml.safe_load(job_path.read_text())
+    job["spec"]["training"]["lora"] = {"targetModules": ["q_proj", "qkv"]}
+    job_path.write_text(yaml.safe_dump(job))
+    process = grpojob("run", str(job_path), "--no-progress", cwd=tmp_path)
+    out = finish(process, 300)
+    assert process.returncode == 2, out[-3000:]
+    assert "grpojob: spec.training.lora.targetModules: LlamaForCausalLM has no linear module named 'qkv'" in out
+    assert "Traceback" not in out

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.errors import UsageError
 
 
 class PolicyGroup:
@@ -30,7 +31,10 @@ class PolicyGroup:
         import ray
 
         host, port = ray.get(ranks[0].rendezvous_address.remote(), timeout=timeout_s)
-        ray.get([rank.start.remote(host, port) for rank in ranks], timeout=timeout_s)
+        try:
+            ray.get([rank.start.remote(host, port) for rank in ranks], timeout=timeout_s)
+        except UsageError as error:  # a rank refused the spec (Ray's error is also ours): its message alone
+            raise UsageError(str(getattr(error, "cause", error))) from None
         return cls(ranks)
 
     def _on_every_rank(self, method: str, *args: Any) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from grpojob_api.v1alpha1 import LoraSpec
+from grpojob_trainer.errors import UsageError
 
 ADAPTER_NAME = "default"
 """The name `peft` gives the one adapter of a model made by ``get_peft_model``."""
@@ -47,11 +48,11 @@ def target_modules(model: torch.nn.Module, spec: LoraSpec) -> list[str]:
     available = linear_module_names(model)
     if spec.target_modules is None:
         if not available:
-            raise ValueError(f"spec.training.lora: {type(model).__name__} has no linear module in its decoder layers")
+            raise UsageError(f"spec.training.lora: {type(model).__name__} has no linear module in its decoder layers")
         return available
     unknown = [name for name in spec.target_modules if name not in available]
     if unknown:
-        raise ValueError(
+        raise UsageError(
             f"spec.training.lora.targetModules: {type(model).__name__} has no linear module named "
             f"{', '.join(repr(n) for n in unknown)} in its decoder layers (it has: {', '.join(available)})"
         )

@@ -313,7 +313,7 @@ class PolicyTrainer:
         total_loss: torch.Tensor | float = 0.0
         for part in prepared:
             dropout = adapter_dropout(self.model) if self.lora else contextlib.nullcontext()
-            with self._autocast(), dropout:
+            with self._autocast(), dropout, checkpointed_layers(self.model):
                 logprobs = token_logprobs(self.model, part.batch, self.temperature, packed=self.packed)
             inputs = LossInputs(
                 logprobs=logprobs,
@@ -395,6 +395,22 @@ class PolicyTrainer:
             "train_tokens_per_s": tokens_per_second(tokens, slowest_training_seconds),
         }
         return metrics
+
+
+@contextlib.contextmanager
+def checkpointed_layers(model: torch.nn.Module) -> Iterator[None]:
+    """While active, the layers whose activations are checkpointed (`gradient_checkpointing_enable`) are in
+    training mode, which transformers checks before it checkpoints; their submodules (attention, dropout)
+    stay in eval mode, so the forward computes the same values. Without this the policy, always in eval
+    mode, would keep every activation whatever `spec.training.gradientCheckpointing` says."""
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True and not m.training]
+    for layer in layers:
+        layer.training = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.training = False
 
 
 def mini_batch_bounds(samples: int, mini_batches: int) -> list[tuple[int, int]]:

@@ -11,6 +11,7 @@ import safetensors.torch
 import torch
 
 from grpojob_api.v1alpha1 import AdvantageSpec, LoraSpec, OptimizerSpec
+from grpojob_trainer.errors import UsageError
 from grpojob_trainer.algorithm.grpo import LossConfig
 from grpojob_trainer.policy import lora
 from grpojob_trainer.policy.checkpoint import load_checkpoint, save_checkpoint
@@ -71,7 +72,7 @@ def test_named_target_modules_are_used_as_given():
 
 
 def test_a_target_module_the_model_lacks_is_refused_by_name_with_the_ones_it_has():
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(UsageError) as error:
         lora.target_modules(tiny_causal_lm(), LoraSpec(targetModules=["q_proj", "qkv_proj", "lm_head"]))
     message = str(error.value)
     assert "spec.training.lora.targetModules" in message
@@ -238,3 +239,38 @@ def test_a_lora_step_on_two_ranks_equals_the_step_on_one_and_its_checkpoint_resu
     load_checkpoint(tmp_path / "step_00000001", model=resumed.model, optimizer=resumed.optimizer)
     for name, tensor in lora.adapter_weights(resumed.model):
         assert torch.equal(tensor, ranks[0]["adapter"][name]), name
+
+
+def test_gradient_checkpointing_and_mini_batches_train_the_adapter_as_one_plain_step_would():
+    """Checkpointed activations (the frozen embeddings made to carry gradients) and two mini-batches: the
+    first mini-batch's update is the plain step's on its half of the samples."""
+    plain = new_trainer(lora_model())
+    checkpointed_model = tiny_causal_lm(seed=1, tied=True)
+    checkpointed_model.gradient_checkpointing_enable()
+    checkpointed_model.enable_input_require_grads()
+    checkpointed = new_trainer(lora.apply_lora(checkpointed_model, SPEC))
+    samples = step_samples()
+    layer = checkpointed_model.model.layers[0]
+    forwards = []
+    layer.input_layernorm.register_forward_hook(lambda *_: forwards.append(1))  # recomputed in the backward
+    assert plain.train_step(samples)["loss"] == pytest.approx(checkpointed.train_step(samples)["loss"], rel=1e-5)
+    # 4 micro-batches: the reference's and the training forward's, and the recomputation in each backward
+    assert len(forwards) == 3 * 4, "the checkpointed layer is recomputed in the backward pass"
+    assert not layer.training, "the policy stays in eval mode"
+    for (name, ours), (_, theirs) in zip(
+        lora.adapter_weights(plain.model), lora.adapter_weights(checkpointed.model), strict=True
+    ):
+        torch.testing.assert_close(ours, theirs, msg=name)
+
+    two = PolicyTrainer(
+        lora_model(),
+        optimizer=OptimizerSpec(learningRate=1e-2, weightDecay=0.0),
+        loss=LossConfig(kl_coef=0.05),
+        advantage=AdvantageSpec(),
+        micro_batch_size=2,
+        temperature=0.9,
+        pad_token_id=0,
+        mini_batches=2,
+    )
+    metrics = two.train_step(samples)
+    assert metrics["optimizer_steps"] == 2 and metrics["grad_norm"] > 0
