@@ -11,8 +11,8 @@ import safetensors.torch
 import torch
 
 from grpojob_api.v1alpha1 import AdvantageSpec, LoraSpec, OptimizerSpec
-from grpojob_trainer.errors import UsageError
 from grpojob_trainer.algorithm.grpo import LossConfig
+from grpojob_trainer.errors import UsageError
 from grpojob_trainer.policy import lora
 from grpojob_trainer.policy.checkpoint import load_checkpoint, save_checkpoint
 from grpojob_trainer.policy.forward import build_batch, token_logprobs
