@@ -22,10 +22,12 @@ from grpojob_trainer.policy.checkpoint import list_checkpoints
 from .test_grpojob_run import finish, grpojob, write_job
 
 
-def async_job(tmp: Path, model: Path, *, steps: int, interval: int, ahead: int) -> Path:
+def async_job(tmp: Path, model: Path, *, steps: int, interval: int, ahead: int, lora: dict | None = None) -> Path:
     path = write_job(tmp, model, steps=steps, interval=interval)
     job = yaml.safe_load(path.read_text())
     job["spec"]["grpo"]["maxOffPolicySteps"] = ahead
+    if lora is not None:
+        job["spec"]["training"]["lora"] = lora
     path.write_text(yaml.safe_dump(job))
     return path
 
@@ -45,14 +47,17 @@ def expected_positions(data: Path, job: Path, steps: int) -> list[tuple[int, int
     return positions
 
 
+@pytest.mark.parametrize("lora", [None, {"rank": 8}], ids=["full", "lora"])
 def test_the_next_steps_rollouts_run_while_a_step_trains_and_never_while_weights_change(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, lora: dict | None
 ):
+    """Also with a LoRA policy, whose pushes carry its adapter alone."""
     ahead, steps = 2, 6
-    job = async_job(tmp_path, tiny_model_dir, steps=steps, interval=100, ahead=ahead)
+    job = async_job(tmp_path, tiny_model_dir, steps=steps, interval=100, ahead=ahead, lora=lora)
     process = grpojob("run", str(job), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
     out = finish(process, 600)
     assert process.returncode == 0, out[-3000:]
+    assert ("of the adapter" in out) == (lora is not None), out[-3000:]
     by_step = {r["step"]: r for r in records(tmp_path / "out")}
     assert sorted(by_step) == list(range(1, steps + 1))
 
