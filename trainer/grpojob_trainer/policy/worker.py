@@ -217,13 +217,18 @@ class PolicyWorker:
         from grpojob_trainer.policy.export import prune_exports, write_adapter, write_merged_model, write_model
 
         config = self.adapter_config()
+        # A LoRA policy's merged model: merged on the policy's devices, layer by layer, unless its base is held
+        # less precisely than the export asks for (a bf16 base exported as float32: merged from the files).
+        live_merge = config is not None and output_format != api.OutputFormat.ADAPTER and self._base_holds(dtype)
         if config is None:
             state = gather_model_state(self.trainer.model)
+        elif live_merge:
+            state = {name: tensor.cpu() for name, tensor in self._sync_tensors(SyncContent.MERGED)}
         else:
             state = {name: tensor.cpu() for name, tensor in self._sync_tensors(SyncContent.ADAPTER)}
         if self.rank != 0:
             return None
-        if config is None:
+        if config is None or live_merge:
             written = write_model(state, out, base=self.model_path, dtype=dtype)
         elif output_format == api.OutputFormat.ADAPTER:
             written = write_adapter(state, config, out, base=self.model_path, dtype=dtype)
@@ -232,6 +237,11 @@ class PolicyWorker:
         if keep is not None:
             prune_exports(written.parent, keep)
         return str(written)
+
+    def _base_holds(self, dtype: str) -> bool:
+        """Whether the policy's frozen weights are held at least as precisely as ``dtype``."""
+        frozen = next((p for p in self.trainer.model.parameters() if not p.requires_grad), None)
+        return frozen is None or frozen.dtype == torch.float32 or dtype == "bfloat16"
 
     def resume(self, directory: str) -> tuple[int, dict[str, Any]] | None:
         """Every rank: load the newest checkpoint in ``directory``; (its step, its data position), or None."""

@@ -274,3 +274,46 @@ def test_gradient_checkpointing_and_mini_batches_train_the_adapter_as_one_plain_
     )
     metrics = two.train_step(samples)
     assert metrics["optimizer_steps"] == 2 and metrics["grad_norm"] > 0
+
+
+def test_the_policy_exports_its_merged_model_and_its_adapter_as_the_files_would_give_them(tmp_path: Path):
+    """`PolicyWorker.export` merges on the policy's own devices (its base held as precisely as the export
+    asks); the result equals the merge of its adapter into the base's files, and the adapter directory
+    serves the same model through peft."""
+    import yaml
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from grpojob_trainer.models.tiny import write_tiny_model
+    from grpojob_trainer.policy.export import read_weights, write_merged_model
+    from grpojob_trainer.policy.worker import PolicyWorker
+
+    base = write_tiny_model(tmp_path / "base")
+    job = yaml.safe_load((Path(__file__).resolve().parents[4] / "examples" / "tiny.yaml").read_text())
+    job["spec"]["training"]["lora"] = {"rank": 4, "alpha": 8}
+    worker = PolicyWorker(job["spec"], str(base), seed=0)
+    worker.start("127.0.0.1", 0)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, param in worker.trainer.model.named_parameters():
+            if ".lora_B." in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+
+    merged = Path(worker.export(str(tmp_path / "merged"), "float32"))
+    adapter = Path(worker.export(str(tmp_path / "adapter"), "float32", output_format="adapter"))
+    from_files = write_merged_model(
+        dict(lora.adapter_weights(worker.trainer.model)),
+        lora.adapter_config(worker.trainer.model, str(base)),
+        tmp_path / "from-files",
+        base=base,
+        dtype="float32",
+    )
+
+    live, files = read_weights(merged), read_weights(from_files)
+    assert live.keys() == files.keys()
+    for name, tensor in live.items():
+        torch.testing.assert_close(tensor, files[name], msg=name)
+    tokens = torch.tensor([TOKENS])
+    served = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)
+    with torch.no_grad():
+        torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(merged)(tokens).logits, served(tokens).logits)
