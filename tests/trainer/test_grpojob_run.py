@@ -229,6 +229,26 @@ def test_two_policy_ranks_on_the_cpu_train_sync_weights_and_hand_their_checkpoin
     assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000003"
 
 
+def test_two_lora_policy_ranks_on_the_cpu_gather_and_send_their_adapter(tiny_model_dir: Path, tmp_path: Path):
+    """training.replicas 2 with LoRA: the adapter's shards are gathered from both gloo ranks for every push,
+    checkpoint and the export (merged, the default)."""
+    from transformers import AutoModelForCausalLM
+
+    job_path = write_job(tmp_path, tiny_model_dir, steps=2, interval=2, replicas=2)
+    job = yaml.safe_load(job_path.read_text())
+    job["spec"]["training"]["lora"] = {"rank": 8}
+    job["spec"]["output"] = {"path": str(tmp_path / "models")}
+    job_path.write_text(yaml.safe_dump(job))
+    process = grpojob("run", str(job_path), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
+    out = finish(process, 300)
+    assert process.returncode == 0 and "Traceback" not in out, out[-3000:]
+    assert "weight sync: object-store of the adapter" in out
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weight_sync/version"] for r in records] == [2.0, 3.0]  # the start's push, then one per step
+    assert (latest_checkpoint(tmp_path / "checkpoints") / "adapter_model.safetensors").is_file()
+    AutoModelForCausalLM.from_pretrained(tmp_path / "models" / "final")  # a whole model, merged
+
+
 def test_a_job_naming_its_model_by_hub_id_leaves_a_model_transformers_loads(tiny_model_dir: Path, tmp_path: Path):
     """The model by its id from a hub cache filled beforehand (offline: no network here); the trained model
     exported at the end and with each checkpoint, in the output directory the job names, which keeps only
