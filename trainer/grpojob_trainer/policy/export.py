@@ -17,10 +17,12 @@ Like a checkpoint, a directory is written beside its final place and renamed int
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,29 @@ DEFAULT_MAX_SHARD_SIZE = "5GB"
 _STEP_EXPORT = re.compile(r"^step_(\d+)$")
 
 
+@contextlib.contextmanager
+def replaced_atomically(out: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary directory beside ``out`` to write into; renamed to ``out`` (replacing it) when the block
+    completes, removed when it fails."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    try:
+        yield temp
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(temp, out)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    return getattr(torch, dtype)
+
+
 def write_model(
     state: dict[str, torch.Tensor],
     out: str | os.PathLike[str],
@@ -54,23 +79,12 @@ def write_model(
     ``out``, with the other files of ``base``; an existing ``out`` is replaced. Returns ``out``."""
     from huggingface_hub import save_torch_state_dict
 
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch_dtype = getattr(torch, dtype)
+    torch_dtype = _torch_dtype(dtype)
     weights = {name: t.to(torch_dtype) if t.is_floating_point() else t for name, t in state.items()}
-    temp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
-    try:
+    with replaced_atomically(out) as temp:
         save_torch_state_dict(weights, temp, max_shard_size=max_shard_size, metadata={"format": "pt"})
         copy_model_files(base, temp, dtype)
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(temp, out)
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
-    return out
+    return Path(out)
 
 
 def write_adapter(
@@ -83,23 +97,12 @@ def write_adapter(
 ) -> Path:
     """Write a LoRA adapter (tensors under PEFT's file names, its ``adapter_config.json``) as a PEFT adapter
     directory at ``out``, with the tokenizer files of ``base``; an existing ``out`` is replaced."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch_dtype = getattr(torch, dtype)
-    temp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
-    try:
+    torch_dtype = _torch_dtype(dtype)
+    with replaced_atomically(out) as temp:
         write_adapter_files(temp, {name: t.to(torch_dtype).contiguous() for name, t in adapter.items()}, config)
         for file in tokenizer_files(base):
             shutil.copyfile(file, temp / file.name)
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(temp, out)
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
-    return out
+    return Path(out)
 
 
 def write_merged_model(
