@@ -370,7 +370,7 @@ def test_a_job_names_its_model_by_hub_id_and_leaves_a_model_transformers_loads(a
     assert status["phase"] == "Succeeded", status
     ready = next(c for c in status["conditions"] if c["type"] == "ModelReady")
     assert ready["status"] == "True" and status["modelCommit"] in ready["message"]
-    assert status["outputModel"] == {"claimName": grpo_data, "path": "models/hub/final", "step": 4}
+    assert status["outputModel"] == {"claimName": grpo_data, "path": "models/hub/final", "step": 4, "format": "merged"}
     assert "exported the model of step 4" in trainer_log(core, namespace, "hub", 1)
     log = run_pod(
         core,
