@@ -289,7 +289,7 @@ def train_in_cluster(config_path: Path) -> int:
                 )
             )
     finally:
-        connection.disconnect()
+        connection.disconnect(head)
     return 0
 
 
@@ -394,9 +394,14 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"grpojob: {error}", file=sys.stderr)
         return 2
-    except (AllRolloutsFailed, RayHeadLost) as error:
+    except AllRolloutsFailed as error:
         print(f"grpojob: {error}", file=sys.stderr)
         return 1
+    except RayHeadLost as error:
+        print(f"grpojob: {error}", file=sys.stderr)
+        from grpojob_trainer.ray_runtime.connection import exit_without_ray
+
+        exit_without_ray(1)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 from grpojob_api import endpoints
 from grpojob_trainer.errors import RayHeadLost
@@ -57,11 +57,23 @@ def join(address: str, timeout_s: float = 300.0) -> str:
     return gcs_address()
 
 
-def disconnect() -> None:
-    """Disconnect the driver (a joined pod's raylet ends with the pod)."""
+def disconnect(head: HeadWatch | None = None) -> None:
+    """Disconnect the driver (a joined pod's raylet ends with the pod), unless ``head`` saw the head
+    lost: then Ray's teardown would only wait on the dead GCS, and `exit_without_ray` ends the process."""
     import ray
 
-    ray.shutdown()
+    if head is None or not head.lost:
+        ray.shutdown()
+
+
+def exit_without_ray(code: int) -> NoReturn:
+    """End the process now, skipping Ray's teardown. With the GCS gone, ``ray.shutdown`` and the core
+    worker's destructor wait on it until Ray's own fatal exit a minute later (code 1, and a message
+    about the GCS instead of ours)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 HEAD_NODE_RESOURCE = "node:__internal_head__"
@@ -80,6 +92,7 @@ class HeadWatch:
 
     def __init__(self, timeout_s: float = 30.0) -> None:
         self.timeout_s = timeout_s
+        self.lost = False
         heads = [node["NodeID"] for node in self._alive_nodes() if HEAD_NODE_RESOURCE in node["Resources"]]
         if len(heads) != 1:
             raise RayHeadLost(f"expected one Ray head node, the GCS lists {len(heads)}")
@@ -87,10 +100,14 @@ class HeadWatch:
 
     def check(self) -> None:
         """Raise ``RayHeadLost`` unless the head seen at start is still the cluster's live head."""
-        if not any(node["NodeID"] == self.head_node_id for node in self._alive_nodes()):
-            raise RayHeadLost(
-                f"the Ray head node {self.head_node_id[:12]} is gone from the cluster (its pod was replaced)"
-            )
+        try:
+            if not any(node["NodeID"] == self.head_node_id for node in self._alive_nodes()):
+                raise RayHeadLost(
+                    f"the Ray head node {self.head_node_id[:12]} is gone from the cluster (its pod was replaced)"
+                )
+        except RayHeadLost:
+            self.lost = True
+            raise
 
     def _alive_nodes(self) -> list[dict[str, Any]]:
         import ray
