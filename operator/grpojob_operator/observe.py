@@ -18,10 +18,25 @@ from grpojob_operator import names
 STUCK_WAITING_REASONS = frozenset(
     {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CrashLoopBackOff", "CreateContainerConfigError"}
 )
+REASON_LIMIT = 300
+"""The most characters of a container's termination message a condition quotes."""
 
 
 def _time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def last_line(message: str, limit: int = REASON_LIMIT) -> str:
+    """The last non-empty line of a container's termination message, at most ``limit`` characters: the
+    one-line reason it wrote, or the last line of its log (a traceback's exception) when it wrote none."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _ended(terminated: dict[str, Any]) -> str:
+    """A terminated container state's reason and the last line of its message, as "reason: message"."""
+    return ": ".join(filter(None, [terminated.get("reason"), last_line(terminated.get("message") or "")]))
 
 
 def _condition(conditions: list[dict[str, Any]] | None, kind: str) -> dict[str, Any] | None:
@@ -41,9 +56,10 @@ class PodInfo:
     ready_since: datetime | None
     """When the Ready condition last changed (how long a pod has been broken)."""
     stuck: tuple[tuple[str, str, str], ...] = ()
-    """(container, reason, message) of containers waiting in a reason from STUCK_WAITING_REASONS."""
+    """(container, reason, message) of containers waiting in a reason from STUCK_WAITING_REASONS; a
+    restarting container's message ends with how its last run ended (the reason it crashed)."""
     terminated: tuple[tuple[str, int, str], ...] = ()
-    """(container, exit code, reason and message) of terminated containers."""
+    """(container, exit code, reason and last line of its message) of terminated containers."""
     unschedulable: str = ""
     """The scheduler's message when it cannot place the pod (no GPUs free, a missing claim, ...)."""
     termination_message: str = ""
@@ -129,10 +145,14 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
             state = container.get("state") or {}
             waiting, ended = state.get("waiting") or {}, state.get("terminated")
             if waiting.get("reason") in STUCK_WAITING_REASONS:
-                stuck.append((container.get("name", ""), waiting["reason"], waiting.get("message", "")))
+                last_run = (container.get("lastState") or {}).get("terminated")
+                crash = (
+                    f"its last run exited with code {last_run.get('exitCode')} ({_ended(last_run)})" if last_run else ""
+                )
+                message = "; ".join(filter(None, [waiting.get("message", ""), crash]))
+                stuck.append((container.get("name", ""), waiting["reason"], message))
             if ended:
-                detail = " ".join(filter(None, [ended.get("reason"), ended.get("message")]))
-                terminated.append((container.get("name", ""), int(ended.get("exitCode", 0)), detail))
+                terminated.append((container.get("name", ""), int(ended.get("exitCode", 0)), _ended(ended)))
                 if ended.get("message"):
                     messages.append(ended["message"])
         attempt = labels.get(names.ATTEMPT_LABEL)

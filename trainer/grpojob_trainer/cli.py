@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import yaml
@@ -30,6 +31,10 @@ from grpojob_trainer.errors import AllRolloutsFailed, RayHeadLost, UsageError
 from grpojob_trainer.models.tiny import SHAPES
 
 log = logging.getLogger("grpojob")
+
+TERMINATION_LOG = Path("/dev/termination-log")
+"""Where Kubernetes reads a container's termination message (the trainer pod's is its status's reason)."""
+TERMINATION_MESSAGE_LIMIT = 1024
 
 
 def load_job(path: Path) -> api.GRPOJob:
@@ -133,6 +138,24 @@ def download_step(model_id: str, revision: str | None, cache: Path, termination_
     if termination_log is not None:
         termination_log.write_text(text)
     return code
+
+
+def write_termination_message(path: Path | None, reason: str) -> None:
+    """Leave ``reason``, in one line, as the container's termination message at ``path``, where the operator
+    reads why the pod failed into the GRPOJob's status. Nothing outside a pod: only a ``path`` that exists
+    (the kubelet creates it) is written."""
+    if path is None or not path.exists():
+        return
+    try:
+        path.write_text(" ".join(reason.split())[:TERMINATION_MESSAGE_LIMIT])
+    except OSError as error:
+        log.warning("could not write the termination message to %s: %s", path, error)
+
+
+def _failed(reason: str, termination_log: Path | None) -> None:
+    """Report a fatal error the command knows: one line on stderr (no traceback), and the termination message."""
+    print(f"grpojob: {reason}", file=sys.stderr)
+    write_termination_message(termination_log, reason)
 
 
 def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard: bool = True) -> int:
@@ -303,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--no-tensorboard", action="store_true", help="metrics to JSONL only")
     train = commands.add_parser("train", help="the trainer pod's entrypoint")
     train.add_argument("--config", type=Path, required=True)
+    train.add_argument(
+        "--termination-log",
+        type=Path,
+        default=TERMINATION_LOG,
+        help="write why the trainer failed here, when it exists (the container's termination message)",
+    )
     tiny = commands.add_parser("tiny-model", help="write a tiny random-init model directory")
     tiny.add_argument("out", type=Path)
     tiny.add_argument("--seed", type=int, default=0)
@@ -342,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    termination_log: Path | None = getattr(args, "termination_log", None)
     try:
         if args.command == "run":
             return run_local(
@@ -392,16 +422,20 @@ def main(argv: list[str] | None = None) -> int:
         print(write_rows(args.name, args.rows, args.out, args.seed))
         return 0
     except UsageError as error:
-        print(f"grpojob: {error}", file=sys.stderr)
+        _failed(str(error), termination_log)
         return 2
     except AllRolloutsFailed as error:
-        print(f"grpojob: {error}", file=sys.stderr)
+        _failed(str(error), termination_log)
         return 1
     except RayHeadLost as error:
-        print(f"grpojob: {error}", file=sys.stderr)
+        _failed(str(error), termination_log)
         from grpojob_trainer.ray_runtime.connection import exit_without_ray
 
         exit_without_ray(1)
+    except Exception as error:  # a bug or an unexpected failure: its traceback goes to the log
+        exception = "".join(traceback.format_exception_only(error)).strip().splitlines()
+        write_termination_message(termination_log, exception[-1] if exception else type(error).__name__)
+        raise
 
 
 if __name__ == "__main__":

@@ -54,8 +54,6 @@ def build_model_download_job(job: api.GRPOJob, settings: OperatorSettings) -> Ma
         job.spec.images.trainer or settings.default_trainer_image(),
         command=command,
         env=env,
-        terminationMessagePath=TERMINATION_LOG,
-        terminationMessagePolicy="FallbackToLogsOnError",
         resources={"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         volumeMounts=[{"name": "cache", "mountPath": HUB_CACHE_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}],
     )

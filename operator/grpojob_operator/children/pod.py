@@ -1,6 +1,7 @@
 """The one pod every child's pods are built from: non-root with the runtime's seccomp profile, no Kubernetes
-API token unless it runs as a ServiceAccount, containers that drop every capability and write only to their
-volumes, and the scheduling of its role (`spec.scheduling.<role>`)."""
+API token unless it runs as a ServiceAccount, containers that drop every capability, write only to their
+volumes and leave the reason they failed in their termination message, and the scheduling of its role
+(`spec.scheduling.<role>`)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,16 @@ def read_only_container_security_context() -> Manifest:
 
 
 def container(name: str, image: str, **fields: Any) -> Manifest:
-    """A container of the job: ``fields`` as given, with a read-only root filesystem and no privileges."""
-    return {"name": name, "image": image, **fields, "securityContext": read_only_container_security_context()}
+    """A container of the job: ``fields`` as given, with a read-only root filesystem and no privileges. Its
+    termination message is what it wrote to /dev/termination-log or, when it failed without writing one,
+    the end of its log: the reason it died reaches the pod's status, where the operator reads it."""
+    return {
+        "name": name,
+        "image": image,
+        **fields,
+        "securityContext": read_only_container_security_context(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
 
 
 def scheduled(template: Manifest, scheduling: api.PodScheduling) -> Manifest:

@@ -1,9 +1,15 @@
 """The summaries of watched children hold what the plan reads, and nothing more: a change of anything
-else leaves the summary equal, so the pass it would wake is skipped."""
+else leaves the summary equal, so the pass it would wake is skipped. A container that died says why in the
+job's status, in one line."""
 
 from __future__ import annotations
 
-from grpojob_operator.observe import summarize
+from grpojob_api.v1alpha1 import ConditionType
+from grpojob_operator.observe import TrainerJobInfo, summarize
+from grpojob_operator.plan.conditions import condition
+
+from .conftest import job_body
+from .plan.conftest import base_children, run, with_endpoints
 
 
 def raycluster(ready_workers: int, head_ready: bool = True) -> dict:
@@ -20,3 +26,68 @@ def raycluster(ready_workers: int, head_ready: bool = True) -> dict:
 def test_a_ray_worker_becoming_ready_leaves_the_raycluster_summary_equal():
     assert summarize("RayCluster", raycluster(0)) == summarize("RayCluster", raycluster(3))
     assert summarize("RayCluster", raycluster(3)) != summarize("RayCluster", raycluster(3, head_ready=False))
+
+
+# What a container that died leaves in its pod's status: the end of its log (FallbackToLogsOnError) or the
+# one line it wrote to /dev/termination-log.
+TRACEBACK_TAIL = """\
+step 3: mean reward 0.12
+Traceback (most recent call last):
+  File "/app/grpojob_trainer/cli.py", line 200, in main
+    raise RuntimeError("the dataset has no rows")
+RuntimeError: the dataset has no rows
+"""
+
+
+def pod_body(name: str, component: str, container: dict, attempt: int = 1) -> dict:
+    """A pod of job `demo` with one container status ``container``, as the API server returns it."""
+    return {
+        "metadata": {
+            "name": name,
+            "creationTimestamp": "2026-11-30T09:00:00Z",
+            "labels": {"grpo.dev/job": "demo", "grpo.dev/component": component, "grpo.dev/attempt": str(attempt)},
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-30T09:00:00Z"}],
+            "containerStatuses": [container],
+        },
+    }
+
+
+def test_a_failed_trainers_job_says_why_its_container_died_in_one_line():
+    trainer = {
+        "name": "trainer",
+        "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": TRACEBACK_TAIL}},
+    }
+    children = with_endpoints(base_children())
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, False, True, "BackoffLimitExceeded", False)}
+    children["Pod"]["demo-trainer-a"] = summarize("Pod", pod_body("demo-trainer-a", "trainer", trainer))
+    plan = run(job_body(status={"attempt": 1, "phase": "Running"}), children)
+    message = condition(plan.status, ConditionType.TRAINER_RUNNING).message
+    assert "container trainer exited with code 1 (Error: RuntimeError: the dataset has no rows)" in message
+    assert "\n" not in message and "Traceback" not in message
+
+
+def test_a_termination_message_is_quoted_up_to_a_bounded_length():
+    long = {"name": "trainer", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "x" * 5000}}}
+    [(_, _, detail)] = summarize("Pod", pod_body("demo-trainer-a", "trainer", long)).terminated
+    assert detail.startswith("Error: xxx") and len(detail) <= 320
+
+
+def test_an_environment_pod_that_keeps_crashing_fails_the_job_with_the_reason_of_its_last_crash():
+    crashing = {
+        "name": "environment",
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s restarting failed container"}},
+        "lastState": {
+            "terminated": {"exitCode": 2, "reason": "Error", "message": "error: unknown environment mathh\n"}
+        },
+    }
+    children = with_endpoints(base_children())
+    children["Pod"]["demo-env-math-x"] = summarize("Pod", pod_body("demo-env-math-x", "environment", crashing))
+    plan = run(job_body(status={"attempt": 1, "phase": "Initializing"}), children)
+    assert plan.status.phase == "Failed" and plan.status.reason == "CrashLoopBackOff"
+    assert plan.status.message == (
+        "pod demo-env-math-x container environment is in CrashLoopBackOff: back-off 5m0s restarting failed "
+        "container; its last run exited with code 2 (Error: error: unknown environment mathh)"
+    )

@@ -1,13 +1,20 @@
-"""The hardened pod: each role's scheduling reaches its pods and only its pods."""
+"""The hardened pod: each role's scheduling reaches its pods and only its pods; every container leaves the
+reason it failed in its termination message."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from grpojob_api import v1alpha1 as api
+from grpojob_api.admission import parse_job
 from grpojob_operator.children.environments import build_environment_deployment
 from grpojob_operator.children.pod import scheduled
 from grpojob_operator.children.raycluster import build_raycluster
 from grpojob_operator.children.trainer import build_trainer_job
+from grpojob_operator.settings import OperatorSettings
 
+from ..test_golden_children import all_jobs, render_children
 from .jobs import SETTINGS, job
 
 
@@ -56,3 +63,30 @@ def test_without_scheduling_the_pod_templates_are_unchanged():
     assert (
         not {"nodeSelector", "tolerations", "affinity", "priorityClassName", "schedulerName"} & template["spec"].keys()
     )
+
+
+def containers(manifest: Any) -> Iterator[dict[str, Any]]:
+    """Every container (and init container) of every pod template anywhere in ``manifest``."""
+    if isinstance(manifest, dict):
+        for key, value in manifest.items():
+            if key in ("containers", "initContainers"):
+                yield from value
+            else:
+                yield from containers(value)
+    elif isinstance(manifest, list):
+        for item in manifest:
+            yield from containers(item)
+
+
+def test_every_container_of_every_example_jobs_children_reports_its_failure_in_its_termination_message():
+    seen = set()
+    for name, body in all_jobs().items():
+        for child in render_children(parse_job(body), OperatorSettings()):
+            if child["kind"] == "Workload":  # Kueue's copy of the pod sets' requests: it starts no container
+                continue
+            for container in containers(child):
+                seen.add(container["name"])
+                assert container.get("terminationMessagePolicy") == "FallbackToLogsOnError", (name, child["kind"])
+    # The trainer, the Ray pods (KubeRay copies their templates), both kinds of environment pods, the
+    # model download and TensorBoard.
+    assert {"trainer", "ray-head", "ray-worker", "environment", "nemo-gym", "download", "tensorboard"} <= seen
