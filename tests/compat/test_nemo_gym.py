@@ -38,11 +38,20 @@ def example_rows(nemo_gym_image: str) -> list[dict]:
     return rows
 
 
-def collect(gym: Gym, agent: str, rows: list[dict], sampling: PolicySampling | None = None) -> RolloutBatch:
+def collect(
+    gym: Gym, agent: str, rows: list[dict], sampling: PolicySampling | None = None, generation_url: str | None = None
+) -> RolloutBatch:
     """Our rollout collection, as the trainer runs it, against one NeMo Gym agent."""
     env_urls = {agent: gym.agents[agent]}
     collecting = collect_rollouts(
-        rows, env_urls, concurrency=4, timeout_s=120, retries=2, backoff_s=0.1, sampling=sampling
+        rows,
+        env_urls,
+        concurrency=4,
+        timeout_s=120,
+        retries=2,
+        backoff_s=0.1,
+        sampling=sampling,
+        generation_url=generation_url,
     )
     return asyncio.run(collecting)
 
@@ -122,6 +131,24 @@ def test_a_row_whose_sampling_differs_fails_at_once_with_our_servers_message(gym
     assert "answered 500" in failure.error and "HTTP 400" in failure.error
     assert "temperature=0.5 differs from the training temperature=1.0" in failure.error
     assert batch.metrics["rollout/failed"] == 1
+
+
+def test_a_prompt_longer_than_the_context_is_skipped_naming_its_length_and_max_model_len(
+    gym, policy_server, example_rows
+):
+    """NeMo Gym's vllm_model turns our server's context-length 400 into an empty completion and /run answers
+    200 with reward 0: the rollout is skipped with the prompt's length and maxModelLen, not blamed on
+    missing token ids."""
+    row = json.loads(json.dumps(example_rows[0]))
+    row["responses_create_params"]["input"] = [{"role": "user", "content": "1 + " * 1500 + "1 =", "type": "message"}]
+
+    batch = collect(gym, TOOL_AGENT, [row], generation_url=policy_server.base_url)
+
+    [failure] = batch.failures
+    assert failure.prompt_too_long and failure.attempts == 1, failure.error
+    assert "tokens and spec.generation.maxModelLen is 1024" in failure.error
+    assert "generation_token_ids" not in failure.error
+    assert batch.metrics["rollout/prompt_too_long"] == 1
 
 
 def mcqa_row(**fields) -> dict:

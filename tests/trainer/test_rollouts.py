@@ -285,3 +285,55 @@ def test_a_rollout_whose_replica_is_down_is_retried_on_the_next_replica(env_urls
 def test_an_environment_listed_with_no_url_is_refused_before_any_request():
     with pytest.raises(ValueError, match=r"environments without a URL: \['arithmetic'\]"):
         asyncio.run(collect_rollouts(rows("arithmetic", 1), {"arithmetic": []}))
+
+
+def context_overflow_app() -> FastAPI:
+    """A /run that answers as NeMo Gym 0.4.0's simple_agent does when its vllm_model got our generation
+    server's context-length 400: an empty assistant message without token ids, cut "for length", reward 0
+    (`tests/compat` shows the real servers answer so)."""
+    app = FastAPI()
+
+    @app.post("/run")
+    async def run(request: Request) -> dict:
+        message = {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed"}
+        message["content"] = [{"type": "output_text", "text": "", "annotations": []}]
+        response = {"output": [message], "incomplete_details": {"reason": "max_output_tokens"}}
+        return {**(await request.json()), "response": response, "reward": 0.0}
+
+    return app
+
+
+def test_a_prompt_longer_than_the_context_is_skipped_with_its_length_and_max_model_len(generation_server):
+    long_row = rows("arithmetic", 1)[0]
+    long_row["responses_create_params"]["input"] = [
+        {"role": "user", "content": "1 + " * 1500 + "1 =", "type": "message"}
+    ]
+    counted = httpx.post(f"{generation_server.url}/tokenize", json={"messages": [long_row_message(long_row)]}).json()
+    assert counted["count"] > counted["max_model_len"] == 1024
+
+    with ThreadedServer(context_overflow_app()) as server:
+        batch = asyncio.run(
+            collect_rollouts(
+                [long_row], {"arithmetic": server.url}, retries=2, generation_url=generation_server.base_url
+            )
+        )
+
+    [failure] = batch.failures
+    assert failure.prompt_too_long and failure.attempts == 1, "skipped at once, never retried"
+    assert f"the prompt is {counted['count']} tokens and spec.generation.maxModelLen is 1024" in failure.error
+    assert "Raise spec.generation.maxModelLen" in failure.error
+    assert batch.metrics["rollout/prompt_too_long"] == 1 and batch.metrics["rollout/failed"] == 1
+
+
+def long_row_message(row: dict) -> dict:
+    [item] = row["responses_create_params"]["input"]
+    return {"role": "user", "content": item["content"]}
+
+
+def test_a_step_line_says_how_many_prompts_were_too_long():
+    from grpojob_trainer.observability.metrics import step_line
+
+    metrics = {"rollout/failed": 3.0, "rollout/count": 8.0, "rollout/prompt_too_long": 2.0}
+
+    assert "failed rollouts 3/8 (2 prompts too long for spec.generation.maxModelLen)" in step_line(1, 4, metrics)
+    assert "too long" not in step_line(1, 4, metrics | {"rollout/prompt_too_long": 0.0})

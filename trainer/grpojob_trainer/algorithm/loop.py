@@ -120,6 +120,7 @@ async def run_loop(
     weight_sync = weight_sync_for(policy, engines)
     weight_sync.push()  # the engines start from the policy's (possibly restored) weights
     sampling = PolicySampling(generation.temperature, generation.top_p, generation.max_new_tokens)
+    generation_url = await engines[0].base_url.remote() if engines else None  # measures prompts too long
     config = job.model_dump(mode="json", by_alias=True, exclude_none=True)
     began = time.perf_counter()
 
@@ -145,6 +146,7 @@ async def run_loop(
                 deadline_s=grpo.rollout_deadline_seconds,
                 group_indices=groups,
                 sampling=sampling,
+                generation_url=generation_url,
             )
             return batch, clock()
 

@@ -6,7 +6,8 @@ timeout and retries with exponential backoff on transient failures (connection e
 results come back in input order. ``deadline_s`` bounds the whole batch: rollouts still running (or
 still queued behind the concurrency limit) when it passes are abandoned and reported as failed, so an
 environment that accepts and never answers holds a step for ``deadline_s``, not for every row's
-timeouts and retries one after another.
+timeouts and retries one after another. A row whose prompt does not fit the generation server's context
+is skipped with a message that says so (`context_length`).
 
 The client is aiohttp: with hundreds of rollouts in flight, httpx's connection pool spends time
 quadratic in the number of open requests (it rescans every connection for every queued request),
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +26,14 @@ import aiohttp
 from pydantic import ValidationError
 
 from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.nemo_gym.context_length import measure_prompt, overflowed_context, prompt_too_long
 from grpojob_trainer.nemo_gym.conversion import RolloutConversionError, result_to_sample
 from grpojob_trainer.nemo_gym.errors import inner_client_error
 from grpojob_trainer.nemo_gym.metrics import rollout_metrics, timing_metrics
 from grpojob_trainer.nemo_gym.protocol import Row, RunResult, describe
 
+PROMPT_TOO_LONG = "rollout/prompt_too_long"
+"""The step's rows skipped because their prompts do not fit the context."""
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504, 520})
 MAX_BACKOFF_S = 30.0
 ERROR_BODY_CHARS = 500
@@ -67,6 +71,8 @@ class RolloutOutcome:
     """Seconds after the batch began when the last attempt was sent (None: abandoned before one)."""
     finished_s: float | None = None
     """Seconds after the batch began when the outcome was decided (None: abandoned at the deadline)."""
+    prompt_too_long: bool = False
+    """The row was skipped because its prompt does not fit the generation server's context."""
 
     @property
     def ok(self) -> bool:
@@ -134,6 +140,7 @@ async def collect_rollouts(
     group_indices: Sequence[int] | None = None,
     sampling: PolicySampling | None = None,
     deadline_s: float | None = None,
+    generation_url: str | None = None,
 ) -> RolloutBatch:
     """Run every row through its environment's ``/run`` and convert the results to training samples.
 
@@ -141,7 +148,8 @@ async def collect_rollouts(
 
     ``group_indices[i]`` becomes sample i's ``group_index`` (default: i). ``sampling`` overwrites each
     row's temperature/top-p (and caps max_output_tokens). Rollouts not done ``deadline_s`` after the call
-    are abandoned and reported as failed (with no attempts counted). Raises, before any request,
+    are abandoned and reported as failed (with no attempts counted). ``generation_url``: the generation
+    server that measures a prompt too long for its context, for the message. Raises, before any request,
     `KeyError` when a row names an unknown environment and pydantic's `ValidationError` when a row is
     not a NeMo Gym row.
     """
@@ -166,6 +174,10 @@ async def collect_rollouts(
 
     async with aiohttp.ClientSession(**session) as client:
 
+        async def explain_overflow(index: int) -> str:
+            measured = await measure_prompt(client, generation_url, parsed[index]) if generation_url else None
+            return prompt_too_long(measured)
+
         async def one(index: int) -> RolloutOutcome:
             replicas = urls[names[index]]
             first = index % len(replicas)
@@ -182,6 +194,7 @@ async def collect_rollouts(
                 retries,
                 backoff_s,
                 began,
+                lambda: explain_overflow(index),
             )
 
         tasks = [asyncio.create_task(one(i)) for i in range(len(rows))]
@@ -203,6 +216,7 @@ async def collect_rollouts(
         (o.started_s, o.finished_s) for o in outcomes if o.ok and o.started_s is not None and o.finished_s is not None
     ]
     metrics = rollout_metrics(samples, failed=len(outcomes) - len(samples)) | timing_metrics(timed)
+    metrics[PROMPT_TOO_LONG] = float(sum(o.prompt_too_long for o in outcomes))
     return RolloutBatch(outcomes, metrics)
 
 
@@ -218,6 +232,7 @@ async def _run_with_retries(
     retries: int,
     backoff_s: float,
     began: float,
+    explain_overflow: Callable[[], Awaitable[str]],
 ) -> RolloutOutcome:
     error = ""
     sent = None
@@ -233,6 +248,17 @@ async def _run_with_retries(
             async with semaphore:
                 sent = since_began()
                 result = await asyncio.wait_for(_post_run(client, url, body), timeout_s)
+            if overflowed_context(result):
+                error = await explain_overflow()
+                return RolloutOutcome(
+                    index,
+                    env_name,
+                    attempt + 1,
+                    error=error,
+                    started_s=sent,
+                    finished_s=since_began(),
+                    prompt_too_long=True,
+                )
             sample = result_to_sample(result, group_index)
             return RolloutOutcome(index, env_name, attempt + 1, sample=sample, started_s=sent, finished_s=since_began())
         except _Permanent as failure:

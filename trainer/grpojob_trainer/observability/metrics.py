@@ -44,6 +44,7 @@ WEIGHT_SYNC = "weight_sync"
 REWARD = "rollout/reward/mean"
 FAILED_ROLLOUTS = "rollout/failed"
 ROLLOUTS = "rollout/count"
+PROMPTS_TOO_LONG = "rollout/prompt_too_long"
 """Rollouts of the step, the failed ones included."""
 STEP_SECONDS = "time/step"
 GENERATED_TOKENS_PER_S = "throughput/generated_tokens_per_s"
@@ -168,7 +169,9 @@ def step_line(step: int, max_steps: int, metrics: Mapping[str, Any]) -> str:
     """The trainer's log line of one step: step, mean reward, step time (and its phases), failed rollouts.
 
     ``step 3/16 reward 0.412 time 12.3s (generation 8.1s, prepare 0.2s, training 3.0s, weight_sync 0.4s)
-    failed rollouts 0/64 generated 1.2e+03 tokens/s``; what a step did not measure is left out.
+    failed rollouts 0/64 generated 1.2e+03 tokens/s``, with ``(N prompts too long for
+    spec.generation.maxModelLen)`` after the failures when rows were skipped for that; what a step did not
+    measure is left out.
     """
     parts = [f"step {step}/{max_steps}"]
     reward = metrics.get(REWARD)
@@ -183,6 +186,8 @@ def step_line(step: int, max_steps: int, metrics: Mapping[str, Any]) -> str:
     failed, total = metrics.get(FAILED_ROLLOUTS), metrics.get(ROLLOUTS)
     if isinstance(failed, int | float):
         parts.append(f"failed rollouts {int(failed)}" + (f"/{int(total)}" if isinstance(total, int | float) else ""))
+        if too_long := metrics.get(PROMPTS_TOO_LONG):
+            parts.append(f"({int(too_long)} prompts too long for spec.generation.maxModelLen)")
     throughput = metrics.get(GENERATED_TOKENS_PER_S)
     if isinstance(throughput, int | float):
         parts.append(f"generated {throughput:.3g} tokens/s")
