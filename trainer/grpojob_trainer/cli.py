@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from grpojob_api import admission, kubeyaml, paths
 from grpojob_api import v1alpha1 as api
 from grpojob_api.endpoints import GENERATION_PORT, ContractError, TrainerEnv
-from grpojob_trainer.errors import AllRolloutsFailed, RayHeadLost, UsageError
+from grpojob_trainer.errors import AllRolloutsFailed, EnvironmentNotReady, RayHeadLost, UsageError
 from grpojob_trainer.models.tiny import SHAPES
 
 log = logging.getLogger("grpojob")
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         _failed(str(error), termination_log)
         return 2
-    except AllRolloutsFailed as error:
+    except (AllRolloutsFailed, EnvironmentNotReady) as error:
         _failed(str(error), termination_log)
         return 1
     except RayHeadLost as error:

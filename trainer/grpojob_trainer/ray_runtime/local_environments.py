@@ -10,6 +10,7 @@ from pathlib import Path
 
 from grpojob_api import endpoints
 from grpojob_api import v1alpha1 as api
+from grpojob_trainer.errors import EnvironmentNotReady, UsageError
 from grpojob_trainer.ray_runtime.net import free_port, wait_until_healthy
 
 START_TIMEOUT_S = 120.0
@@ -30,7 +31,8 @@ def environment_command(env: api.EnvironmentSpec) -> list[str]:
 class EnvironmentProcesses:
     """Start every environment of a job, ``replicas`` processes of each, every one on a free loopback port;
     stop them on exit. Entering gives each environment's replica URLs (the driver spreads rollouts over
-    them, as a Service spreads them over an environment's pods)."""
+    them, as a Service spreads them over an environment's pods). A server that exits during start-up, or
+    does not answer within ``start_timeout_s``, raises `EnvironmentNotReady` naming it."""
 
     def __init__(
         self,
@@ -40,8 +42,10 @@ class EnvironmentProcesses:
         policy_model_name: str,
         gcs_address: str,
         log_dir: Path,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         self.environments = environments
+        self.start_timeout_s = start_timeout_s
         self.common_env = {
             endpoints.POLICY_BASE_URL: policy_base_url,
             endpoints.POLICY_MODEL_NAME: policy_model_name,
@@ -58,8 +62,9 @@ class EnvironmentProcesses:
             for index, env in enumerate(self.environments):
                 for replica in range(env.replicas):
                     self._start(index, env, replica_name(env.name, replica))
-            for replica in self.processes:
-                self._wait_healthy(replica)
+            for env in self.environments:
+                for replica in range(env.replicas):
+                    self._wait_healthy(env, replica)
         except BaseException:
             self.__exit__()
             raise
@@ -72,7 +77,7 @@ class EnvironmentProcesses:
         variables = {}
         for position, var in enumerate(env.env):
             if var.value is None:
-                raise ValueError(
+                raise UsageError(
                     f"spec.environments[{index}].env[{position}] ({var.name}): secretKeyRef only works on Kubernetes; "
                     "give a value for `grpojob run`"
                 )
@@ -89,13 +94,20 @@ class EnvironmentProcesses:
         log.close()
         self.urls[name] = f"http://127.0.0.1:{port}"
 
-    def _wait_healthy(self, name: str) -> None:
+    def _wait_healthy(self, env: api.EnvironmentSpec, replica: int) -> None:
+        name = replica_name(env.name, replica)
+        log = self.log_dir / f"{name}.log"
+        what = f"environment {env.name}" + (f" (replica {replica + 1} of {env.replicas})" if env.replicas > 1 else "")
+
         def running() -> None:
             if self.processes[name].poll() is not None:
-                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"environment {name} exited during start-up; end of its log:\n{tail}")
+                tail = log.read_text(errors="replace")[-2000:]
+                raise EnvironmentNotReady(f"{what} exited during start-up; end of its log {log}:\n{tail}")
 
-        wait_until_healthy(self.urls[name] + "/", START_TIMEOUT_S, check=running)
+        try:
+            wait_until_healthy(self.urls[name] + "/", self.start_timeout_s, check=running)
+        except TimeoutError as error:
+            raise EnvironmentNotReady(f"{what}: {error}; its log: {log}") from None
 
     def __exit__(self, *_: object) -> None:
         for process in self.processes.values():
@@ -114,8 +126,12 @@ def replica_name(environment: str, replica: int) -> str:
     return environment if replica == 0 else f"{environment}-{replica}"
 
 
-def wait_for_environments(urls: dict[str, str], timeout_s: float = 600.0) -> None:
-    """Wait until every environment Service answers GET / (on Kubernetes, where the pods start on their own)."""
+def wait_for_environments(urls: dict[str, str], timeout_s: float = 600.0, interval_s: float = 2.0) -> None:
+    """Wait until every environment Service answers GET / (on Kubernetes, where the pods start on their own);
+    `EnvironmentNotReady` names the first that did not within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    for url in urls.values():
-        wait_until_healthy(url.rstrip("/") + "/", max(0.0, deadline - time.monotonic()), interval_s=2.0)
+    for name, url in urls.items():
+        try:
+            wait_until_healthy(url.rstrip("/") + "/", max(0.0, deadline - time.monotonic()), interval_s=interval_s)
+        except TimeoutError as error:
+            raise EnvironmentNotReady(f"environment {name}: {error}") from None

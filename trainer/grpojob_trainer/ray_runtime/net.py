@@ -37,17 +37,19 @@ def wait_until_healthy(
     context: ssl.SSLContext | None = None,
     interval_s: float = 0.2,
 ) -> None:
-    """Poll ``GET url`` until it answers 200, or raise `TimeoutError` naming it after ``timeout_s``.
+    """Poll ``GET url`` until it answers 200, or raise `TimeoutError` naming it and the time waited after
+    ``timeout_s``.
 
     ``check`` runs before each attempt and raises to stop waiting (for a server process that exited during
     start-up); ``context`` is the TLS context for ``https`` URLs.
     """
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline = start + timeout_s
     while True:
         if check is not None:
             check()
         if answers(url, context=context):
             return
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"GET {url} did not answer 200 within {timeout_s:.0f}s")
+            raise TimeoutError(f"GET {url} did not answer 200 within {time.monotonic() - start:.0f}s")
         time.sleep(interval_s)

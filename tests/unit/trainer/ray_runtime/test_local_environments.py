@@ -1,13 +1,18 @@
-"""`grpojob run` starts each environment with the command its container would run."""
+"""`grpojob run` starts each environment with the command its container would run; the trainer pod waits for
+the environments' Services and names the one that does not answer."""
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
+import pytest
+
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.cli import main
-from grpojob_trainer.ray_runtime.local_environments import environment_command
+from grpojob_trainer.errors import EnvironmentNotReady
+from grpojob_trainer.ray_runtime.local_environments import environment_command, wait_for_environments
 
 
 def env(**fields) -> api.EnvironmentSpec:
@@ -38,3 +43,10 @@ def test_grpojob_run_refuses_a_nemo_gym_environment_naming_it_before_starting_an
     assert main(["run", str(job), "--no-progress"]) == 2
     error = capsys.readouterr().err
     assert "spec.environments[0].nemoGym: `grpojob run` cannot start NeMo Gym environments" in error
+
+
+def test_the_trainer_names_the_environment_whose_service_accepts_connections_but_never_answers():
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # listens, never answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(EnvironmentNotReady, match=rf"^environment math: GET {url}/ did not answer 200 within \ds$"):
+            wait_for_environments({"math": url}, timeout_s=0.5, interval_s=0.1)
