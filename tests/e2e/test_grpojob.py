@@ -345,10 +345,14 @@ def run_pod(core: client.CoreV1Api, namespace: str, name: str, claim: str, scrip
     return log
 
 
-def test_a_job_names_its_model_by_hub_id_and_leaves_a_model_transformers_loads(api_client, namespace, grpo_data):
+def test_a_lora_job_names_its_model_by_hub_id_and_leaves_a_merged_model_transformers_loads(
+    api_client, namespace, grpo_data
+):
     """The claim holds a hub cache filled beforehand (`grpojob cache-model`: no network here); the job names
     its model by id, offline: the download Job resolves it to a commit before any Ray pod starts, every pod
-    loads that snapshot, and the trained model is exported to the claim, where `transformers` loads it."""
+    loads that snapshot. The policy trains a LoRA adapter (`spec.training.lora`) and sends the engine the
+    adapter alone each step; the adapter merged into the base is exported to the claim, where
+    `transformers` loads it as it is."""
     custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
     run_pod(
         core, namespace, "fill-cache", grpo_data, f"grpojob cache-model /data/tiny-model {HUB_MODEL_ID} --cache /data"
@@ -361,6 +365,7 @@ def test_a_job_names_its_model_by_hub_id_and_leaves_a_model_transformers_loads(a
         "servedModelName": "tiny",
     }
     manifest["spec"]["checkpointing"] = {"interval": 2, "pvc": {"claimName": grpo_data}}
+    manifest["spec"]["training"]["lora"] = {"rank": 8, "alpha": 16}
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
 
     watched = watch_job(api_client, namespace, "hub", 1200)
@@ -371,7 +376,9 @@ def test_a_job_names_its_model_by_hub_id_and_leaves_a_model_transformers_loads(a
     ready = next(c for c in status["conditions"] if c["type"] == "ModelReady")
     assert ready["status"] == "True" and status["modelCommit"] in ready["message"]
     assert status["outputModel"] == {"claimName": grpo_data, "path": "models/hub/final", "step": 4, "format": "merged"}
-    assert "exported the model of step 4" in trainer_log(core, namespace, "hub", 1)
+    trained = trainer_log(core, namespace, "hub", 1)
+    assert "exported the model of step 4" in trained
+    assert re.search(r"weight sync: \S+ of the adapter", trained), trained[-3000:]
     log = run_pod(
         core,
         namespace,
