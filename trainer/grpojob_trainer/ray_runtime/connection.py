@@ -4,13 +4,15 @@ On Kubernetes the trainer pod is outside the RayCluster. A Ray driver needs a ra
 so the pod joins the cluster as a node with no resources at `RAY_GCS_ADDRESS` (from the
 `<job>-endpoints` ConfigMap) and attaches to it; nothing is scheduled on it. Either way the address is
 read back from the runtime context, which proves Ray is initialised and is what the environment
-servers' config receives (as NeMo-RL does for NeMo Gym's `ray_head_node_address`).
+servers' config receives (as NeMo-RL does for NeMo Gym's `ray_head_node_address`). Both clusters require a
+token (Ray's token authentication): the job's on Kubernetes, one of the run's own locally.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -27,9 +29,18 @@ log = logging.getLogger(__name__)
 
 def start_local(generation_replicas: int, policy_replicas: int, num_gpus: int = 0) -> str:
     """Start a local Ray head declaring the resources of the RayCluster's worker groups (and this
-    machine's GPUs); its GCS address."""
+    machine's GPUs); its GCS address.
+
+    Ray's servers listen on every address of the machine (Ray has no setting that binds its GCS to
+    loopback), so the head requires a token of this run, as the job's RayCluster requires the job's: a
+    client without it is refused. The token reaches Ray's processes and the environment servers through
+    this process's environment; it is never written to a file (Ray's default is ~/.ray/auth_token)."""
     import ray
 
+    # With RAY_AUTH_MODE unset, ray.init turns token authentication on for the cluster it starts and
+    # re-reads its config; a mode set here, after Ray read its config at import, would not reach it.
+    os.environ.pop(endpoints.RAY_AUTH_MODE, None)
+    os.environ[endpoints.RAY_AUTH_TOKEN] = secrets.token_hex(32)
     ray.init(
         num_cpus=os.cpu_count() or 1,
         num_gpus=num_gpus,
