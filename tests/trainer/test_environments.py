@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import json
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import httpx
 import pytest
@@ -249,3 +251,141 @@ def test_another_policy_4xx_is_refused_with_400_and_not_retried(policy_sampling,
     assert detail.startswith("the policy refused the request: POST http://")
     assert f"answered {status}: " in detail and "temperature 0.5 differs" in detail
     assert len(policy.requests) == 1
+
+
+class Case(NamedTuple):
+    """A request to an environment server, what it answers, and (for an odd input) why that answer is right."""
+
+    path: str
+    body: dict
+    status: int
+    param: str | None = None
+    """The field the refusal names (None: accepted)."""
+    why: str = ""
+    environment: str = "arithmetic"
+
+
+MISSING = object()
+"""A value that leaves its key out of the row."""
+ARITHMETIC_ROW = get_environment("arithmetic").make_rows(1, seed=3)[0]
+LOOKUP_ROW = get_environment("lookup").make_rows(1, seed=3)[0]
+ANSWER_ITEM = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "7"}]}
+
+
+def row(base: dict = ARITHMETIC_ROW, **fields) -> dict:
+    """``base`` with ``fields`` set (or left out, with `MISSING`)."""
+    return {key: value for key, value in {**base, **fields}.items() if value is not MISSING}
+
+
+def asking(*items: dict, **params) -> dict:
+    """The arithmetic row with its input replaced by ``items`` and ``params`` added."""
+    return row(responses_create_params={"input": list(items) or "What is 3+4?", **params})
+
+
+def verifying(*output: dict, base: dict = ARITHMETIC_ROW, **fields) -> dict:
+    """A ``/verify`` body: the row (``fields`` set) and an episode of ``output`` items."""
+    return {**row(base, **fields), "response": {"output": list(output or [ANSWER_ITEM])}}
+
+
+def message(content: object, role: object = "user") -> dict:
+    return {"type": "message", "role": role, "content": content}
+
+
+INPUT = "responses_create_params.input"
+MALFORMED_ROWS = {
+    "/run without expected_answer": Case("/run", row(expected_answer=MISSING), 422, "expected_answer"),
+    "/run with a null expected_answer": Case("/run", row(expected_answer=None), 422, "expected_answer"),
+    "/verify without expected_answer": Case("/verify", verifying(expected_answer=MISSING), 422, "expected_answer"),
+    "/verify with a null expected_answer": Case("/verify", verifying(expected_answer=None), 422, "expected_answer"),
+    "lookup /verify without expected_answer": Case(
+        "/verify", verifying(base=LOOKUP_ROW, expected_answer=MISSING), 422, "expected_answer", environment="lookup"
+    ),
+    "/verify integer content": Case("/verify", verifying(message(5, "assistant")), 422, "response.output[0].content"),
+    "/verify integer text part": Case(
+        "/verify",
+        verifying(message([{"type": "output_text", "text": 5}], "assistant")),
+        422,
+        "response.output[0].content",
+    ),
+    "/run integer content": Case("/run", asking(message(5)), 422, f"{INPUT}[0].content"),
+    "/run integer role": Case("/run", asking(message("hi", role=5)), 422, f"{INPUT}[0].role"),
+    "/run unknown item type": Case("/run", asking({"type": "bogus"}), 422, f"{INPUT}[0].type"),
+    "/run function_call without call_id": Case(
+        "/run", asking({"type": "function_call", "name": "f", "arguments": "{}"}), 422, f"{INPUT}[0].call_id"
+    ),
+    "/run a web_search tool": Case(
+        "/run", asking(tools=[{"type": "web_search"}]), 422, "responses_create_params.tools[0].type"
+    ),
+    "/run lone surrogate in input": Case("/run", asking(message("\ud800")), 422, f"{INPUT}[0].content"),
+    "/verify lone surrogate in a task field": Case("/verify", verifying(question="\udc00"), 422, "question"),
+    "/run without responses_create_params": Case(
+        "/run", row(responses_create_params=MISSING), 422, "responses_create_params"
+    ),
+    "/run unknown key in responses_create_params": Case(
+        "/run", asking(frequency_penalty=1.0), 422, "responses_create_params.frequency_penalty"
+    ),
+}
+"""Malformed rows: each a 422 in OpenAI's error shape naming the field (a 500, or FastAPI's own 422, before)."""
+
+ODD_ROWS = {
+    "integer expected_answer": Case("/run", row(expected_answer=7), 200, None, "read as its digits"),
+    "object expected_answer": Case(
+        "/run", row(expected_answer={"a": 1}), 422, "expected_answer", "was compared as its Python repr"
+    ),
+    "lookup row without key": Case(
+        "/verify",
+        verifying(base=LOOKUP_ROW, key=MISSING),
+        422,
+        "key",
+        "its tool reward could never be earned",
+        "lookup",
+    ),
+    "agent_ref naming another environment": Case(
+        "/run",
+        row(agent_ref={"type": "responses_api_agents", "name": "lookup"}),
+        200,
+        None,
+        "NeMo Gym's agents do not read it: the caller routes by it",
+    ),
+    "unknown task field": Case("/run", row(difficulty="easy"), 200, None, "task fields pass through, as in Gym"),
+    "/seed_session without expected_answer": Case(
+        "/seed_session", row(expected_answer=MISSING), 200, None, "only /verify reads the answer"
+    ),
+    "/verify a list of integers as content": Case(
+        "/verify", verifying(message([5], "assistant")), 422, "response.output[0].content", "was read as ''"
+    ),
+    "/verify an unknown output item": Case(
+        "/verify", verifying({"type": "bogus"}), 422, "response.output[0].type", "was ignored"
+    ),
+    "/run an input_image part": Case(
+        "/run",
+        asking(message([{"type": "input_image", "image_url": "x"}])),
+        422,
+        f"{INPUT}[0].content",
+        "was dropped: the policy got a prompt without it",
+    ),
+    "/run max_output_tokens 0": Case(
+        "/run", asking(max_output_tokens=0), 422, "responses_create_params.max_output_tokens", "no tokens to sample"
+    ),
+    "/run stream true": Case("/run", asking(stream=True), 422, "responses_create_params.stream", "Gym's rule"),
+    "/run non-string metadata": Case(
+        "/run", asking(metadata={"k": 1}), 422, "responses_create_params.metadata.k", "Gym's type: string to string"
+    ),
+}
+"""Odd rows (the first seven were answered 200 before): refused when no reward could mean what the row asks."""
+
+
+@pytest.mark.parametrize("case", [*MALFORMED_ROWS.values(), *ODD_ROWS.values()], ids=[*MALFORMED_ROWS, *ODD_ROWS])
+def test_each_malformed_or_odd_row_gets_its_answer_naming_the_field(env_urls, case):
+    url = env_urls[case.environment] + case.path
+    response = httpx.post(url, content=json.dumps(case.body), headers={"content-type": "application/json"}, timeout=60)
+
+    assert response.status_code == case.status, response.text
+    if case.status == 200:
+        assert case.path == "/seed_session" or "reward" in response.json()
+        return
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == case.status
+    assert error["param"] == case.param
+    assert case.param in error["message"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import NamedTuple
 
 import httpx
 import openai
@@ -148,3 +150,179 @@ def test_concurrent_requests_all_complete(generation_server):
 def test_the_rollout_prefix_of_nemo_gym_is_stripped(generation_server):
     response = httpx.get(f"{generation_server.url}/ng-rollout/rollout-7/v1/models")
     assert response.status_code == 200
+
+
+class Case(NamedTuple):
+    """One request body, what the server answers it, and (for an odd input) why that answer is right."""
+
+    body: dict
+    status: int
+    param: str | None = None
+    """The field the refusal names (None: accepted)."""
+    why: str = ""
+
+
+USER = [{"role": "user", "content": "hi"}]
+MISSING = object()
+"""A value that leaves its key out of the request."""
+
+
+def body(**fields) -> dict:
+    """A chat request for the tiny policy with ``fields`` set (or left out, with `MISSING`)."""
+    request = {"model": "tiny-policy", "messages": USER, **fields}
+    return {key: value for key, value in request.items() if value is not MISSING}
+
+
+def after(*messages: dict) -> list[dict]:
+    """The user's question, then ``messages``."""
+    return [*USER, *messages]
+
+
+def calling(**function) -> dict:
+    """An assistant message calling a tool with ``function``."""
+    return {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": function}]}
+
+
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+MALFORMED_CHAT = {
+    "integer role": Case(body(messages=[{"role": 5, "content": "hi"}]), 400, "messages[0].role"),
+    "null role": Case(body(messages=[{"role": None, "content": "hi"}]), 400, "messages[0].role"),
+    "no role": Case(body(messages=[{"content": "hi"}]), 400, "messages[0].role"),
+    "tool_calls a string": Case(
+        body(messages=after({"role": "assistant", "content": "a", "tool_calls": "x"})), 400, "messages[1].tool_calls"
+    ),
+    "tool_calls [{}]": Case(
+        body(messages=after({"role": "assistant", "content": "a", "tool_calls": [{}]})),
+        400,
+        "messages[1].tool_calls[0].id",
+    ),
+    "a tool call's name an integer": Case(
+        body(messages=after(calling(name=5, arguments="{}"))),
+        400,
+        "messages[1].tool_calls[0].function.name",
+    ),
+    "lone surrogate in content": Case(
+        body(messages=[{"role": "user", "content": "\ud800"}]), 400, "messages[0].content"
+    ),
+    "lone surrogate in a tool": Case(
+        body(tools=[{**TOOL, "function": {"name": "lookup", "description": "\udfff"}}]),
+        400,
+        "tools[0].function.description",
+    ),
+    "integer content": Case(body(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
+    "integer text part": Case(
+        body(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}]), 400, "messages[0].content"
+    ),
+    "image part": Case(
+        body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+        400,
+        "messages[0].content",
+    ),
+    "integer name": Case(body(messages=[{"role": "user", "content": "hi", "name": 5}]), 400, "messages[0].name"),
+    "max_tokens 0": Case(body(max_tokens=0), 400, "max_tokens"),
+    "max_tokens -1": Case(body(max_tokens=-1), 400, "max_tokens"),
+    "max_completion_tokens 0": Case(body(max_completion_tokens=0), 400, "max_completion_tokens"),
+    "max_tokens 1.5": Case(body(max_tokens=1.5), 400, "max_tokens"),
+    "no messages": Case(body(messages=MISSING), 400, "messages"),
+    "messages a string": Case(body(messages="hi"), 400, "messages"),
+    "a message a string": Case(body(messages=["hi"]), 400, "messages[0]"),
+    "tools a string": Case(body(tools="x"), 400, "tools"),
+    "temperature a string": Case(body(temperature="hot"), 400, "temperature"),
+    "model an integer": Case(body(model=5), 400, "model"),
+    "token ids partly sent": Case(
+        body(messages=after({"role": "assistant", "content": "a", "prompt_token_ids": [1]})), 400, "messages"
+    ),
+    "body a list": Case([1], 400, None),  # type: ignore[arg-type]
+}
+"""Malformed requests: each is a 400 in OpenAI's error shape naming the field (a 500, or FastAPI's 422, before)."""
+
+ODD_CHAT = {
+    "n 2": Case(body(n=2), 400, "n", "one sample per request: a group is several requests"),
+    "empty messages": Case(body(messages=[]), 400, "messages", "nothing to complete"),
+    "unknown role": Case(
+        body(messages=[{"role": "wizard", "content": "hi"}]),
+        400,
+        "messages[0].role",
+        "real chat templates drop or reject it: the prompt would not be what was sent",
+    ),
+    "temperature 3": Case(body(temperature=3), 400, "temperature", "on-policy: training's temperature only"),
+    "top_p -1": Case(body(top_p=-1), 400, "top_p", "on-policy: training's top_p only"),
+    "stop list": Case(body(stop=["\n"]), 400, "stop", "was ignored: the completion ran past the stop sequence"),
+    "frequency_penalty 1": Case(
+        body(frequency_penalty=1.0), 400, "frequency_penalty", "was ignored: it changes the distribution (off-policy)"
+    ),
+    "logit_bias": Case(body(logit_bias={"5": 100}), 400, "logit_bias", "was ignored: it changes the distribution"),
+    "response_format json_object": Case(
+        body(response_format={"type": "json_object"}), 400, "response_format", "was ignored: no constrained decoding"
+    ),
+    "top_logprobs 5": Case(
+        body(logprobs=True, top_logprobs=5), 400, "top_logprobs", "was ignored: only the sampled tokens' log-probs"
+    ),
+    "tool_choice none": Case(
+        body(tools=[TOOL], tool_choice="none"), 400, "tool_choice", "was ignored: tool calls were still parsed"
+    ),
+    "tools [{}]": Case(body(tools=[{}]), 400, "tools[0].type", "rendered as '{}' into the prompt: no tool at all"),
+    "arguments an object": Case(
+        body(messages=after(calling(name="lookup", arguments={}))),
+        400,
+        "messages[1].tool_calls[0].function.arguments",
+        "OpenAI's type is a JSON string, what the model generated and the agent sends back",
+    ),
+    "max_tokens beyond the context": Case(
+        body(max_tokens=10**9), 200, None, "capped by the server's max_new_tokens and the context left, as documented"
+    ),
+    "no model": Case(body(model=MISSING), 200, None, "the server serves one model"),
+    "extra field": Case(body(frobnicate=1), 200, None, "clients send vendor extras (NeMo Gym's, vLLM's)"),
+    "seed": Case(body(seed=1), 200, None, "a seed does not change the distribution sampled from"),
+    "top_logprobs 0 without logprobs": Case(
+        body(top_logprobs=0), 200, None, "what NeMo Gym sends (with logprobs); asks for nothing more"
+    ),
+    "logprobs 'true'": Case(body(logprobs="true"), 200, None, "pydantic's lax booleans, as for every flag"),
+    "max_tokens null": Case(body(max_tokens=None), 200, None, "null is absent: the server's budget"),
+    "tool message without tool_call_id": Case(
+        body(messages=after({"role": "tool", "content": "42"})), 200, None, "the chat template does not read it"
+    ),
+    "developer role": Case(body(messages=[{"role": "developer", "content": "hi"}]), 200, None, "NeMo Gym sends it"),
+    "user and stream_options": Case(
+        body(user="u", stream_options={"include_usage": True}), 200, None, "change nothing this server does"
+    ),
+}
+"""Odd inputs (all but the first five were answered 200 before): refused when the answer could not be what was
+asked, accepted when it is."""
+
+
+def post_json(url: str, payload: object) -> httpx.Response:
+    """POST ``payload`` as ASCII JSON (a lone surrogate travels as its ``\\ud800`` escape, as JSON allows)."""
+    return httpx.post(url, content=json.dumps(payload), headers={"content-type": "application/json"}, timeout=60)
+
+
+@pytest.mark.parametrize("case", [*MALFORMED_CHAT.values(), *ODD_CHAT.values()], ids=[*MALFORMED_CHAT, *ODD_CHAT])
+def test_each_malformed_or_odd_request_gets_its_answer_naming_the_field(generation_server, case):
+    response = post_json(f"{generation_server.base_url}/chat/completions", case.body)
+
+    assert response.status_code == case.status, response.text
+    if case.status == 200:
+        assert response.json()["choices"][0]["message"]["generation_token_ids"]
+        return
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == case.status
+    assert error["param"] == case.param
+    assert case.param is None or case.param in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("payload", "param"),
+    [
+        ({"prompt": "\ud800"}, "prompt"),
+        ({"messages": [{"role": 5, "content": "hi"}]}, "messages[0].role"),
+        ({"messages": USER, "prompt": "x"}, "messages"),
+    ],
+    ids=["lone surrogate prompt", "integer role", "both messages and prompt"],
+)
+def test_tokenize_refuses_a_malformed_body_naming_the_field(generation_server, payload, param):
+    response = post_json(f"{generation_server.url}/tokenize", payload)
+
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param

@@ -2,6 +2,8 @@
 
 Routes: ``GET /``, ``POST /run``, ``POST /seed_session``, ``POST /verify``, ``POST /<tool>`` for each
 tool. Sessions use a signed cookie named ``<EnvironmentClass>___<name>``, re-issued on every response.
+A malformed row (its task fields included: `Environment.task`) is refused with HTTP 422, FastAPI's and NeMo
+Gym's status for a body that does not validate, in OpenAI's error shape naming the field.
 The agent reaches the resources routes over HTTP at ``resources_url`` (this server by default), so the
 cookie hops are exactly those of NeMo Gym.
 """
@@ -15,13 +17,15 @@ from typing import Any
 
 import aiohttp
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from grpojob_trainer.environments.agent import Agent, Cookies, ResourcesClient
 from grpojob_trainer.environments.base import Environment, Tool
 from grpojob_trainer.environments.policy_client import PolicyCallFailed, PolicyClient, PolicyRefused
 from grpojob_trainer.environments.sessions import CookieSigner, SessionCookies, SessionStore
-from grpojob_trainer.nemo_gym.http import StripRolloutPrefix
+from grpojob_trainer.nemo_gym.http import StripRolloutPrefix, refuse_in_openai_shape
 from grpojob_trainer.nemo_gym.protocol import Row, RunResult, VerifyRequest
 
 
@@ -72,6 +76,14 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
 
     app.add_middleware(SessionCookies, cookie_name=cookie_name, signer=CookieSigner(), sessions=SessionStore())
     app.add_middleware(StripRolloutPrefix)
+    refuse_in_openai_shape(app, 422)
+
+    def check_task(row: Row) -> None:
+        """Refuse, as a malformed body, a row without the task fields the environment reads."""
+        try:
+            environment.task.model_validate(row.model_extra or {})
+        except ValidationError as error:
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
 
     @app.exception_handler(PolicyRefused)
     async def policy_refused(_: Request, error: PolicyRefused) -> JSONResponse:
@@ -87,6 +99,7 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
 
     @app.post("/run")
     async def run(row: Row, request: Request) -> dict[str, Any]:
+        check_task(row)
         result: RunResult = await clients["agent"].run(row, Cookies(dict(request.cookies)))
         return result.model_dump(mode="json", exclude_none=True)
 
@@ -97,6 +110,7 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
 
     @app.post("/verify")
     async def verify(body: VerifyRequest, request: Request) -> dict[str, Any]:
+        check_task(body)
         echoed = body.model_dump(mode="json", exclude_none=True)
         verdict = environment.verify(echoed, echoed["response"], request.state.session)
         result = RunResult.model_validate({**echoed, "reward": verdict.reward, "reward_components": verdict.components})

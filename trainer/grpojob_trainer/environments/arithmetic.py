@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from grpojob_trainer.environments.base import Environment, Verdict, final_answer
+from grpojob_trainer.environments.base import AnswerTask, Environment, Verdict, final_answer
 from grpojob_trainer.nemo_gym.protocol import make_row
 
 DIGITS_WEIGHT = 0.2
@@ -39,6 +39,7 @@ class ArithmeticEnvironment(Environment):
     """Add two digits whose sum is a single digit; the expected answer is that digit."""
 
     name = "arithmetic"
+    task = AnswerTask
     max_model_calls = 1
 
     def make_row(self, rng: random.Random) -> dict[str, Any]:

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from grpojob_trainer.nemo_gym.responses import item_text
 
 ToolHandler = Callable[[dict[str, Any], dict[str, Any]], Awaitable[Any]]
@@ -45,11 +47,27 @@ class Verdict:
         return float(sum(self.components.values()))
 
 
+class Task(BaseModel):
+    """The task fields of a row that an environment's `verify` reads; ``/run`` and ``/verify`` refuse a row
+    without them (422, naming the field). Other fields pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class AnswerTask(Task):
+    """A task with an expected answer."""
+
+    expected_answer: str = Field(coerce_numbers_to_str=True)
+    """What earns the full reward (a JSON number reads as its digits)."""
+
+
 class Environment(abc.ABC):
     """One NeMo Gym environment: the resources server's logic plus the agent's episode rules."""
 
     name: str
     """The environment name: ``agent_ref.name`` of its rows and the default instance name."""
+    task: type[Task] = Task
+    """The task fields its rows must carry."""
     max_model_calls: int = 4
     """Hard cap on model calls per episode, so no episode loops forever."""
 

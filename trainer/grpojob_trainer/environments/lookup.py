@@ -14,7 +14,7 @@ import json
 import random
 from typing import Any
 
-from grpojob_trainer.environments.base import Environment, Tool, Verdict, final_answer
+from grpojob_trainer.environments.base import AnswerTask, Environment, Tool, Verdict, final_answer
 from grpojob_trainer.nemo_gym.protocol import make_row
 
 KEYS = ("apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "rocket", "garden", "silver")
@@ -39,10 +39,17 @@ async def lookup(arguments: dict[str, Any], session: dict[str, Any]) -> dict[str
     return {"value": value_of(key)}
 
 
+class LookupTask(AnswerTask):
+    """The key to look up and its value (the expected answer)."""
+
+    key: str
+
+
 class LookupEnvironment(Environment):
     """Find a key's value with the tool and answer with the value only."""
 
     name = "lookup"
+    task = LookupTask
     max_model_calls = 3
 
     def tools(self) -> list[Tool]:

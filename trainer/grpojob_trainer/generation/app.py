@@ -5,7 +5,8 @@ Completions are `openai`'s own types; ``choices[0].message`` also carries the ca
 (``prompt_token_ids``, ``generation_token_ids``, ``generation_log_probs``: NeMo Gym's contract) and
 the completion its ``weights_version``. Sampling is on-policy: a request that leaves out
 ``temperature`` or ``top_p`` samples with the server's (NeMo Gym forwards only what a row sets); one that
-sends a different value is refused with HTTP 400 naming the parameter.
+sends a different value, or asks for what plain sampling does not do (stop sequences, penalties, ...), is
+refused. Every refusal, a malformed body included, is HTTP 400 in OpenAI's error shape naming the field.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionTokenLogprob
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 from openai.types.completion_usage import CompletionUsage
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from grpojob_trainer.generation.backend import (
     ContinuousBatchingBackend,
@@ -33,10 +33,20 @@ from grpojob_trainer.generation.backend import (
 )
 from grpojob_trainer.generation.batching import BatchingEngine, DirectEngine
 from grpojob_trainer.generation.chat import PromptError, build_prompt_token_ids, parse_tool_calls
-from grpojob_trainer.nemo_gym.http import StripRolloutPrefix
-from grpojob_trainer.nemo_gym.protocol import TokenIds
+from grpojob_trainer.nemo_gym.http import ApiError, StripRolloutPrefix, refuse_in_openai_shape
+from grpojob_trainer.nemo_gym.protocol import RequestBody, TextContent, TokenIds, shaped_like
 
 SAMPLING_TOLERANCE = 1e-6
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "stop": (None, "", []),
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "response_format": (None, {"type": "text"}),
+    "top_logprobs": (None, 0),
+    "tool_choice": (None, "auto"),
+}
+"""Request parameters this server does not honour, with the values that ask for nothing (taken)."""
 
 
 @dataclass(frozen=True)
@@ -51,42 +61,86 @@ class ServerConfig:
     max_batch_size: int = 64
 
 
-class ApiError(Exception):
-    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+class FunctionCall(BaseModel):
+    """The function a tool call names, with its arguments as a JSON string."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
+    name: str
+    arguments: str
 
 
-class ChatCompletionRequest(BaseModel):
-    """The parts of an OpenAI chat-completions request this server reads (other keys are ignored)."""
+class ToolCall(BaseModel):
+    """A tool call of an earlier assistant message."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """A chat message as this server takes it (other keys, such as an earlier turn's token ids, pass through)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: TextContent = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDefinition(BaseModel):
+    """A function the model may call."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ChatTool(BaseModel):
+    """A chat-completions tool: ``{"type": "function", "function": {...}}``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+Messages = list[Annotated[dict[str, Any], shaped_like(ChatMessage)]]
+"""Chat messages, each checked against `ChatMessage` and kept as sent (the chat template reads them)."""
+Tools = list[Annotated[dict[str, Any], shaped_like(ChatTool)]]
+
+
+class ChatCompletionRequest(RequestBody):
+    """The parts of an OpenAI chat-completions request this server reads (other keys pass unread, but those of
+    `UNSUPPORTED` must ask for nothing)."""
 
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
+    messages: Messages = Field(min_length=1)
+    tools: Tools | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     n: int | None = 1
     stream: bool | None = False
     logprobs: bool | None = None
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestBody):
     """vLLM's ``/tokenize`` body: chat ``messages`` (with ``tools``) or a plain ``prompt``."""
 
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
+    messages: Messages | None = None
+    tools: Tools | None = None
     prompt: str | None = None
     add_generation_prompt: bool = True
 
@@ -108,6 +162,15 @@ def check_on_policy(request: ChatCompletionRequest, sampling: SamplingParams) ->
         raise ApiError(400, f"n={request.n} is not supported: send one request per sample (n=1)", "n")
     if request.stream:
         raise ApiError(400, "stream=true is not supported", "stream")
+    for name, nothing in UNSUPPORTED.items():
+        value = (request.model_extra or {}).get(name)
+        if value not in nothing:
+            raise ApiError(
+                400,
+                f"{name}={value!r} is not supported: this server samples plainly at the training temperature and "
+                "top_p, and returns the sampled tokens' log-probs only; leave it out",
+                name,
+            )
 
 
 def token_budget(request: ChatCompletionRequest, prompt_len: int, sampling: SamplingParams, max_model_len: int) -> int:
@@ -120,8 +183,6 @@ def token_budget(request: ChatCompletionRequest, prompt_len: int, sampling: Samp
             "messages",
         )
     asked = request.max_completion_tokens or request.max_tokens or sampling.max_new_tokens
-    if asked < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {asked}", "max_tokens")
     return min(asked, sampling.max_new_tokens, max_model_len - prompt_len)
 
 
@@ -144,14 +205,9 @@ def create_app(backend: GenerationBackend, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="grpojob generation server", lifespan=lifespan)
     app.add_middleware(StripRolloutPrefix)
+    refuse_in_openai_shape(app, 400)
     app.state.engine = engine
     app.state.backend = backend
-
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, error: ApiError) -> JSONResponse:
-        kind = "BadRequestError" if error.status == 400 else "NotFoundError"
-        body = {"message": error.message, "type": kind, "param": error.param, "code": error.status}
-        return JSONResponse({"error": body}, status_code=error.status)
 
     def check_model(model: str | None) -> None:
         if model is not None and model != config.served_model_name:

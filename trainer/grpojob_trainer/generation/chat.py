@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpojob_trainer.nemo_gym.protocol import TokenIds, TokenIdsError
+from jinja2 import TemplateError
+
+from grpojob_trainer.nemo_gym.protocol import TokenIds, TokenIdsError, content_text
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
@@ -25,30 +27,16 @@ class PromptError(ValueError):
     """The messages cannot be turned into a prompt (the server answers 400 with this message)."""
 
 
-def message_text(content: Any) -> str | None:
-    """An OpenAI message ``content`` (string, list of text parts, or None) as plain text."""
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
-                parts.append(part.get("text", ""))
-            else:
-                raise PromptError(f"unsupported message content part {part!r}: only text parts are supported")
-        return "".join(parts)
-    raise PromptError(f"unsupported message content {content!r}")
-
-
 def normalize_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Copies of ``messages`` with text content, as the chat template expects."""
+    """Copies of ``messages`` with text content (`content_text`), as the chat template expects."""
     normalized = []
     for index, message in enumerate(messages):
         if "role" not in message:
             raise PromptError(f"messages[{index}] has no role")
-        normalized.append({**message, "content": message_text(message.get("content"))})
+        try:
+            normalized.append({**message, "content": content_text(message.get("content"))})
+        except ValueError as error:
+            raise PromptError(f"messages[{index}].content: {error}") from None
     return normalized
 
 
@@ -69,10 +57,14 @@ def last_tokenized_turn(messages: Sequence[dict[str, Any]]) -> tuple[int, TokenI
 
 
 def render(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, *, add_generation_prompt: bool) -> str:
-    """The chat template applied to ``messages`` as text."""
-    return tokenizer.apply_chat_template(
-        list(messages), tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
+    """The chat template applied to ``messages`` as text; raises `PromptError` when the template refuses them
+    (``raise_exception``, as real templates do for roles out of order)."""
+    try:
+        return tokenizer.apply_chat_template(
+            list(messages), tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+    except TemplateError as error:
+        raise PromptError(f"the chat template refused the messages: {error}") from error
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:

@@ -1,4 +1,5 @@
-"""HTTP plumbing shared by our NeMo Gym-speaking servers: path-prefix stripping and in-thread serving."""
+"""HTTP plumbing shared by our NeMo Gym-speaking servers: refusals in OpenAI's error shape, path-prefix
+stripping and in-thread serving."""
 
 from __future__ import annotations
 
@@ -8,8 +9,48 @@ import time
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
+from grpojob_trainer.nemo_gym.protocol import field_path, problem
 from grpojob_trainer.ray_runtime.net import free_port
+
+
+class ApiError(Exception):
+    """A refused request, answered in OpenAI's error shape (`error_response`)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    """OpenAI's error object, ``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``,
+    with the HTTP status as ``code`` (as vLLM writes it, and as `grpojob_trainer.nemo_gym.errors` reads it)."""
+    body = {"message": message, "type": "invalid_request_error", "param": param, "code": status}
+    return JSONResponse({"error": body}, status_code=status)
+
+
+def refuse_in_openai_shape(app: FastAPI, invalid_status: int) -> None:
+    """Answer `ApiError` and every malformed body with `error_response`: a body that does not validate (not
+    JSON, or not the route's model) gets ``invalid_status``, its message names each offending field and its
+    ``param`` the first."""
+
+    @app.exception_handler(ApiError)
+    async def refused(_: Request, error: ApiError) -> JSONResponse:
+        return error_response(error.status, error.message, error.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+        problems = [{**e, "loc": tuple(e["loc"])[1:]} for e in error.errors()]  # under "body"
+        first = problems[0]
+        if first["type"] == "json_invalid":
+            return error_response(invalid_status, f"the body is not JSON: {first.get('ctx', {}).get('error')}")
+        return error_response(invalid_status, "; ".join(map(problem, problems)), field_path(first["loc"]) or None)
+
 
 ROLLOUT_PREFIX = re.compile(r"^/ng-rollout/[^/]+(/training-token-capture)?(?=/|$)")
 """NeMo Gym may prefix calls with ``/ng-rollout/<rollout_id>`` (and ``/training-token-capture``)."""

@@ -1,25 +1,215 @@
 """NeMo Gym's models: the row, which is also the body of ``/run`` (strict ``responses_create_params``,
 ``agent_ref``, task fields), ``/run``'s result (the row echoed, the episode, its reward), and the token
-ids of a model call. The environment servers answer with these and the rollout client reads with them."""
+ids of a model call. The environment servers answer with these and the rollout client reads with them.
+
+Also what every request body our servers take must be (`RequestBody`: valid Unicode) and the text content
+of a message (`content_text`), which the generation server's chat messages share."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 AGENT_REF_TYPE = "responses_api_agents"
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def field_path(loc: Sequence[int | str]) -> str:
+    """A pydantic error location as a field path: ``("messages", 0, "role")`` → ``messages[0].role``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else ("." if path else "") + str(part)
+    return path
+
+
+def problem(error: Mapping[str, Any]) -> str:
+    """One of pydantic's errors as ``field.path: message`` (the message alone for the whole body)."""
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{field_path(error['loc'])}: {message}" if error["loc"] else message
+
+
+def describe(error: ValidationError) -> str:
+    """A validation error in one line: ``field.path: message`` for each problem."""
+    return "; ".join(problem(e) for e in error.errors())
+
+
+def lone_surrogate_at(value: Any, loc: tuple[int | str, ...] = ()) -> tuple[int | str, ...] | None:
+    """Where in decoded JSON a string (a value or a key) holds a lone surrogate, or None."""
+    if isinstance(value, str):
+        return loc if LONE_SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and LONE_SURROGATE.search(key):
+                return (*loc, key.encode(errors="backslashreplace").decode())  # the key, printable
+            if isinstance(item, (str, dict, list)) and (found := lone_surrogate_at(item, (*loc, key))) is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):  # token ids: numbers, skipped without a call each
+            if isinstance(item, (str, dict, list)) and (found := lone_surrogate_at(item, (*loc, index))) is not None:
+                return found
+    return None
+
+
+class RequestBody(BaseModel):
+    """A JSON body our servers take: every string in it must be valid Unicode. JSON lets ``"\\ud800"`` through,
+    a lone surrogate that no tokenizer and no JSON answer can encode."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        loc = lone_surrogate_at(data)
+        if loc is not None:
+            invalid = PydanticCustomError("unicode", "holds a lone surrogate (U+D800 to U+DFFF): not Unicode text")
+            raise ValidationError.from_exception_data(
+                cls.__name__, [InitErrorDetails(type=invalid, loc=loc, input=data)]
+            )
+        return data
+
+
+def content_text(content: Any) -> str | None:
+    """A message's ``content`` as plain text: a string, None, or a list of text parts (strings, or objects of
+    type ``text``, ``input_text`` or ``output_text`` with a string ``text``). Raises ValueError for anything
+    else: our servers take text only."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError(f"must be a string, a list of text parts or null, not {type(content).__name__}")
+    texts = []
+    for index, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif isinstance(part, str):
+            texts.append(part)
+        else:
+            kinds = ", ".join(TEXT_PART_TYPES)
+            raise ValueError(f"part {index} is not a text part (of type {kinds}, with a string text): {part!r:.200}")
+    return "".join(texts)
+
+
+def _text_content(content: Any) -> Any:
+    content_text(content)
+    return content
+
+
+TextContent = Annotated[str | list[Any] | None, PlainValidator(_text_content)]
+"""A message ``content`` that `content_text` reads, kept as sent."""
+
+
+def shaped_like(model: type[BaseModel]) -> AfterValidator:
+    """A validator that checks a JSON object against ``model`` and keeps the object as sent (with the keys
+    ``model`` does not name)."""
+
+    def check(value: dict[str, Any]) -> dict[str, Any]:
+        model.model_validate(value)
+        return value
+
+    return AfterValidator(check)
+
+
+class Item(BaseModel):
+    """A Responses item of a type our conversion knows (a message when it names none)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["message", "function_call", "function_call_output", "reasoning"] = "message"
+
+
+class MessageItem(Item):
+    """A message: its role and text content."""
+
+    role: Literal["user", "assistant", "system", "developer"]
+    content: TextContent
+
+
+class FunctionCallItem(Item):
+    """A tool call the model made."""
+
+    call_id: str
+    name: str
+    arguments: str
+    """The call's arguments as a JSON string."""
+
+
+class FunctionCallOutputItem(Item):
+    """What a tool call returned (any JSON; a string is sent as it is)."""
+
+    call_id: str
+    output: Any
+
+
+class SummaryText(BaseModel):
+    """One part of a reasoning item's summary."""
+
+    model_config = ConfigDict(extra="allow")
+
+    text: str
+
+
+class ReasoningItem(Item):
+    """The model's reasoning, as summary texts."""
+
+    summary: list[SummaryText] = []
+
+
+ITEM_MODELS: dict[str, type[Item]] = {
+    "message": MessageItem,
+    "function_call": FunctionCallItem,
+    "function_call_output": FunctionCallOutputItem,
+    "reasoning": ReasoningItem,
+}
+
+
+def _item(item: dict[str, Any]) -> dict[str, Any]:
+    kind = item.get("type", "message")
+    model = ITEM_MODELS.get(kind, Item) if isinstance(kind, str) else Item
+    model.model_validate(item)
+    return item
+
+
+ResponsesItem = Annotated[dict[str, Any], AfterValidator(_item)]
+"""An input or output item, checked against the model of its type and kept as sent."""
+_INPUT_ITEMS = TypeAdapter(list[ResponsesItem])
+
+
+def _input(value: Any) -> str | list[dict[str, Any]]:
+    return value if isinstance(value, str) else _INPUT_ITEMS.validate_python(value)
+
+
+class FunctionTool(BaseModel):
+    """A Responses function tool (the only kind the agent converts for the chat model)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"] = "function"
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class ResponsesCreateParams(BaseModel):
-    """The Responses-API request of a row. Unknown keys are refused (FastAPI answers 422), as in Gym."""
+    """The Responses-API request of a row. Unknown keys are refused (the environment server answers 422), as in
+    Gym; input items and tools are checked against the models of their types, but kept as sent."""
 
     model_config = ConfigDict(extra="forbid")
 
-    input: str | list[dict[str, Any]]
+    input: Annotated[str | list[dict[str, Any]], PlainValidator(_input)]
     """A user message as a string, or Responses input items (messages, function calls and outputs)."""
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Annotated[dict[str, Any], shaped_like(FunctionTool)]] | None = None
     """Function tools: ``{"type": "function", "name", "description", "parameters", "strict"}``."""
     tool_choice: Any = "auto"
     parallel_tool_calls: bool = True
@@ -51,7 +241,7 @@ class AgentRef(BaseModel):
     name: str
 
 
-class Row(BaseModel):
+class Row(RequestBody):
     """A dataset row, also the body of ``/run``, ``/seed_session`` and ``/verify``: task fields pass through."""
 
     model_config = ConfigDict(extra="allow")
@@ -93,10 +283,16 @@ class EpisodeResponse(BaseModel):
         return self.status == "incomplete" or bool((self.incomplete_details or {}).get("reason"))
 
 
+class VerifiedEpisode(EpisodeResponse):
+    """The episode ``/verify`` scores: its output items are checked as input items are."""
+
+    output: list[ResponsesItem]
+
+
 class VerifyRequest(Row):
     """``/verify``'s body: the row plus the whole episode."""
 
-    response: EpisodeResponse
+    response: VerifiedEpisode
 
 
 class RunResult(BaseModel):
@@ -119,13 +315,6 @@ def make_row(env_name: str, user_text: str, *, tools: list[dict[str, Any]] | Non
     if tools:
         params["tools"] = tools
     return {"responses_create_params": params, "agent_ref": {"type": AGENT_REF_TYPE, "name": env_name}, **task}
-
-
-def describe(error: ValidationError) -> str:
-    """A validation error in one line: ``field.path: message`` for each problem."""
-    return "; ".join(
-        ".".join(str(part) for part in e["loc"]) + f": {e['msg']}" if e["loc"] else e["msg"] for e in error.errors()
-    )
 
 
 class TokenIdsError(ValueError):

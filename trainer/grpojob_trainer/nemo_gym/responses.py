@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from grpojob_trainer.nemo_gym.protocol import TokenIds
+from grpojob_trainer.nemo_gym.protocol import TokenIds, content_text
 
 THINK = re.compile(r"^\s*<think>(.*?)</think>", re.DOTALL)
 
@@ -26,12 +26,9 @@ def input_items(value: str | Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def item_text(content: Any) -> str:
-    """Text of a Responses message ``content`` (a string or parts such as input_text/output_text)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    """Text of a Responses message ``content`` (a string or text parts such as input_text/output_text; see
+    `content_text`), "" for None."""
+    return content_text(content) or ""
 
 
 def chat_tools(tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

@@ -70,7 +70,7 @@ def test_a_missing_or_renamed_token_field_is_refused_by_name_wherever_it_is_read
 def test_generated_ids_and_log_probs_of_different_lengths_are_refused():
     with pytest.raises(TokenIdsError, match=r"generation_token_ids \(2\) and generation_log_probs \(1\) differ"):
         TokenIds.carried_by({**IDS, "generation_log_probs": [-0.1]})
-    with pytest.raises(TokenIdsError, match=r"prompt_token_ids.0: Input should be a valid integer"):
+    with pytest.raises(TokenIdsError, match=r"prompt_token_ids\[0\]: Input should be a valid integer"):
         TokenIds.carried_by({**IDS, "prompt_token_ids": ["one"]})
 
 
