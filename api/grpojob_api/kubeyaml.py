@@ -3,6 +3,9 @@
 kubectl converts YAML to JSON with sigs.k8s.io/yaml (go-yaml v2 rules); PyYAML follows YAML 1.1. They
 differ on plain scalars: kubectl reads `1e2` as a number, `y`/`n` as booleans and `0o17` as an
 integer; it keeps `12:30` and `2024-01-01` as strings and refuses `.inf` and `.nan` (JSON has neither).
+Go's JSON writes a whole float below 1e21 without a fraction or an exponent (`1e17` as
+`100000000000000000`), which the API server then reads as an integer, so `load` reads such a float as an
+integer too.
 """
 
 from __future__ import annotations
@@ -39,6 +42,18 @@ KubectlLoader.add_implicit_resolver(
 KubectlLoader.add_implicit_resolver(
     _FLOAT, re.compile(r"^[-+]?(?:\.[0-9_]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?$"), list("-+.0123456789")
 )
+
+
+GO_JSON_PLAIN_FLOATS = 1e21
+"""Go's `encoding/json` writes a float64 of smaller magnitude without an exponent."""
+
+
+def _float_as_kubectl_sends(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float | int:
+    value = loader.construct_yaml_float(node)
+    return int(value) if value.is_integer() and abs(value) < GO_JSON_PLAIN_FLOATS else value
+
+
+KubectlLoader.add_constructor(_FLOAT, _float_as_kubectl_sends)
 
 
 class KubectlDumper(yaml.SafeDumper):

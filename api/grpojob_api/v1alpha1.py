@@ -47,6 +47,9 @@ DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # the API server's cost estimate of the rules stays within its budget.
 MAX_PATH_LENGTH = 4096
 MAX_ENV_VARS = 128
+# Longest duration in seconds: an int32, as Kubernetes' own (a Job's ttlSecondsAfterFinished, a Deployment's
+# progressDeadlineSeconds), about 68 years; the operator adds these to timestamps.
+MAX_SECONDS = 2**31 - 1
 
 DnsLabel = Annotated[str, StringConstraints(pattern=DNS_LABEL, min_length=1, max_length=MAX_ENVIRONMENT_NAME_LENGTH)]
 
@@ -112,8 +115,10 @@ Quantity = Annotated[
         max_length=64,
         json_schema_extra=cel_rules(
             cel(
-                # Kubernetes parses a missing number (`Ki`, `.`, `e3`) as 0; the grammar, and we, want one.
-                "isQuantity(self) && self.matches('^[+]?([0-9]|[.][0-9])')",
+                # Kubernetes parses a missing number (`Ki`, `.`, `e3`) as 0; the grammar, and we, want one. A sign
+                # is the grammar's too: `-0` is 0, which a container's resources take, as we do.
+                "isQuantity(self) && self.matches('^[+-]?([0-9]|[.][0-9])') && "
+                "quantity(self).compareTo(quantity('0')) >= 0",
                 "must be a non-negative Kubernetes quantity such as 500m, 2Gi, 1e3 or .5",
             )
         ),
@@ -705,7 +710,7 @@ class DatasetSpec(ApiModel):
         )
     )
 
-    path: str | None = None
+    path: str | None = Field(default=None, min_length=1, max_length=MAX_PATH_LENGTH)
     """Path of the JSONL file (local under `grpojob run`; inside `pvc` on Kubernetes)."""
     pvc: PvcSource | None = None
     """Claim holding `path`."""
@@ -1049,16 +1054,16 @@ class GRPOJobSpec(ApiModel):
     """True removes the RayCluster, environment servers and trainer but keeps the GRPOJob (Kueue)."""
     backoff_limit: int = Field(default=3, ge=0, le=100)
     """Failed trainer attempts retried before the job fails."""
-    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    active_deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
     """Fail the job when it has run this long (counted from its start)."""
-    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=MAX_SECONDS)
     """Delete the GRPOJob this long after it succeeds or fails."""
     cleanup_policy: CleanupPolicy = CleanupPolicy.DELETE_CLUSTER
     """What to delete when the job finishes."""
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     """Node selectors, tolerations, affinity, priority class, scheduler, labels and annotations of each
     role's pods (Ray head, generation and policy workers, environments, trainer)."""
-    progress_deadline_seconds: int | None = Field(default=None, ge=1)
+    progress_deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
     """A Running job whose training step has not advanced for this long is stalled: the attempt fails
     (condition `Stalled`) and is retried within `backoffLimit`. Unset: no stall detection."""
 

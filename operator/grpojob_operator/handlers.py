@@ -25,7 +25,7 @@ from grpojob_api import v1alpha1 as api
 from grpojob_operator import config_cache, kinds, metrics, names
 from grpojob_operator.kube import ApiError, Kube, new_api_client
 from grpojob_operator.observe import KueueContext, Observed, summarize
-from grpojob_operator.plan import current_status, plan
+from grpojob_operator.plan import BuildError, build_failed, current_status, plan
 from grpojob_operator.plan.actions import Action, Create, Delete, DeleteJob, Patch, Plan, Replace
 from grpojob_operator.plan.conditions import quota_available, quota_exceeded, reject
 from grpojob_operator.plan.events import transition_events
@@ -63,9 +63,14 @@ def reconcile(
     now: datetime,
     unseen: Unseen | None = None,
     pool: Executor | None = None,
+    build_failures: int = 0,
 ) -> Plan | None:
     """One pass: plan, act in order, write the status if it changed (one patch with every change), post an
     Event if the phase changed. Independent writes go at once through ``pool`` (`write_groups`).
+
+    Raises `BuildError` when the plan cannot build the job's children, unless ``build_failures`` (the passes
+    before this one that raised it, in a row) reach `settings.build_tries` with this one: then the job fails
+    with reason BuildFailed.
 
     None when a write found the caches stale (HTTP 404 or 409: a child deleted or replaced meanwhile):
     nothing more is written, and the next pass decides again on fresher caches.
@@ -78,7 +83,12 @@ def reconcile(
     job = unseen.job(body)
     cached = kueue_context(job, cached, kube)
     old_status = current_status(job)
-    result = plan(job, unseen.observed(cached), settings, now, config_cache.config_map)
+    try:
+        result = plan(job, unseen.observed(cached), settings, now, config_cache.config_map)
+    except BuildError as error:
+        if build_failures + 1 < settings.build_tries:
+            raise  # the loop retries with backoff
+        result = build_failed(job, error, build_failures + 1, now)
     where = f"{namespace}/{name}"
     over_quota: ApiError | None = None
     try:
@@ -289,6 +299,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
 async def _run_worker(memo: kopf.Memo, namespace: str, name: str, worker: JobWorker) -> None:
     loop = asyncio.get_running_loop()
     failures = 0
+    build_failures = 0  # passes in a row whose plan raised (`BuildError`)
     settled: tuple[Any, Observed] | None = None  # the inputs of the last pass, when it changed nothing
     woken = True
     try:
@@ -313,18 +324,35 @@ async def _run_worker(memo: kopf.Memo, namespace: str, name: str, worker: JobWor
                     datetime.now(UTC),
                     worker.unseen,
                     memo.write_pool,
+                    build_failures,
                 )
+            except BuildError as error:
+                failures += 1
+                build_failures += 1
+                tries = f"{build_failures} of {memo.settings.build_tries} tries"
+                log.error(
+                    "%s/%s: could not build the job's children (%s): %s",
+                    namespace,
+                    name,
+                    tries,
+                    error,
+                    exc_info=error.error,
+                )
+                await asyncio.sleep(backoff_seconds(failures))
+                continue
             except WaitingForQuota as waiting:
+                build_failures = 0
                 failures += 1
                 log.info("%s/%s: waiting for quota (%d in a row): %s", namespace, name, failures, waiting)
-                await asyncio.sleep(min(60.0, 2.0**failures))
+                await asyncio.sleep(backoff_seconds(failures))
                 continue
             except Exception:  # an API error: log it, back off, and try again (never crash the operator)
+                build_failures = 0
                 failures += 1
                 log.exception("%s/%s: reconcile failed (%d in a row)", namespace, name, failures)
-                await asyncio.sleep(min(60.0, 2.0**failures))  # changes do not cut it short
+                await asyncio.sleep(backoff_seconds(failures))  # changes do not cut it short
                 continue
-            failures = 0
+            failures = build_failures = 0
             settled = None
             if result is not None:
                 metrics.observe_pass(raw, result.status, time.monotonic() - started)
@@ -333,6 +361,11 @@ async def _run_worker(memo: kopf.Memo, namespace: str, name: str, worker: JobWor
             woken = await _wait_for_wake(worker, memo.settings.reconcile_interval_seconds)
     finally:
         metrics.forget(namespace, name)
+
+
+def backoff_seconds(failures: int) -> float:
+    """How long a job's loop waits after its ``failures``-th failed pass in a row."""
+    return min(60.0, 2.0**failures)
 
 
 async def _wait_for_wake(worker: JobWorker, seconds: float) -> bool:

@@ -50,6 +50,9 @@ class OperatorSettings(BaseModel):
     pod_failure_grace_seconds: float = Field(default=120.0, ge=0)
     """How long a child pod may sit in ImagePullBackOff, ErrImagePull or CrashLoopBackOff before the job
     fails."""
+    build_tries: int = Field(default=5, ge=1, le=100)
+    """Reconcile passes in a row (with backoff between them) that may fail to build a job's children before the
+    job fails with reason BuildFailed: a spec the API admits but a builder refuses never loops for ever."""
     leader_election_namespace: str | None = None
     """Namespace of the Lease that elects the one replica that reconciles (the chart sets its own namespace);
     unset, this process reconciles at once and alone."""

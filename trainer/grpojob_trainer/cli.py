@@ -104,6 +104,12 @@ def _require(path: Path, field: str, hint: str) -> Path:
     return path
 
 
+def _require_file(path: Path, field: str, hint: str) -> Path:
+    if not _require(path, field, hint).is_file():
+        raise UsageError(f"{field}: {path} is not a file ({hint})")
+    return path
+
+
 def _local_model(model: api.ModelSpec) -> Path:
     """`grpojob run`'s model directory: ``path``, or the snapshot of ``id`` in this machine's hub cache
     (downloaded there first unless ``offline``)."""
@@ -176,7 +182,9 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
         raise UsageError("spec.dataset: `grpojob run` reads a local file: set spec.dataset.path")
     _no_nemo_gym_environments(spec)
     model = _local_model(spec.model)
-    data = _require(Path(spec.dataset.path), "spec.dataset.path", "write one with `grpojob dataset NAME --out FILE`")
+    data = _require_file(
+        Path(spec.dataset.path), "spec.dataset.path", "write one with `grpojob dataset NAME --out FILE`"
+    )
     out = out or Path("runs") / job.metadata.name
     out.mkdir(parents=True, exist_ok=True)
     dataset = PromptDataset.from_jsonl(data, seed=spec.grpo.seed)

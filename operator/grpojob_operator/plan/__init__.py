@@ -14,6 +14,10 @@ actions to take and the status to write. Pure: no API calls, no clock (``now`` i
 A running attempt whose step has not advanced for `spec.progressDeadlineSeconds` (counted from its
 trainer's start, then from each new step) is stalled: condition Stalled, and it is retried as failed.
 
+A stage that raises (a builder refusing a spec the API admitted: a bug) raises `BuildError` naming the stage;
+the job's loop retries it with backoff, and after `OperatorSettings.build_tries` passes in a row the job fails
+with reason BuildFailed (`build_failed`), which releases its children as any failed job does.
+
 A pass walks `STAGES` in order, as KubeRay's RayCluster controller walks its reconcile functions; each
 stage adds to the plan and says whether the next one runs. Their order is the order of the children:
 the NetworkPolicy (before any pod of the job exists); for a hub model, its cache claim and download Job
@@ -92,9 +96,42 @@ def plan(
     else:
         pass_ = Pass(job, result, observed, settings, now, config_map)
         for stage in STAGES:
-            if stage(pass_) is not GO_ON:
+            try:
+                go_on = stage(pass_)
+            except Exception as error:
+                raise BuildError(stage.__name__, error) from error
+            if go_on is not GO_ON:
                 break
     result.events = transition_events(old, status)
+    return result
+
+
+class BuildError(Exception):
+    """A stage of the plan raised: the job's children cannot be built from its spec as it stands."""
+
+    def __init__(self, stage: str, error: Exception) -> None:
+        self.stage = stage
+        self.error = error
+        super().__init__(f"stage {stage}: {_one_line(error)}")
+
+
+def _one_line(error: Exception) -> str:
+    """An exception as one line: its type and message (a pydantic error's parts joined)."""
+    if isinstance(error, ValidationError):
+        parts = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        return f"{error.title}: {parts}"
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
+def build_failed(body: dict[str, Any], error: BuildError, tries: int, now: datetime) -> Plan:
+    """The pass after ``tries`` in a row raised ``error``: the job fails with reason BuildFailed (no actions: the
+    next pass, of a failed job, releases its children). A job that has ended keeps its verdict."""
+    old = current_status(body)
+    result = Plan(status=old.model_copy(deep=True))
+    if not old.phase.is_terminal():
+        message = f"the operator could not build this job's children ({tries} tries): {error}"
+        fail(result, "BuildFailed", message, now)
+    result.events = transition_events(old, result.status)
     return result
 
 

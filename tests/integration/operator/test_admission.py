@@ -478,10 +478,14 @@ def test_kubectl_apply_and_grpojob_run_judge_spec_logging_alike(custom, namespac
 SCALARS = [
     *("1e2", "1.5e2", "2E-3", "y", "Y", "n", "N", "yes", "off", "NO", "~", "null", "0o17", "017", "0x1F", "08"),
     *("1_000", "+1", "-0", ".5", "1.", "0b101", "12:30", "2024-01-01", "2024-01-01T10:00:00Z", "abc", "'3'", '"y"'),
+    # Whole floats: Go's JSON writes them below 1e21 as integers (`1e17` as 100000000000000000), above with
+    # an exponent; small ones with an exponent too.
+    *("1e17", "9.3e18", "1e20", "1e21", "-0.0", "2.5e-7", "1.5"),
 ]
 
 
 def test_grpojob_run_reads_yaml_as_kubectl_does(kubeconfig, tmp_path):
+    """Each scalar as the same JSON value of the same type (an integer is not a float here)."""
     document = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: scalars}\n"
     document += "".join(f"v{index}: {scalar}\n" for index, scalar in enumerate(SCALARS))
     path = tmp_path / "scalars.yaml"
@@ -491,11 +495,59 @@ def test_grpojob_run_reads_yaml_as_kubectl_does(kubeconfig, tmp_path):
     sent = json.loads(
         subprocess.run(command, env={"KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True, check=True).stdout
     )
-    ours = admission.as_decoded(kubeyaml.load(document), None)
+    ours = kubeyaml.load(document)
     keys = [f"v{index}" for index in range(len(SCALARS))]
-    assert {SCALARS[i]: ours.get(k) for i, k in enumerate(keys)} == {
-        SCALARS[i]: sent.get(k) for i, k in enumerate(keys)
+    assert {SCALARS[i]: _typed(ours.get(k)) for i, k in enumerate(keys)} == {
+        SCALARS[i]: _typed(sent.get(k)) for i, k in enumerate(keys)
     }
+
+
+def _typed(value: Any) -> tuple[str, Any]:
+    return type(value).__name__, value
+
+
+# Numbers and quantities at the edges of how each side reads them (issue 29 item 7), outside the fuzzed corpus:
+# a whole float above 2^53 that kubectl writes as an integer (admitted as one up to int64), one past int64 or
+# written with an exponent (refused in an integer field), durations past int32, and zero written with a sign
+# (the quantity grammar allows one; `-0` is zero, which a container's resources take).
+LIMITS = (*ENV, "resources", "limits")
+REQUESTS = (*ENV, "resources", "requests")
+EDGES: list[tuple[Path_, Any]] = [
+    *((("spec", "grpo", "seed"), v) for v in (1e17, 2.0**53 + 2, 9.2e18, 9.3e18, 1e19, 1e21, -0.0, 1.5e2)),
+    *((("spec", "grpo", "maxFailedSteps"), v) for v in (1e17, 1e20)),
+    *((("spec", "grpo", "rolloutTimeoutSeconds"), v) for v in (1e17, 1e21, 2.5e-7)),
+    *((("spec", "activeDeadlineSeconds"), v) for v in (2**31 - 1, 2**31, 2.0**31, 1e17)),
+    *((("spec", "ttlSecondsAfterFinished"), v) for v in (2**31 - 1, 2**31)),
+    *((("spec", "progressDeadlineSeconds"), v) for v in (2**31 - 1, 2**31)),
+    *((("spec", "dataset", "path"), v) for v in ("", "a" * 4096, "a" * 4097)),
+    *(((*LIMITS, "memory"), v) for v in ("-0", "-0Gi", "+0", "-.0", "-0.0", "-0e3", "-0m", "0m", "-1", "-1Gi")),
+    *(((*REQUESTS, "cpu"), v) for v in ("-0", "-0m", "-.5")),
+    (REQUESTS, {"nvidia.com/gpu": "-0"}),
+    (LIMITS, {"nvidia.com/gpu": "-0"}),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), EDGES, ids=[f"{admission.field_path(p)}={v!r}" for p, v in EDGES])
+def test_kubectl_apply_and_grpojob_run_judge_numbers_and_quantities_alike(custom, namespace, tmp_path, path, value):
+    manifest = copy.deepcopy(BASE)
+    manifest["metadata"]["namespace"] = namespace
+    _set(manifest, path, value)
+    if path == REQUESTS:
+        _set(manifest, LIMITS, {"nvidia.com/gpu": "0"})
+    elif path == LIMITS:
+        _set(manifest, REQUESTS, {})
+    admitted, refusal = api_server_verdict(custom, namespace, manifest)
+    job, model_refusal = model_verdict(manifest, tmp_path / "job.yaml")
+    assert (admitted is None) == (job is None), (
+        f"API server: {refusal or 'admitted'}; model: {model_refusal or 'admitted'}"
+    )
+    for verdict in (refusal, model_refusal):
+        assert verdict is None or names_a_field(verdict, [path]), verdict
+    if job is not None:
+        ours = admission.as_decoded(
+            job.spec.model_dump(mode="json", by_alias=True), admission.job_schema()["properties"]["spec"]
+        )
+        assert not _differences(admitted["spec"], ours)
 
 
 @pytest.mark.parametrize(

@@ -228,6 +228,22 @@ def test_a_quantity_that_yaml_reads_as_a_number_is_refused_as_kubectl_refuses_it
     assert load_job(path).spec.environments[0].resources.requests == {"cpu": ".5", "memory": "1e9"}
 
 
+@pytest.mark.parametrize(("written", "seed"), [("1e17", 10**17), ("9.2e18", 9_200_000_000_000_000_000), ("1.5e2", 150)])
+def test_a_whole_float_is_read_as_the_integer_kubectl_sends(tmp_path, written, seed):
+    """kubectl's JSON (Go's) writes a whole float below 1e21 without an exponent: the API server reads an integer."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(with_spec("grpo.seed", 3)).replace("seed: 3", f"seed: {written}"))
+    assert load_job(path).spec.grpo.seed == seed
+
+
+@pytest.mark.parametrize("written", ["9.3e18", "1e21", "2.5"])
+def test_a_float_kubectl_sends_as_no_int64_is_refused_in_an_integer_field(tmp_path, written):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(with_spec("grpo.seed", 3)).replace("seed: 3", f"seed: {written}"))
+    with pytest.raises(UsageError, match=r"spec\.grpo\.seed"):
+        load_job(path)
+
+
 def _walk(node: dict[str, Any], path: str = ""):
     """Every schema node of the CRD by path: `.spec.environments[].env[]`."""
     yield path, node

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
+import kopf
 import pytest
 
-from grpojob_operator import kinds
+from grpojob_api.admission import parse_job
+from grpojob_operator import handlers, kinds
 from grpojob_operator.handlers import (
+    JobWorker,
     WaitingForQuota,
     index_id,
     observed_from_indexes,
@@ -16,12 +20,13 @@ from grpojob_operator.handlers import (
     write_groups,
 )
 from grpojob_operator.kube import ApiError
-from grpojob_operator.observe import Observed, OtherInfo
+from grpojob_operator.observe import Observed, OtherInfo, PodInfo
+from grpojob_operator.plan import BuildError, plan, ray_cluster
 from grpojob_operator.plan.actions import Create, Delete, Replace
 from grpojob_operator.settings import OperatorSettings
 from grpojob_operator.unseen import Unseen
 
-from .conftest import job_body
+from .conftest import children_up_to_the_head, job_body
 
 
 def test_children_of_an_earlier_job_with_the_same_name_are_ignored():
@@ -133,3 +138,66 @@ def test_a_child_an_admission_webhook_refuses_still_fails_the_job():
     reconcile_once(kube)
     assert kube.statuses[-1]["phase"] == "Failed" and kube.statuses[-1]["reason"] == "ChildRejected"
     assert ("Warning", "PhaseFailed") in [(t, r) for t, r, _ in kube.events]
+
+
+class Unbuildable:
+    """A RayCluster builder that refuses every job, as a builder would refuse a spec the API admitted (an
+    empty `spec.dataset.path` once did, in the trainer's); counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, *args: object) -> dict:
+        self.calls += 1
+        raise ValueError("the RayCluster cannot be built")
+
+
+def test_a_job_whose_children_cannot_be_built_fails_after_build_tries_passes_and_is_released(monkeypatch):
+    monkeypatch.setattr(ray_cluster, "build_raycluster", Unbuildable())
+    settings, kube = OperatorSettings(build_tries=3), RefusingKube(None)
+    for tries in range(2):
+        with pytest.raises(BuildError, match="stage ray_cluster: ValueError: the RayCluster cannot be built"):
+            reconcile(job_body(), Observed({}), settings, kube, NOW, build_failures=tries)  # type: ignore[arg-type]
+    assert kube.statuses == [] and kube.created == []
+    reconcile(job_body(), Observed({}), settings, kube, NOW, build_failures=2)  # type: ignore[arg-type]
+    failed = kube.statuses[-1]
+    assert failed["phase"] == "Failed" and failed["reason"] == "BuildFailed"
+    assert "(3 tries): stage ray_cluster: ValueError: the RayCluster cannot be built" in failed["message"]
+    assert ("Warning", "PhaseFailed") in [(t, r) for t, r, _ in kube.events]
+    # The next pass, of a failed job, deletes what holds GPUs and addresses, as for any failed job, without
+    # building anything.
+    head = PodInfo("demo-head", "ray-head", None, "Running", True, "10.0.0.2", False, NOW, None)
+    children = children_up_to_the_head(parse_job(job_body()), head)
+    released = plan(job_body(status=failed), Observed(children), settings, NOW)
+    assert Delete("RayCluster", "demo") in released.actions
+    assert released.status.phase == "Failed" and released.status.reason == "BuildFailed"
+
+
+def test_the_loop_of_a_job_whose_children_cannot_be_built_fails_it_after_build_tries_passes(monkeypatch):
+    builder = Unbuildable()
+    monkeypatch.setattr(ray_cluster, "build_raycluster", builder)
+    monkeypatch.setattr(handlers, "backoff_seconds", lambda failures: 0.0)
+    kube = RefusingKube(None)
+
+    async def until_a_status_is_written() -> None:
+        leading = asyncio.Event()
+        leading.set()
+        memo = kopf.Memo(
+            settings=OperatorSettings(build_tries=4),
+            kube=kube,
+            executor=None,
+            write_pool=None,
+            indexes={index_id(k.kind): {} for k in kinds.WATCHED},
+            leading=leading,
+        )
+        body = job_body()
+        worker = JobWorker(body["metadata"]["uid"], body)
+        task = asyncio.create_task(handlers._run_worker(memo, "team-a", "demo", worker))
+        async with asyncio.timeout(10):
+            while not kube.statuses:
+                await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(until_a_status_is_written())
+    assert builder.calls == 4, "four passes, the last of which fails the job"
+    assert [(s["phase"], s["reason"]) for s in kube.statuses] == [("Failed", "BuildFailed")]

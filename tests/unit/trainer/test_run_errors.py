@@ -1,0 +1,58 @@
+"""`grpojob run` refuses a dataset it cannot read with one line naming `spec.dataset.path` (exit 2), before it
+starts anything: an empty path (which the API refuses too) and a path that is a directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpojob_api import v1alpha1 as api
+from grpojob_trainer import cli
+
+
+def job_file(tmp_path: Path, dataset_path: str) -> Path:
+    """A GRPOJob file for `grpojob run` whose model directory exists and whose dataset is ``dataset_path``."""
+    model = tmp_path / "model"
+    model.mkdir()
+    manifest = {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": "demo"},
+        "spec": {
+            "model": {"path": str(model)},
+            "dataset": {"path": dataset_path},
+            "environments": [{"name": "arith", "command": ["python", "-m", "env"]}],
+            "generation": {"gpusPerReplica": 0, "maxModelLen": 256, "maxNewTokens": 8},
+            "training": {"gpusPerReplica": 0},
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(manifest))
+    return path
+
+
+def refusal(job: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """What `grpojob run JOB` prints when it exits 2; it prints nothing else."""
+    assert cli.main(["run", str(job), "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.splitlines()) == 1, captured.err
+    return captured.err
+
+
+def test_an_empty_dataset_path_is_refused_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    err = refusal(job_file(tmp_path, ""), capsys)
+    assert err.startswith("grpojob: ") and "invalid GRPOJob: spec.dataset.path: " in err
+
+
+def test_a_dataset_path_that_is_a_directory_is_refused_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    err = refusal(job_file(tmp_path, str(rows)), capsys)
+    assert (
+        err == f"grpojob: spec.dataset.path: {rows} is not a file (write one with `grpojob dataset NAME --out FILE`)\n"
+    )
