@@ -148,6 +148,7 @@ def crd() -> dict[str, Any]:
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
         {"name": "Reward", "type": "number", "jsonPath": ".status.meanReward", "format": "float"},
+        {"name": "Eval", "type": "number", "jsonPath": ".status.lastEvaluation.meanReward", "format": "float"},
         {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

@@ -96,6 +96,7 @@ which is enough while each environment's agent and resources routes share one pr
 GRPOJOB_PROGRESS_CONFIGMAP = "GRPOJOB_PROGRESS_CONFIGMAP"
 GRPOJOB_MODEL_PATH = "GRPOJOB_MODEL_PATH"
 GRPOJOB_DATASET_PATH = "GRPOJOB_DATASET_PATH"
+GRPOJOB_EVALUATION_DATASET_PATH = "GRPOJOB_EVALUATION_DATASET_PATH"
 GRPOJOB_CHECKPOINT_DIR = "GRPOJOB_CHECKPOINT_DIR"
 GRPOJOB_LOG_DIR = "GRPOJOB_LOG_DIR"
 GRPOJOB_OUTPUT_DIR = "GRPOJOB_OUTPUT_DIR"
@@ -203,6 +204,8 @@ class TrainerEnv(_Contract):
     progress_config_map: str = Field(alias=GRPOJOB_PROGRESS_CONFIGMAP, min_length=1)
     model_path: str = Field(alias=GRPOJOB_MODEL_PATH, min_length=1)
     dataset_path: str = Field(alias=GRPOJOB_DATASET_PATH, min_length=1)
+    evaluation_dataset_path: str | None = Field(default=None, alias=GRPOJOB_EVALUATION_DATASET_PATH, min_length=1)
+    """The held-out rows of `spec.evaluation` (none without an evaluation)."""
     checkpoint_dir: str = Field(alias=GRPOJOB_CHECKPOINT_DIR, min_length=1)
     output_dir: str = Field(alias=GRPOJOB_OUTPUT_DIR, min_length=1)
     """Where the policy's ranks (on the `policy` workers) write the exported model."""
@@ -213,7 +216,8 @@ class TrainerEnv(_Contract):
 
     def env(self) -> list[dict[str, str]]:
         """The container's ``env`` entries."""
-        return [{"name": key, "value": str(value)} for key, value in self.model_dump(by_alias=True).items()]
+        values = self.model_dump(by_alias=True, exclude_none=True)
+        return [{"name": key, "value": str(value)} for key, value in values.items()]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> TrainerEnv:

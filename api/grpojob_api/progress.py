@@ -3,7 +3,9 @@
 The trainer writes `{"step": "12", "meanReward": "0.41"}` into the ConfigMap `<job>-progress` after
 every step; the operator copies it into `status.step` and `status.meanReward` on its next pass. After
 exporting the model it adds `{"outputModel": "models/demo/final", "outputModelStep": "100"}` (the path
-inside the output claim), which the operator copies into `status.outputModel`.
+inside the output claim), which the operator copies into `status.outputModel`. After an evaluation
+(`spec.evaluation`) it adds `{"lastEvaluation": "10 0.52", "bestEvaluation": "5 0.61"}` (step and mean
+reward), which become `status.lastEvaluation` and `status.bestEvaluation`.
 
 Why a ConfigMap, and not the trainer patching the GRPOJob status or the operator scraping the
 trainer's metrics:
@@ -25,6 +27,14 @@ STEP_KEY = "step"
 MEAN_REWARD_KEY = "meanReward"
 OUTPUT_MODEL_KEY = "outputModel"
 OUTPUT_MODEL_STEP_KEY = "outputModelStep"
+LAST_EVALUATION_KEY = "lastEvaluation"
+BEST_EVALUATION_KEY = "bestEvaluation"
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    step: int
+    mean_reward: float
 
 
 @dataclass(frozen=True)
@@ -34,11 +44,34 @@ class ProgressReport:
     output_model: str | None = None
     """The newest exported model's directory, inside the output claim."""
     output_model_step: int | None = None
+    last_evaluation: EvaluationReport | None = None
+    best_evaluation: EvaluationReport | None = None
 
 
 def output_model_data(path: str, step: int) -> dict[str, str]:
     """What the trainer writes into `<job>-progress` after exporting the model of ``step`` to ``path``."""
     return {OUTPUT_MODEL_KEY: path, OUTPUT_MODEL_STEP_KEY: str(step)}
+
+
+def evaluation_data(last: EvaluationReport, best: EvaluationReport) -> dict[str, str]:
+    """What the trainer writes into `<job>-progress` after an evaluation: the newest and the best."""
+    return {LAST_EVALUATION_KEY: _evaluation_text(last), BEST_EVALUATION_KEY: _evaluation_text(best)}
+
+
+def _evaluation_text(report: EvaluationReport) -> str:
+    return f"{report.step} {report.mean_reward:.6g}"
+
+
+def _parse_evaluation(text: str | None) -> EvaluationReport | None:
+    """``"<step> <mean reward>"``; None when absent or unreadable (a non-finite reward included)."""
+    if text is None:
+        return None
+    step, _, reward = text.partition(" ")
+    try:
+        report = EvaluationReport(int(step), float(reward))
+    except ValueError:
+        return None
+    return report if report.step >= 0 and math.isfinite(report.mean_reward) else None
 
 
 def progress_data(step: int, mean_reward: float | None) -> dict[str, str]:
@@ -58,7 +91,13 @@ def parse_progress(data: dict[str, str]) -> ProgressReport | None:
         return None
     if step < 0 or (reward is not None and not math.isfinite(reward)):
         return None
+    evaluations = {
+        "last_evaluation": _parse_evaluation(data.get(LAST_EVALUATION_KEY)),
+        "best_evaluation": _parse_evaluation(data.get(BEST_EVALUATION_KEY)),
+    }
     output, output_step = data.get(OUTPUT_MODEL_KEY), data.get(OUTPUT_MODEL_STEP_KEY, "")
     if not output or not output_step.isdigit():
-        return ProgressReport(step=step, mean_reward=reward)
-    return ProgressReport(step=step, mean_reward=reward, output_model=output, output_model_step=int(output_step))
+        return ProgressReport(step=step, mean_reward=reward, **evaluations)
+    return ProgressReport(
+        step=step, mean_reward=reward, output_model=output, output_model_step=int(output_step), **evaluations
+    )

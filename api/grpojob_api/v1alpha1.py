@@ -693,8 +693,8 @@ class ConfigMapSource(ApiModel):
     """Key holding the JSONL rows."""
 
 
-_ONE_DATASET_SOURCE = "spec.dataset: set exactly one of path or configMap"
-_PVC_NEEDS_PATH = "spec.dataset.pvc needs spec.dataset.path (the file inside the claim)"
+_ONE_DATASET_SOURCE = "set exactly one of path or configMap"
+_PVC_NEEDS_PATH = "pvc needs path (the file inside the claim)"
 
 
 class DatasetSpec(ApiModel):
@@ -726,6 +726,32 @@ class DatasetSpec(ApiModel):
         return self
 
 
+class EvaluationSpec(ApiModel):
+    """Evaluation on held-out rows while training, as NeMo-RL's `val_period`, verl's `test_freq` and TRL's
+    `eval_steps` do it: the rows go through the job's environments and engines between training steps,
+    sampled with the evaluation's own parameters, and are never trained on."""
+
+    dataset: DatasetSpec
+    """The held-out rows, in any form `spec.dataset` takes."""
+    every_steps: int = Field(default=10, ge=1)
+    """Evaluate the policy of every this many steps (and of the last step)."""
+    before_training: bool = True
+    """Also evaluate the starting policy: a step-0 baseline."""
+    k: int = Field(default=1, ge=1, le=64)
+    """Rollouts per prompt (`eval/pass@k` counts a prompt as passed when one of them passes)."""
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    """Sampling temperature of evaluation rollouts; 0 is greedy (unlike training, allowed here)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus-sampling top-p of evaluation rollouts."""
+    max_new_tokens: int | None = Field(default=None, ge=1, le=1_048_576)
+    """Most tokens one model call of an evaluation rollout may generate (default:
+    `spec.generation.maxNewTokens`, which also caps it)."""
+    max_rows: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Evaluate on the first this many rows of the dataset (default: all)."""
+    pass_threshold: float = 1.0
+    """A rollout passes when its reward is at least this."""
+
+
 class CheckpointSpec(ApiModel):
     """Checkpoints (model, optimizer, step, RNG state, data position); a restarted trainer resumes."""
 
@@ -744,6 +770,11 @@ class CheckpointSpec(ApiModel):
 class OutputFormat(StrEnum):
     MERGED = "merged"
     ADAPTER = "adapter"
+
+
+class OutputSelect(StrEnum):
+    LAST = "last"
+    BEST_EVALUATION = "bestEvaluation"
 
 
 class OutputSpec(ApiModel):
@@ -765,6 +796,10 @@ class OutputSpec(ApiModel):
     `adapter` (needs `spec.training.lora`): a PEFT adapter directory (`adapter_config.json` naming its
     base model, `adapter_model.safetensors`), which `vllm serve BASE --enable-lora --lora-modules
     NAME=DIR` and `peft` load."""
+    select: OutputSelect = OutputSelect.LAST
+    """Which policy `<path>/final` holds: `last`, the policy of the last step, or `bestEvaluation` (needs
+    `spec.evaluation`), the evaluated policy with the highest `eval/reward/mean` (its checkpoint is kept
+    whatever `spec.checkpointing.keep` says)."""
 
 
 class MlflowSpec(ApiModel):
@@ -1003,6 +1038,7 @@ class SchedulingSpec(ApiModel):
 _ADAPTER_OUTPUT_NEEDS_LORA = (
     "spec.output.format: adapter needs spec.training.lora (a full fine-tune has no adapter to write)"
 )
+_BEST_EVALUATION_NEEDS_EVALUATION = "spec.output.select: bestEvaluation needs spec.evaluation"
 
 
 class GRPOJobSpec(ApiModel):
@@ -1022,6 +1058,12 @@ class GRPOJobSpec(ApiModel):
                 _ADAPTER_OUTPUT_NEEDS_LORA,
                 ".output.format",
             ),
+            cel(
+                "!has(self.output) || !has(self.output.select) || self.output.select != 'bestEvaluation' || "
+                "has(self.evaluation)",
+                _BEST_EVALUATION_NEEDS_EVALUATION,
+                ".output.select",
+            ),
         )
     )
 
@@ -1029,6 +1071,8 @@ class GRPOJobSpec(ApiModel):
     """The policy model."""
     dataset: DatasetSpec
     """Training rows."""
+    evaluation: EvaluationSpec | None = None
+    """Evaluation on held-out rows while training."""
     environments: list[EnvironmentSpec] = Field(
         min_length=1,
         max_length=16,
@@ -1076,6 +1120,12 @@ class GRPOJobSpec(ApiModel):
     def _tensorboard_needs_claim(self) -> GRPOJobSpec:
         if self.logging.tensorboard and self.log_claim is None:
             raise ValueError(_TENSORBOARD_NEEDS_CLAIM)
+        return self
+
+    @model_validator(mode="after")
+    def _best_evaluation_needs_evaluation(self) -> GRPOJobSpec:
+        if self.output.select == OutputSelect.BEST_EVALUATION and self.evaluation is None:
+            raise ValueError(_BEST_EVALUATION_NEEDS_EVALUATION)
         return self
 
     @model_validator(mode="after")
@@ -1155,6 +1205,15 @@ class OutputModelStatus(ApiModel):
     (`spec.output.format`)."""
 
 
+class EvaluationStatus(ApiModel):
+    """One evaluation of the policy (`spec.evaluation`)."""
+
+    step: int
+    """The training step whose policy was evaluated (0: before training)."""
+    mean_reward: float
+    """`eval/reward/mean`: the mean reward of its rollouts."""
+
+
 class GRPOJobStatus(ApiModel):
     """Observed state of a GRPOJob, written only by the operator's status writer."""
 
@@ -1169,6 +1228,11 @@ class GRPOJobStatus(ApiModel):
     """Last finished training step, as the trainer reported it."""
     mean_reward: float | None = None
     """Mean reward of the last finished step."""
+    last_evaluation: EvaluationStatus | None = None
+    """The newest evaluation (`spec.evaluation`)."""
+    best_evaluation: EvaluationStatus | None = None
+    """The evaluation of a trained policy (step >= 1) with the highest mean reward so far (the earliest of
+    equals): the one `spec.output.select: bestEvaluation` exports."""
     model_commit: str | None = None
     """The commit of `spec.model.id` that the download resolved; every pod loads this one."""
     output_model: OutputModelStatus | None = None

@@ -23,6 +23,7 @@ from grpojob_api.endpoints import GCS_PORT, TENSORBOARD_PORT, TRAINER_METRICS_PO
 from grpojob_operator import names
 from grpojob_testing import build
 from grpojob_testing.cluster import wait_until
+from grpojob_trainer.environments import get_environment
 from tests.e2e.cluster_setup import image_names
 from tests.e2e.conftest import wait_for_pod
 
@@ -183,14 +184,26 @@ def stranger_pod(job: str, namespace: str) -> dict[str, Any]:
 def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
     api_client, kubeconfig, namespace, grpo_data
 ):
+    """The tiny job, evaluated on held-out rows from a ConfigMap before training and every 8 steps
+    (`spec.evaluation`): the evaluations reach `status` and the EVAL column of `kubectl get grpojobs`."""
     custom = client.CustomObjectsApi(api_client)
+    core = client.CoreV1Api(api_client)
     started = time.monotonic()
-    job = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, tiny_job("tiny", grpo_data, 16))
+    held_out = "\n".join(json.dumps(row) for row in get_environment("arithmetic").make_rows(8, seed=99))
+    core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "tiny-held-out"}, "data": {"test.jsonl": held_out}}
+    )
+    manifest = tiny_job("tiny", grpo_data, 16)
+    manifest["spec"]["evaluation"] = {
+        "dataset": {"configMap": {"name": "tiny-held-out", "key": "test.jsonl"}},
+        "everySteps": 8,
+        "temperature": 0.0,
+    }
+    job = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
     uid = job["metadata"]["uid"]
 
     running = watch_job(api_client, namespace, "tiny", 900, until=lambda s: (s.get("step") or 0) >= 2)
     table = kubectl(kubeconfig, "get", "grpojobs", "-n", namespace)
-    core = client.CoreV1Api(api_client)
     endpoints = core.read_namespaced_config_map(names.ChildNames("tiny").endpoints, namespace)
 
     watched = watch_job(api_client, namespace, "tiny", 1200, watch=running)
@@ -199,8 +212,12 @@ def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
 
     assert watched.status["phase"] == "Succeeded", watched.status
     assert watched.status["step"] == 16
-    assert table.split()[:6] == ["NAME", "PHASE", "STEP", "REWARD", "ATTEMPT", "AGE"]
-    assert table.splitlines()[1].split()[:2] == ["tiny", "Running"]
+    assert table.split()[:7] == ["NAME", "PHASE", "STEP", "REWARD", "EVAL", "ATTEMPT", "AGE"]
+    row = table.splitlines()[1].split()
+    assert row[:2] == ["tiny", "Running"] and 0.0 <= float(row[4]) <= 1.0, "the baseline evaluation's reward"
+    assert watched.status["lastEvaluation"]["step"] == 16
+    assert watched.status["bestEvaluation"]["step"] in (8, 16)
+    assert "evaluation of step 0: reward" in trainer_log(core, namespace, "tiny", 1)
     steps = sorted(watched.rewards)
     first, last = steps[: len(steps) // 2], steps[len(steps) // 2 :]
     assert sum(watched.rewards[s] for s in last) / len(last) > sum(watched.rewards[s] for s in first) / len(first)

@@ -326,3 +326,86 @@ def test_tokenize_refuses_a_malformed_body_naming_the_field(generation_server, p
 
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+EVALUATION_TOKEN = "the-runs-evaluation-token"
+
+
+@pytest.fixture(scope="module")
+def evaluating_server(tiny_model_dir):
+    """The tiny model's server with an evaluation (`spec.evaluation`): greedy, at most 4 new tokens."""
+    from grpojob_trainer.generation.app import EvaluationSampling, ServerConfig
+    from grpojob_trainer.generation.backend import SamplingParams
+    from grpojob_trainer.generation.server import GenerationServer
+    from grpojob_trainer.generation.transformers_backend import TransformersBackend
+
+    backend = TransformersBackend(tiny_model_dir, max_model_len=1024, device="cpu")
+    evaluation = EvaluationSampling(EVALUATION_TOKEN, SamplingParams(0.0, 1.0, 4))
+    config = ServerConfig("tiny-policy", SamplingParams(TEMPERATURE, TOP_P, 16), evaluation=evaluation)
+    with GenerationServer(backend, config) as server:
+        yield server
+
+
+def evaluation_request(token: str | None, **overrides) -> dict:
+    request = {"model": "tiny-policy", "messages": [{"role": "user", "content": "What is 2+3?"}], "temperature": 0.0}
+    if token is not None:
+        request["metadata"] = {"grpojob_evaluation": token}
+    return request | overrides
+
+
+def test_an_evaluation_request_marked_with_the_runs_token_samples_greedily_within_its_budget(evaluating_server):
+    answers = [
+        httpx.post(f"{evaluating_server.base_url}/chat/completions", json=evaluation_request(EVALUATION_TOKEN))
+        for _ in range(2)
+    ]
+
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    first, second = (a.json()["choices"][0]["message"] for a in answers)
+    assert first["generation_token_ids"] == second["generation_token_ids"], "greedy: the same answer twice"
+    assert 1 <= len(first["generation_token_ids"]) <= 4, "the evaluation's maxNewTokens, not training's 16"
+
+
+@pytest.mark.parametrize(
+    ("token", "overrides", "refusal"),
+    [
+        (None, {}, "temperature=0.0 differs from the training temperature=1.0"),
+        ("a-guessed-token", {}, "metadata.grpojob_evaluation is not this run's evaluation token"),
+        ("", {}, "metadata.grpojob_evaluation is not this run's evaluation token"),
+        (EVALUATION_TOKEN, {"temperature": 1.0}, "temperature=1.0 differs from the evaluation temperature=0.0"),
+    ],
+    ids=["unmarked", "wrong-token", "empty-token", "marked-with-training-sampling"],
+)
+def test_a_training_request_cannot_pass_as_an_evaluation_one(evaluating_server, token, overrides, refusal):
+    answer = httpx.post(f"{evaluating_server.base_url}/chat/completions", json=evaluation_request(token, **overrides))
+
+    assert answer.status_code == 400
+    assert refusal in answer.json()["error"]["message"]
+
+
+def test_a_server_without_an_evaluation_refuses_every_mark(generation_server):
+    answer = httpx.post(f"{generation_server.base_url}/chat/completions", json=evaluation_request("anything"))
+
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "metadata.grpojob_evaluation"
+
+
+def test_training_rows_never_carry_an_evaluation_mark_and_evaluation_rows_carry_the_runs():
+    from grpojob_trainer.nemo_gym.protocol import Row
+    from grpojob_trainer.nemo_gym.rollouts import PolicySampling
+
+    row = Row.model_validate(
+        {"responses_create_params": {"input": "hi", "metadata": {"grpojob_evaluation": "forged", "team": "a"}}}
+    )
+
+    trained = PolicySampling(TEMPERATURE, TOP_P).apply(row).responses_create_params
+    evaluated = PolicySampling(0.0, 1.0, 4, evaluation_token=EVALUATION_TOKEN).apply(row).responses_create_params
+
+    assert trained.metadata == {"team": "a"}, "a row's own mark is dropped before it is sent"
+    assert evaluated.metadata == {"team": "a", "grpojob_evaluation": EVALUATION_TOKEN}
+    assert (evaluated.temperature, evaluated.max_output_tokens) == (0.0, 4)
+    unmarked = Row.model_validate({"responses_create_params": {"input": "hi"}})
+    assert (
+        "metadata"
+        not in PolicySampling(TEMPERATURE, TOP_P)
+        .apply(unmarked)
+        .model_dump(exclude_unset=True)["responses_create_params"]
+    )

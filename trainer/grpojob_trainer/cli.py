@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import secrets
 import sys
 import traceback
 from pathlib import Path
@@ -29,6 +30,7 @@ from grpojob_api import v1alpha1 as api
 from grpojob_api.endpoints import GENERATION_PORT, ContractError, TrainerEnv
 from grpojob_trainer.errors import AllRolloutsFailed, EnvironmentNotReady, RayHeadLost, UsageError
 from grpojob_trainer.models.tiny import SHAPES
+from grpojob_trainer.nemo_gym.protocol import Row
 
 log = logging.getLogger("grpojob")
 
@@ -110,6 +112,29 @@ def _require_file(path: Path, field: str, hint: str) -> Path:
     return path
 
 
+def _evaluation_rows(spec: api.GRPOJobSpec, path: str | None) -> list[Row] | None:
+    """The held-out rows of ``spec.evaluation`` (its first ``maxRows``) read from ``path``; None without an
+    evaluation. Raises `UsageError` naming the field for a file that is missing or holds no NeMo Gym rows."""
+    from grpojob_trainer.algorithm.data import PromptDataset
+
+    evaluation = spec.evaluation
+    if evaluation is None:
+        return None
+    if path is None:
+        raise UsageError("spec.evaluation.dataset: `grpojob run` reads a local file: set spec.evaluation.dataset.path")
+    _require(Path(path), "spec.evaluation.dataset.path", "write one with `grpojob dataset NAME --out FILE`")
+    try:
+        rows = PromptDataset.from_jsonl(path).rows
+    except ValueError as error:
+        raise UsageError(f"spec.evaluation.dataset: {error}") from None
+    return rows[: evaluation.max_rows]
+
+
+def _evaluation_token(spec: api.GRPOJobSpec) -> str | None:
+    """A fresh secret that marks this run's evaluation requests (none without an evaluation)."""
+    return secrets.token_urlsafe(24) if spec.evaluation is not None else None
+
+
 def _local_model(model: api.ModelSpec) -> Path:
     """`grpojob run`'s model directory: ``path``, or the snapshot of ``id`` in this machine's hub cache
     (downloaded there first unless ``offline``)."""
@@ -188,6 +213,8 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     out = out or Path("runs") / job.metadata.name
     out.mkdir(parents=True, exist_ok=True)
     dataset = PromptDataset.from_jsonl(data, seed=spec.grpo.seed)
+    evaluation_rows = _evaluation_rows(spec, spec.evaluation.dataset.path if spec.evaluation else None)
+    evaluation_token = _evaluation_token(spec)
     if spec.generation.replicas > 1:
         log.warning("grpojob run serves one generation engine (spec.generation.replicas=%d)", spec.generation.replicas)
     spec_json = spec.model_dump(mode="json", by_alias=True)
@@ -201,7 +228,9 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
         # One engine and the policy's ranks. With one GPU they share it (colocated: half each, the engine
         # taking spec.generation.gpuMemoryUtilization of its memory); without GPUs all run on the CPU.
         share = 0.5 if gpus == 1 else min(1, gpus)
-        engines = connection.place_generation(1, share, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed)
+        engines = connection.place_generation(
+            1, share, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed, evaluation_token
+        )
         policy = connection.place_policy(world, policy_gpus, spec_json, str(model), spec.grpo.seed)
         base_url = ray.get(engines[0].base_url.remote())
         environments = EnvironmentProcesses(
@@ -231,14 +260,20 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
                     checkpoint_dir=Path(paths.checkpoint_dir(job)),
                     output_dir=Path(paths.output_dir(job)).resolve(),
                     on_step=on_step,
+                    evaluation_rows=evaluation_rows,
+                    evaluation_token=evaluation_token,
                 )
             )
             bar.close()
     finally:
         ray.shutdown()
     curve = report.reward_curve(out / "metrics.jsonl")
-    png = report.plot_reward_curve(curve, out / "reward.png", f"{job.metadata.name}: mean reward per step")
+    evaluations = report.reward_curve(out / "metrics.jsonl", report.EVALUATION_REWARD_KEY)
+    title = f"{job.metadata.name}: mean reward per step"
+    png = report.plot_reward_curve(curve, out / "reward.png", title, evaluations)
     print(f"trained steps {result.first_step} to {result.last_step}: {report.summary(curve)}")
+    if spec.evaluation is not None:
+        print(report.evaluation_summary(evaluations))
     print(f"failed rollouts: {result.failed_rollouts}")
     print(f"trained model: {Path(paths.output_dir(job)) / paths.FINAL_MODEL_DIR}  (vllm serve DIR)")
     print(f"reward curve: {png}")
@@ -277,6 +312,8 @@ def train_in_cluster(config_path: Path) -> int:
     log.info("joined the Ray cluster; GCS address %s", gcs)
     head = connection.HeadWatch()
     spec_json = spec.model_dump(mode="json", by_alias=True)
+    evaluation_rows = _evaluation_rows(spec, pod.evaluation_dataset_path)
+    evaluation_token = _evaluation_token(spec)
     try:
         generation, training = spec.generation, spec.training
         engines = connection.place_generation(
@@ -287,6 +324,7 @@ def train_in_cluster(config_path: Path) -> int:
             "0.0.0.0",
             GENERATION_PORT,
             spec.grpo.seed,
+            evaluation_token,
         )
         # One rank per GPU of the `policy` workers (one per worker on the CPU). Placing them waits for the
         # worker pods (and their images and GPUs); a job that never gets them is ended by the operator's
@@ -317,6 +355,8 @@ def train_in_cluster(config_path: Path) -> int:
                     checkpoint_dir=Path(pod.checkpoint_dir),
                     output_dir=Path(pod.output_dir),
                     before_step=head.check,
+                    evaluation_rows=evaluation_rows,
+                    evaluation_token=evaluation_token,
                 )
             )
     finally:

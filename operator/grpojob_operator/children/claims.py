@@ -14,6 +14,7 @@ from grpojob_operator.children.meta import Manifest
 MODEL_MOUNT = "/data/model"
 HUB_CACHE_MOUNT = "/data/hf-cache"
 DATASET_MOUNT = "/data/dataset"
+EVALUATION_DATASET_MOUNT = "/data/evaluation-dataset"
 CHECKPOINT_MOUNT = "/data/checkpoints"
 OUTPUT_MOUNT = "/data/output"
 LOG_MOUNT = "/data/logs"
@@ -107,15 +108,27 @@ def hub_env(job: api.GRPOJob) -> list[Manifest]:
 
 
 def dataset_mount(job: api.GRPOJob) -> Mounted:
-    """The dataset, read-only: the key of its ConfigMap, or its path in its claim or the image."""
-    dataset = job.spec.dataset
+    """The training dataset, read-only: the key of its ConfigMap, or its path in its claim or the image."""
+    return _dataset_mount(job.spec.dataset, "dataset", DATASET_MOUNT)
+
+
+def evaluation_dataset_mount(job: api.GRPOJob) -> Mounted | None:
+    """The evaluation's held-out dataset (`spec.evaluation.dataset`) as `dataset_mount` mounts the training
+    one; None without an evaluation."""
+    evaluation = job.spec.evaluation
+    if evaluation is None:
+        return None
+    return _dataset_mount(evaluation.dataset, "evaluation-dataset", EVALUATION_DATASET_MOUNT)
+
+
+def _dataset_mount(dataset: api.DatasetSpec, name: str, mount_path: str) -> Mounted:
     if dataset.config_map is not None:
-        volume = {"name": "dataset", "configMap": {"name": dataset.config_map.name}}
-        mount = {"name": "dataset", "mountPath": DATASET_MOUNT, "readOnly": True}
-        return Mounted(f"{DATASET_MOUNT}/{dataset.config_map.key}", [volume], [mount])
+        volume = {"name": name, "configMap": {"name": dataset.config_map.name}}
+        mount = {"name": name, "mountPath": mount_path, "readOnly": True}
+        return Mounted(f"{mount_path}/{dataset.config_map.key}", [volume], [mount])
     if dataset.pvc is not None:
         return mount_claim(
-            "dataset", dataset.pvc.claim_name, DATASET_MOUNT, sub_path=dataset.pvc.path, read_only=True,
+            name, dataset.pvc.claim_name, mount_path, sub_path=dataset.pvc.path, read_only=True,
             inside=str(dataset.path),
         )  # fmt: skip
     return Mounted(str(dataset.path))

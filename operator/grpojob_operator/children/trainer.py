@@ -138,6 +138,7 @@ def build_trainer_job(
     child = names.ChildNames(job_name)
     attempt_label = {names.ATTEMPT_LABEL: str(attempt)}
     model, dataset = claims.model_mount(job), claims.dataset_mount(job)
+    evaluation = claims.evaluation_dataset_mount(job) or claims.Mounted("")
     logs = claims.log_mount(job, read_only=False)
     endpoints_vol, endpoints_mount = endpoints_volume(job)
     volumes, mounts = claims.share_claims(
@@ -147,6 +148,7 @@ def build_trainer_job(
             {"name": "tmp", "emptyDir": {}},
             *model.volumes,
             *dataset.volumes,
+            *evaluation.volumes,
             *logs.volumes,
         ],
         [
@@ -155,6 +157,7 @@ def build_trainer_job(
             {"name": "tmp", "mountPath": "/tmp"},
             *model.mounts,
             *dataset.mounts,
+            *evaluation.mounts,
             *logs.mounts,
         ],
     )
@@ -162,6 +165,7 @@ def build_trainer_job(
         progress_config_map=child.progress,
         model_path=claims.model_path(job, model_commit),
         dataset_path=dataset.path,
+        evaluation_dataset_path=evaluation.path or None,
         checkpoint_dir=claims.checkpoint_mount(job).path,
         output_dir=claims.output_mount(job).path,
         log_dir=claims.attempt_log_dir(logs.path, attempt),

@@ -141,8 +141,8 @@ def trainer_failure(job: TrainerJobInfo, pods: list[PodInfo]) -> str:
 
 
 def read_progress(job: api.GRPOJob, status: api.GRPOJobStatus, progress: ConfigMapInfo | None, now: datetime) -> None:
-    """Copy the trainer's reported step, mean reward and exported model into the status; a new step is
-    progress."""
+    """Copy the trainer's reported step, mean reward, exported model and evaluations into the status; a new
+    step is progress."""
     report = parse_progress(progress.as_dict()) if progress is not None else None
     if report is None:
         return
@@ -154,3 +154,7 @@ def read_progress(job: api.GRPOJob, status: api.GRPOJobStatus, progress: ConfigM
     status.step, status.mean_reward = report.step, report.mean_reward
     if report.output_model is not None and report.output_model_step is not None:
         status.output_model = output_model_status(job, report.output_model, report.output_model_step)
+    if (last := report.last_evaluation) is not None:
+        status.last_evaluation = api.EvaluationStatus(step=last.step, mean_reward=last.mean_reward)
+    if (best := report.best_evaluation) is not None:
+        status.best_evaluation = api.EvaluationStatus(step=best.step, mean_reward=best.mean_reward)

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from grpojob_api import crd, paths
 from grpojob_api import v1alpha1 as api
-from grpojob_api.admission import describe, field_path, parse_job
+from grpojob_api.admission import describe, parse_job
 from grpojob_api.quantity import parse_quantity
 from grpojob_operator.children.trainer import render_job_config
 from grpojob_trainer.cli import load_job
@@ -48,7 +48,7 @@ def with_spec(path: str, value: Any) -> dict[str, Any]:
 def refusal(manifest: dict[str, Any]) -> str:
     with pytest.raises(ValidationError) as error:
         parse_job(manifest)
-    return "; ".join(f"{field_path(tuple(e['loc']))}: {e['msg']}" for e in error.value.errors())
+    return describe(error.value)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ("generation", {"maxModelLen": 512}, "spec.generation.maxNewTokens must be smaller"),
         ("generation", {"backend": "vllm", "gpusPerReplica": 0}, "spec.generation.backend: vllm needs"),
         ("dataset", {"path": "x", "configMap": {"name": "rows"}}, "spec.dataset: set exactly one"),
-        ("dataset", {"pvc": {"claimName": "c"}, "configMap": {"name": "rows"}}, "spec.dataset.pvc needs"),
+        ("dataset", {"pvc": {"claimName": "c"}, "configMap": {"name": "rows"}}, "spec.dataset: pvc needs path"),
         ("environments.0.env", [{"name": "A"}], "spec.environments[0].env[0]"),
         ("environments", [{"name": "arith"}, {"name": "arith"}], "spec.environments: duplicate names"),
         ("checkpointing.path", "runs/../etc", "spec.checkpointing.path"),
@@ -140,6 +140,15 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ("training.lora", {"targetModules": ["model.layers.0.q_proj"]}, "spec.training.lora.targetModules[0]"),
         ("output.format", "adapter", "spec.output.format: adapter needs spec.training.lora"),
         ("output.format", "gguf", "spec.output.format"),
+        ("output.select", "bestEvaluation", "spec.output.select: bestEvaluation needs spec.evaluation"),
+        ("output.select", "best", "spec.output.select"),
+        ("evaluation", {"everySteps": 5}, "spec.evaluation.dataset"),
+        ("evaluation", {"dataset": {"path": "t.jsonl"}, "everySteps": 0}, "spec.evaluation.everySteps"),
+        ("evaluation", {"dataset": {"path": "t.jsonl"}, "k": 0}, "spec.evaluation.k"),
+        ("evaluation", {"dataset": {"path": "t.jsonl"}, "temperature": -0.1}, "spec.evaluation.temperature"),
+        ("evaluation", {"dataset": {"path": "t.jsonl"}, "topP": 0}, "spec.evaluation.topP"),
+        ("evaluation", {"dataset": {"path": "t.jsonl"}, "maxRows": 0}, "spec.evaluation.maxRows"),
+        ("evaluation", {"dataset": {}}, "spec.evaluation.dataset: set exactly one of path or configMap"),
     ],
 )
 def test_what_the_trainer_or_operator_would_refuse_is_refused_naming_the_field(path, value, named):
@@ -180,6 +189,8 @@ def test_every_cross_field_rule_is_also_a_cel_rule():
     assert has_rule(spec, "self.logging.tensorboard || has(self.logging.pvc)")
     assert has_rule(f"{spec}.logging.wandb", "self.mode != 'online' || has(self.apiKeySecret)")
     assert has_rule(spec, "self.output.format != 'adapter' || (has(self.training) && has(self.training.lora))")
+    assert has_rule(spec, "self.output.select != 'bestEvaluation' || has(self.evaluation)")
+    assert has_rule(f"{spec}.evaluation.dataset", "has(self.path) != has(self.configMap)")
     lora = ROOT["properties"]["spec"]["properties"]["training"]["properties"]["lora"]
     assert lora["properties"]["targetModules"]["x-kubernetes-list-type"] == "set"  # no duplicates
     volume_paths = (".model.pvc.path", ".dataset.pvc.path", ".checkpointing.path", ".checkpointing.pvc.path")

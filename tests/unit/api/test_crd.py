@@ -44,5 +44,14 @@ def test_defaults_apply_to_omitted_sections():
 
 def test_printer_columns_show_progress():
     version = crd.crd()["spec"]["versions"][0]
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Step", "Reward", "Attempt", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Phase",
+        "Step",
+        "Reward",
+        "Eval",
+        "Attempt",
+        "Age",
+    ]
+    evaluation = next(c for c in version["additionalPrinterColumns"] if c["name"] == "Eval")
+    assert evaluation["jsonPath"] == ".status.lastEvaluation.meanReward", "the newest evaluation's mean reward"
     assert version["subresources"] == {"status": {}}

@@ -14,3 +14,16 @@ def test_progress_round_trips_and_bad_reports_are_ignored():
     assert parse_progress({"step": "x"}) is None
     assert parse_progress({"step": "3", "meanReward": "nan"}) is None
     assert parse_progress(progress_data(3, float("nan"))) == parse_progress({"step": "3"})
+
+
+def test_evaluations_round_trip_and_an_unreadable_one_is_ignored():
+    from grpojob_api.progress import EvaluationReport, evaluation_data
+
+    data = progress_data(12, 0.5) | evaluation_data(EvaluationReport(10, 0.52), EvaluationReport(5, 0.61))
+    report = parse_progress(data)
+
+    assert report.last_evaluation == EvaluationReport(10, 0.52)
+    assert report.best_evaluation == EvaluationReport(5, 0.61)
+    assert parse_progress(progress_data(12, 0.5)).last_evaluation is None
+    for unreadable in ("10", "x 0.5", "10 nan", "-1 0.5", "10 high"):
+        assert parse_progress(progress_data(12, 0.5) | {"lastEvaluation": unreadable}).last_evaluation is None

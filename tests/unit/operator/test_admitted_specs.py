@@ -55,6 +55,17 @@ EVERYTHING: dict[str, Any] = {
     "spec": {
         "model": {"path": "models/m", "pvc": {"claimName": "data", "path": "sub"}, "servedModelName": "m"},
         "dataset": {"path": "rows.jsonl", "pvc": {"claimName": "data", "path": "sub"}},
+        "evaluation": {
+            "dataset": {"path": "held-out.jsonl", "pvc": {"claimName": "data", "path": "sub"}},
+            "everySteps": 5,
+            "beforeTraining": False,
+            "k": 4,
+            "temperature": 0.5,
+            "topP": 0.9,
+            "maxNewTokens": 64,
+            "maxRows": 10,
+            "passThreshold": 0.5,
+        },
         "environments": [
             {
                 "name": "arith",
@@ -74,7 +85,12 @@ EVERYTHING: dict[str, Any] = {
         "training": {"replicas": 2, "gpusPerReplica": 2, "lora": {"targetModules": ["q_proj", "v_proj"]}},
         "grpo": {"maxOffPolicySteps": 1, "seed": 3},
         "checkpointing": {"pvc": {"claimName": "ckpt", "path": "runs"}, "path": "ckpt/x", "interval": 5},
-        "output": {"pvc": {"claimName": "out", "path": "o"}, "path": "models/x", "everyCheckpoint": True},
+        "output": {
+            "pvc": {"claimName": "out", "path": "o"},
+            "path": "models/x",
+            "everyCheckpoint": True,
+            "select": "bestEvaluation",
+        },
         "logging": {
             "pvc": {"claimName": "logs", "path": "l"},
             "path": "logs/x",
@@ -108,6 +124,7 @@ EVERYTHING_HUB: dict[str, Any] = {
             "offline": True,
         },
         "dataset": {"path": "/data/rows.jsonl"},
+        "evaluation": {"dataset": {"configMap": {"name": "held-out", "key": "test.jsonl"}}},
         "environments": [
             {
                 "name": "tools",

@@ -13,6 +13,14 @@ rollout of one batch thus comes from one policy version (recorded on each sample
 ``TrainingSample.policy_version``), and a batch launched with the weights before step s-k trains at step
 s: k updates stale, never more. With k = 0 the loop is the on-policy one: generate, train, push.
 
+Evaluation (``spec.evaluation``, `grpojob_trainer.algorithm.evaluation`): the starting policy before the
+first step, then the policy of every ``everySteps``-th step and of the last, once its weights are on the
+engines. The next step's rollouts are launched first, since they sample from the same weights; the loop
+waits for the evaluation before that step trains, so the evaluated weights are still the ones served.
+Its metrics are logged with its step's. With ``spec.output.select: bestEvaluation`` a step whose
+evaluation is the best so far is checkpointed (and that checkpoint kept from pruning), and the final
+export is that checkpoint's model.
+
 A checkpoint stores the dataset position after the prompts of the step it saves, not after the prompts
 already drawn for batches still waiting to train, so a resumed run draws those again: it trains the same
 sequence of prompts as an uninterrupted run.
@@ -36,7 +44,15 @@ from typing import Any
 
 from grpojob_api import paths
 from grpojob_api import v1alpha1 as api
+from grpojob_api.progress import EvaluationReport
 from grpojob_trainer.algorithm.data import PromptDataset
+from grpojob_trainer.algorithm.evaluation import (
+    Evaluated,
+    EvaluationHistory,
+    Evaluator,
+    evaluation_due,
+    evaluation_line,
+)
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.errors import AllRolloutsFailed
 from grpojob_trainer.nemo_gym.protocol import Row
@@ -49,6 +65,7 @@ from grpojob_trainer.observability.metrics import (
     StepTimer,
     step_line,
 )
+from grpojob_trainer.policy.checkpoint import checkpoint_path
 from grpojob_trainer.policy.group import PolicyGroup
 from grpojob_trainer.weight_sync.paths import weight_sync_for
 
@@ -103,16 +120,20 @@ async def run_loop(
     output_dir: Path,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     before_step: Callable[[], None] | None = None,
+    evaluation_rows: list[Row] | None = None,
+    evaluation_token: str | None = None,
 ) -> LoopResult:
     """Train until ``spec.grpo.maxSteps``, resuming from the newest checkpoint in ``checkpoint_dir``, then
     export the model to ``output_dir`` (as the policy's ranks see it; `spec.output`): `<output>/final`, and
     `<output>/step_<step>` with each checkpoint when ``spec.output.everyCheckpoint``. Callers run it with
     ``asyncio.run``. ``before_step`` runs before each step (the cluster's health check: it raises to end
-    the attempt)."""
+    the attempt). ``evaluation_rows``: the held-out rows of ``spec.evaluation``; ``evaluation_token``: the
+    secret the engines accept as an evaluation's mark (`EVALUATION_MARK`)."""
     spec = job.spec
     grpo, generation = spec.grpo, spec.generation
     resumed = policy.resume(str(checkpoint_dir))
     start = 0
+    position: dict[str, Any] = {}
     if resumed is not None:
         start, position = resumed
         dataset.restore(position)
@@ -121,6 +142,11 @@ async def run_loop(
     weight_sync.push()  # the engines start from the policy's (possibly restored) weights
     sampling = PolicySampling(generation.temperature, generation.top_p, generation.max_new_tokens)
     generation_url = await engines[0].base_url.remote() if engines else None  # measures prompts too long
+    evaluator = None
+    if spec.evaluation is not None and evaluation_rows:
+        evaluator = _evaluator(spec, evaluation_rows, evaluation_token, env_urls, generation_url)
+        evaluator.history = EvaluationHistory.from_dict(position.get(EVALUATION_KEY))
+    select_best = spec.output.select == api.OutputSelect.BEST_EVALUATION
     config = job.model_dump(mode="json", by_alias=True, exclude_none=True)
     began = time.perf_counter()
 
@@ -154,15 +180,34 @@ async def run_loop(
             step, policy_version, dataset.position.as_dict(), clock(), asyncio.create_task(collect())
         )
 
+    def launch_ahead(step: int) -> None:
+        """Launch every batch that may be in flight while ``step`` is next to train."""
+        nonlocal next_launch
+        while next_launch <= min(step + grpo.max_off_policy_steps, grpo.max_steps):
+            launched.append(launch(next_launch))
+            next_launch += 1
+
+    async def evaluate(step: int) -> dict[str, float]:
+        """Evaluate the weights the engines serve (those of ``step``), the next step's rollouts running too."""
+        assert evaluator is not None
+        launch_ahead(step + 1)
+        metrics = await evaluator.run(step)
+        log.info("%s", evaluation_line(step, metrics, evaluator.spec.k))
+        last, best = evaluator.history.last, evaluator.history.best
+        if last is not None:
+            progress.publish_evaluation(_report(last), _report(best) if best else None)
+        return metrics
+
+    if evaluator is not None and evaluator.spec.before_training and start == 0:
+        logger.log(0, await evaluate(0))
+
     failed_in_a_row = 0
     for step in range(start + 1, grpo.max_steps + 1):
         if before_step is not None:
             before_step()
         timer = StepTimer()
         started = time.perf_counter()
-        while next_launch <= min(step + grpo.max_off_policy_steps, grpo.max_steps):
-            launched.append(launch(next_launch))
-            next_launch += 1
+        launch_ahead(step)
         rollouts = launched.popleft()
         with timer.phase(ROLLOUT_WAIT):
             batch, finished = await rollouts.task
@@ -201,6 +246,10 @@ async def run_loop(
         with timer.phase(WEIGHT_SYNC):
             metrics |= weight_sync.push()
         metrics["timeline/weight_sync_finished"] = clock()
+        best_before = evaluator.history.best if evaluator is not None else None
+        if evaluator is not None and evaluation_due(step, evaluator.spec.every_steps, grpo.max_steps):
+            metrics |= await evaluate(step)
+        new_best = evaluator is not None and evaluator.history.best != best_before
         metrics |= timer.metrics()
         step_seconds = time.perf_counter() - started
         generation_seconds = finished - rollouts.started_s
@@ -217,16 +266,65 @@ async def run_loop(
         progress.publish(step, mean_reward)
         result.last_step = step
         interval = spec.checkpointing.interval
-        if step % interval == 0 or step == grpo.max_steps:
-            policy.save(str(checkpoint_dir), step, rollouts.data_position, config, spec.checkpointing.keep)
+        if step % interval == 0 or step == grpo.max_steps or (select_best and new_best):
+            saved_position = dict(rollouts.data_position)
+            kept = None
+            if evaluator is not None:
+                saved_position[EVALUATION_KEY] = evaluator.history.as_dict()
+                best = evaluator.history.best
+                kept = best.step if select_best and best is not None else None
+            policy.save(str(checkpoint_dir), step, saved_position, config, spec.checkpointing.keep, kept)
             if spec.output.every_checkpoint:  # off the event loop: later steps' rollouts are in flight
                 await asyncio.to_thread(
                     export_model, job, policy, output_dir, paths.step_model_dir(step), step, progress
                 )
         if on_step is not None:
             on_step(step, metrics)
-    export_model(job, policy, output_dir, paths.FINAL_MODEL_DIR, result.last_step, progress)
+    best = evaluator.history.best if evaluator is not None else None
+    if select_best and best is not None and best.step != result.last_step:
+        export_checkpoint_model(job, policy, checkpoint_dir, output_dir, best.step, progress)
+    else:
+        export_model(job, policy, output_dir, paths.FINAL_MODEL_DIR, result.last_step, progress)
     return result
+
+
+EVALUATION_KEY = "evaluation"
+"""Where a checkpoint's loop position keeps the evaluation history (beside the dataset's epoch and index)."""
+
+
+def _evaluator(
+    spec: api.GRPOJobSpec,
+    rows: list[Row],
+    token: str | None,
+    env_urls: EnvironmentURLs,
+    generation_url: str | None,
+) -> Evaluator:
+    evaluation, generation = spec.evaluation, spec.generation
+    assert evaluation is not None
+    max_new_tokens = min(evaluation.max_new_tokens or generation.max_new_tokens, generation.max_new_tokens)
+    sampling = PolicySampling(evaluation.temperature, evaluation.top_p, max_new_tokens, evaluation_token=token)
+    return Evaluator(rows, evaluation, sampling, env_urls, spec.grpo, generation_url)
+
+
+def _report(evaluated: Evaluated) -> EvaluationReport:
+    return EvaluationReport(evaluated.step, evaluated.mean_reward)
+
+
+def export_checkpoint_model(
+    job: api.GRPOJob,
+    policy: PolicyGroup,
+    checkpoint_dir: Path,
+    output_dir: Path,
+    step: int,
+    progress: ProgressPublisher,
+) -> None:
+    """Export the model of the checkpoint of ``step`` (`spec.output.select: bestEvaluation`) as the final one."""
+    output = job.spec.output
+    checkpoint = checkpoint_path(checkpoint_dir, step)
+    final = output_dir / paths.FINAL_MODEL_DIR
+    written = policy.export_checkpoint(str(checkpoint), str(final), output.dtype, output.format)
+    log.info("exported the model of step %d (the best evaluation) from %s to %s", step, checkpoint, written)
+    progress.publish_output_model(f"{paths.output_dir(job)}/{paths.FINAL_MODEL_DIR}", step)
 
 
 def export_model(

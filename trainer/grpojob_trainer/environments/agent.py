@@ -143,6 +143,7 @@ class Agent:
             "temperature": params.temperature,
             "top_p": params.top_p,
             "max_tokens": params.max_output_tokens,
+            "metadata": params.metadata,  # as NeMo Gym passes it: an evaluation's mark rides here
         }
         request.update({k: v for k, v in optional.items() if v is not None})
         try:

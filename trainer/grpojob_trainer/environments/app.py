@@ -26,7 +26,7 @@ from grpojob_trainer.environments.base import Environment, Tool
 from grpojob_trainer.environments.policy_client import PolicyCallFailed, PolicyClient, PolicyRefused
 from grpojob_trainer.environments.sessions import CookieSigner, SessionCookies, SessionStore
 from grpojob_trainer.nemo_gym.http import StripRolloutPrefix, refuse_in_openai_shape
-from grpojob_trainer.nemo_gym.protocol import Row, RunResult, VerifyRequest
+from grpojob_trainer.nemo_gym.protocol import EnvironmentRow, RunResult, VerifyRequest
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
     app.add_middleware(StripRolloutPrefix)
     refuse_in_openai_shape(app, 422)
 
-    def check_task(row: Row) -> None:
+    def check_task(row: EnvironmentRow) -> None:
         """Refuse, as a malformed body, a row without the task fields the environment reads."""
         try:
             environment.task.model_validate(row.model_extra or {})
@@ -98,13 +98,13 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
         return {"status": "ok"}
 
     @app.post("/run")
-    async def run(row: Row, request: Request) -> dict[str, Any]:
+    async def run(row: EnvironmentRow, request: Request) -> dict[str, Any]:
         check_task(row)
         result: RunResult = await clients["agent"].run(row, Cookies(dict(request.cookies)))
         return result.model_dump(mode="json", exclude_none=True)
 
     @app.post("/seed_session")
-    async def seed_session(row: Row, request: Request) -> dict[str, Any]:
+    async def seed_session(row: EnvironmentRow, request: Request) -> dict[str, Any]:
         request.state.session.clear()
         return {}
 

@@ -11,6 +11,7 @@ refused. Every refusal, a malformed body included, is HTTP 400 in OpenAI's error
 
 from __future__ import annotations
 
+import hmac
 import math
 import time
 import uuid
@@ -34,7 +35,7 @@ from grpojob_trainer.generation.backend import (
 from grpojob_trainer.generation.batching import BatchingEngine, DirectEngine
 from grpojob_trainer.generation.chat import PromptError, build_prompt_token_ids, parse_tool_calls
 from grpojob_trainer.nemo_gym.http import ApiError, StripRolloutPrefix, refuse_in_openai_shape
-from grpojob_trainer.nemo_gym.protocol import RequestBody, TextContent, TokenIds, shaped_like
+from grpojob_trainer.nemo_gym.protocol import EVALUATION_MARK, RequestBody, TextContent, TokenIds, shaped_like
 
 SAMPLING_TOLERANCE = 1e-6
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -50,6 +51,15 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 
 
 @dataclass(frozen=True)
+class EvaluationSampling:
+    """How the requests of evaluation rollouts (`spec.evaluation`) sample, and the secret that marks them."""
+
+    token: str
+    """A request whose ``metadata`` carries this under `EVALUATION_MARK` is an evaluation's."""
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """What the server answers to and how it samples."""
 
@@ -59,6 +69,8 @@ class ServerConfig:
     temperature or top_p is refused."""
     batch_window_s: float = 0.01
     max_batch_size: int = 64
+    evaluation: EvaluationSampling | None = None
+    """The evaluation's sampling, for requests marked with its token; none: every request is training's."""
 
 
 class FunctionCall(BaseModel):
@@ -131,6 +143,8 @@ class ChatCompletionRequest(RequestBody):
     n: int | None = 1
     stream: bool | None = False
     logprobs: bool | None = None
+    metadata: dict[str, str] | None = None
+    """Passed through from the row; `EVALUATION_MARK` in it marks an evaluation rollout's call."""
 
 
 class TokenizeRequest(RequestBody):
@@ -145,14 +159,33 @@ class TokenizeRequest(RequestBody):
     add_generation_prompt: bool = True
 
 
-def check_on_policy(request: ChatCompletionRequest, sampling: SamplingParams) -> None:
-    """Refuse sampling parameters that differ from training's (NeMo-RL's rule); absent ones mean training's."""
+def request_sampling(request: ChatCompletionRequest, config: ServerConfig) -> tuple[SamplingParams, str]:
+    """How ``request`` samples, and for what: training's parameters (``"training"``), or the evaluation's
+    (``"evaluation"``) when its ``metadata`` carries this run's evaluation token under `EVALUATION_MARK`. A
+    mark without the token is refused: a training request cannot pass as an evaluation's."""
+    mark = (request.metadata or {}).get(EVALUATION_MARK)
+    if mark is None:
+        return config.sampling, "training"
+    evaluation = config.evaluation
+    if evaluation is None or not hmac.compare_digest(mark.encode(), evaluation.token.encode()):
+        raise ApiError(
+            400,
+            f"metadata.{EVALUATION_MARK} is not this run's evaluation token: only the trainer's evaluation "
+            "rollouts sample with other parameters than training's",
+            f"metadata.{EVALUATION_MARK}",
+        )
+    return evaluation.sampling, "evaluation"
+
+
+def check_on_policy(request: ChatCompletionRequest, sampling: SamplingParams, purpose: str = "training") -> None:
+    """Refuse sampling parameters that differ from ``sampling``, training's (NeMo-RL's rule) or, for a marked
+    evaluation request, the evaluation's; absent ones mean those."""
     for name, expected in (("temperature", sampling.temperature), ("top_p", sampling.top_p)):
         value = getattr(request, name)
         if value is not None and not math.isclose(value, expected, rel_tol=0, abs_tol=SAMPLING_TOLERANCE):
             raise ApiError(
                 400,
-                f"{name}={value} differs from the training {name}={expected}: "
+                f"{name}={value} differs from the {purpose} {name}={expected}: "
                 "this server samples on-policy and refuses other sampling parameters",
                 name,
             )
@@ -249,10 +282,11 @@ def create_app(backend: GenerationBackend, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> dict[str, Any]:
         check_model(body.model)
-        check_on_policy(body, config.sampling)
+        sampling, purpose = request_sampling(body, config)
+        check_on_policy(body, sampling, purpose)
         prompt = prompt_ids(body.messages, body.tools)
-        budget = token_budget(body, len(prompt), config.sampling, backend.max_model_len)
-        result = await engine.generate(GenerationRequest(tuple(prompt), budget))
+        budget = token_budget(body, len(prompt), sampling, backend.max_model_len)
+        result = await engine.generate(GenerationRequest(tuple(prompt), budget), sampling)
         parsed = parse_tool_calls(tokenizer.decode(list(result.token_ids), skip_special_tokens=True))
         finish_reason = result.finish_reason
         if finish_reason == "stop" and parsed.tool_calls:

@@ -23,6 +23,7 @@ from grpojob_trainer.generation.backend import (
 @dataclass
 class _Pending:
     request: GenerationRequest
+    params: SamplingParams
     future: asyncio.Future[GenerationResult]
 
 
@@ -30,8 +31,9 @@ class BatchingEngine:
     """Runs `GenerationBackend.generate` on batches of the requests that arrived within ``window_s``.
 
     One batch runs at a time, in a worker thread, so the event loop keeps serving HTTP meanwhile.
-    Requests that arrive while a batch runs form the next batch. Every request uses ``params``
-    (the server's on-policy sampling parameters) with its own token budget.
+    Requests that arrive while a batch runs form the next batch. A request samples with ``params`` (the
+    server's on-policy sampling parameters) unless it brings its own (an evaluation's), with its own token
+    budget; a batch's requests of different parameters go to the backend as one call per parameters.
     """
 
     def __init__(
@@ -60,12 +62,12 @@ class BatchingEngine:
             if not pending.future.done():
                 pending.future.set_exception(RuntimeError("the generation server is shutting down"))
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Queue one request and wait for its result."""
+    async def generate(self, request: GenerationRequest, params: SamplingParams | None = None) -> GenerationResult:
+        """Queue one request (sampled with ``params``, default the engine's) and wait for its result."""
         if self._queue is None:
             raise RuntimeError("BatchingEngine.start() was not called")
         future: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(request, future))
+        await self._queue.put(_Pending(request, params or self.params, future))
         return await future
 
     async def _run(self) -> None:
@@ -84,18 +86,20 @@ class BatchingEngine:
                 except TimeoutError:
                     break
             batch = [p for p in batch if not p.future.cancelled()]
-            if not batch:
-                continue
-            try:
-                results = await asyncio.to_thread(self.backend.generate, [p.request for p in batch], self.params)
-            except Exception as error:  # a failed batch fails its requests, not the server
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(error)
-                continue
-            for pending, result in zip(batch, results, strict=True):
+            for params in dict.fromkeys(p.params for p in batch):
+                await self._generate([p for p in batch if p.params == params], params)
+
+    async def _generate(self, batch: list[_Pending], params: SamplingParams) -> None:
+        try:
+            results = await asyncio.to_thread(self.backend.generate, [p.request for p in batch], params)
+        except Exception as error:  # a failed batch fails its requests, not the server
+            for pending in batch:
                 if not pending.future.done():
-                    pending.future.set_result(result)
+                    pending.future.set_exception(error)
+            return
+        for pending, result in zip(batch, results, strict=True):
+            if not pending.future.done():
+                pending.future.set_result(result)
 
 
 class DirectEngine:
@@ -111,6 +115,6 @@ class DirectEngine:
     async def stop(self) -> None:
         """Nothing to stop here; the backend's owner shuts it down."""
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate for one request."""
-        return await self.backend.generate_one(request, self.params)
+    async def generate(self, request: GenerationRequest, params: SamplingParams | None = None) -> GenerationResult:
+        """Generate for one request, sampled with ``params`` (default the engine's)."""
+        return await self.backend.generate_one(request, params or self.params)

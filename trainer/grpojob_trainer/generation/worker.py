@@ -22,8 +22,18 @@ log = logging.getLogger(__name__)
 class GenerationWorker:
     """One generation engine and its HTTP server (a Ray actor on a `generation` worker)."""
 
-    def __init__(self, spec: dict[str, Any], model_path: str, host: str, port: int | None, seed: int) -> None:
-        from grpojob_trainer.generation.app import ServerConfig
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        model_path: str,
+        host: str,
+        port: int | None,
+        seed: int,
+        evaluation_token: str | None = None,
+    ) -> None:
+        """``evaluation_token``: the secret that marks the requests of `spec.evaluation`'s rollouts, which
+        sample with its parameters (none: every request samples with training's)."""
+        from grpojob_trainer.generation.app import EvaluationSampling, ServerConfig
         from grpojob_trainer.generation.backend import GenerationBackend, SamplingParams
         from grpojob_trainer.generation.server import GenerationServer
         from grpojob_trainer.generation.transformers_backend import TransformersBackend
@@ -36,9 +46,16 @@ class GenerationWorker:
             backend = start_vllm(job_spec, model_path, seed, lora.rank if lora is not None else None)
         else:
             backend = TransformersBackend(model_path, max_model_len=generation.max_model_len, seed=seed)
+        evaluation = None
+        if job_spec.evaluation is not None and evaluation_token is not None:
+            spec_of = job_spec.evaluation
+            max_new_tokens = min(spec_of.max_new_tokens or generation.max_new_tokens, generation.max_new_tokens)
+            sampling = SamplingParams(spec_of.temperature, spec_of.top_p, max_new_tokens)
+            evaluation = EvaluationSampling(evaluation_token, sampling)
         config = ServerConfig(
             served_model_name=job_spec.model.served_model_name,
             sampling=SamplingParams(generation.temperature, generation.top_p, generation.max_new_tokens),
+            evaluation=evaluation,
         )
         self.server = GenerationServer(backend, config, host=host, port=port).start()
 

@@ -49,12 +49,12 @@ async def measure_prompt(client: aiohttp.ClientSession, generation_url: str, row
     ``/v1`` base URL) and the server's context; None when the server cannot tell (the message then says
     less, and nothing else changes)."""
     params = row.responses_create_params
-    body = {
-        "messages": responses_to_chat(input_items(params.input), params.instructions),
-        "tools": chat_tools(params.tools),
-    }
     url = generation_url.rstrip("/").removesuffix("/v1") + "/tokenize"
     try:
+        body = {
+            "messages": responses_to_chat(input_items(params.input), params.instructions),
+            "tools": chat_tools(params.tools),
+        }
         async with client.post(url, json=body, timeout=aiohttp.ClientTimeout(total=MEASURE_TIMEOUT_S)) as answer:
             if answer.status != 200:
                 return None

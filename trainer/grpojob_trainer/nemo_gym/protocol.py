@@ -24,6 +24,11 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 AGENT_REF_TYPE = "responses_api_agents"
+EVALUATION_MARK = "grpojob_evaluation"
+"""The key in a request's ``metadata`` that marks an evaluation rollout's model calls. Its value is the run's
+evaluation token, a secret the trainer gives only its generation engines; with it, and only with it, the
+generation server samples with the evaluation's parameters instead of refusing them. NeMo Gym passes
+``responses_create_params.metadata`` through to the chat completion, as our environments do."""
 TEXT_PART_TYPES = ("text", "input_text", "output_text")
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -203,14 +208,16 @@ class FunctionTool(BaseModel):
 
 class ResponsesCreateParams(BaseModel):
     """The Responses-API request of a row. Unknown keys are refused (the environment server answers 422), as in
-    Gym; input items and tools are checked against the models of their types, but kept as sent."""
+    Gym. Its input items and tools pass as they are: the trainer hands rows to any NeMo Gym agent, whose
+    items (images, other tools) are its own business; our environment servers check theirs
+    (`CheckedResponsesCreateParams`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    input: Annotated[str | list[dict[str, Any]], PlainValidator(_input)]
+    input: str | list[dict[str, Any]]
     """A user message as a string, or Responses input items (messages, function calls and outputs)."""
-    tools: list[Annotated[dict[str, Any], shaped_like(FunctionTool)]] | None = None
-    """Function tools: ``{"type": "function", "name", "description", "parameters", "strict"}``."""
+    tools: list[dict[str, Any]] | None = None
+    """Tools; our agent converts function tools: ``{"type": "function", "name", "description", "parameters"}``."""
     tool_choice: Any = "auto"
     parallel_tool_calls: bool = True
     temperature: float | None = None
@@ -232,6 +239,14 @@ class ResponsesCreateParams(BaseModel):
     previous_response_id: str | None = None
     prompt: dict[str, Any] | None = None
     stream: Literal[False] | None = None
+
+
+class CheckedResponsesCreateParams(ResponsesCreateParams):
+    """A row's request as our environment servers run it: input items of the types our conversion knows
+    and function tools, each checked against the model of its type and kept as sent."""
+
+    input: Annotated[str | list[dict[str, Any]], PlainValidator(_input)]
+    tools: list[Annotated[dict[str, Any], shaped_like(FunctionTool)]] | None = None
 
 
 class AgentRef(BaseModel):
@@ -289,7 +304,13 @@ class VerifiedEpisode(EpisodeResponse):
     output: list[ResponsesItem]
 
 
-class VerifyRequest(Row):
+class EnvironmentRow(Row):
+    """The body of our environment servers' ``/run`` and ``/seed_session``: a row whose request they can run."""
+
+    responses_create_params: CheckedResponsesCreateParams
+
+
+class VerifyRequest(EnvironmentRow):
     """``/verify``'s body: the row plus the whole episode."""
 
     response: VerifiedEpisode

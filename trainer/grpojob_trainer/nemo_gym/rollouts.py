@@ -30,7 +30,7 @@ from grpojob_trainer.nemo_gym.context_length import measure_prompt, overflowed_c
 from grpojob_trainer.nemo_gym.conversion import RolloutConversionError, result_to_sample
 from grpojob_trainer.nemo_gym.errors import inner_client_error
 from grpojob_trainer.nemo_gym.metrics import rollout_metrics, timing_metrics
-from grpojob_trainer.nemo_gym.protocol import Row, RunResult, describe
+from grpojob_trainer.nemo_gym.protocol import EVALUATION_MARK, Row, RunResult, describe
 
 PROMPT_TOO_LONG = "rollout/prompt_too_long"
 """The step's rows skipped because their prompts do not fit the context."""
@@ -41,20 +41,30 @@ ERROR_BODY_CHARS = 500
 
 @dataclass(frozen=True)
 class PolicySampling:
-    """Training's sampling parameters, written into every row (NeMo-RL overwrites them the same way)."""
+    """The sampling parameters written into every row (NeMo-RL overwrites them the same way): training's,
+    or, with ``evaluation_token``, an evaluation's."""
 
     temperature: float
     top_p: float
     max_output_tokens: int | None = None
     """Caps the row's ``max_output_tokens`` (sets it when absent)."""
+    evaluation_token: str | None = None
+    """Marks the row's model calls as an evaluation's (`EVALUATION_MARK`); training rows never carry a
+    mark, whatever their ``metadata`` says."""
 
     def apply(self, row: Row) -> Row:
         """A copy of ``row`` with these parameters in ``responses_create_params``."""
+        request = row.responses_create_params
         update: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p}
         if self.max_output_tokens is not None:
-            asked = row.responses_create_params.max_output_tokens
+            asked = request.max_output_tokens
             update["max_output_tokens"] = min(asked, self.max_output_tokens) if asked else self.max_output_tokens
-        params = row.responses_create_params.model_copy(update=update)
+        metadata = {key: value for key, value in (request.metadata or {}).items() if key != EVALUATION_MARK}
+        if self.evaluation_token is not None:
+            metadata[EVALUATION_MARK] = self.evaluation_token
+        if metadata or request.metadata is not None:
+            update["metadata"] = metadata
+        params = request.model_copy(update=update)
         return row.model_copy(update={"responses_create_params": params})
 
 

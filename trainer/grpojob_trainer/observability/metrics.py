@@ -23,6 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from grpojob_api.progress import BEST_EVALUATION_KEY, LAST_EVALUATION_KEY, EvaluationReport
+
 log = logging.getLogger(__name__)
 
 Scalar = int | float | bool | str
@@ -45,6 +47,11 @@ REWARD = "rollout/reward/mean"
 FAILED_ROLLOUTS = "rollout/failed"
 ROLLOUTS = "rollout/count"
 PROMPTS_TOO_LONG = "rollout/prompt_too_long"
+EVALUATION_REWARD = "eval/reward/mean"
+EVALUATION_PASS_PREFIX = "eval/pass@"
+EVALUATION_ROWS = "eval/rows"
+EVALUATION_FAILED = "eval/failed"
+EVALUATION_SECONDS = "eval/seconds"
 """Rollouts of the step, the failed ones included."""
 STEP_SECONDS = "time/step"
 GENERATED_TOKENS_PER_S = "throughput/generated_tokens_per_s"
@@ -210,6 +217,14 @@ class ProgressPublisher(ABC):
     def publish_output_model(self, path: str, step: int) -> None:
         """Report that the model of ``step`` was exported to ``path`` (inside the output claim)."""
 
+    @abstractmethod
+    def publish_evaluation(self, last: EvaluationReport, best: EvaluationReport | None) -> None:
+        """Report the newest evaluation and the best so far."""
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
 
 class FileProgressPublisher(ProgressPublisher):
     """Writes ``{"step": …, "meanReward": …}`` to a JSON file, atomically (temporary file, then rename).
@@ -222,8 +237,15 @@ class FileProgressPublisher(ProgressPublisher):
 
     def publish(self, step: int, mean_reward: float) -> None:
         reward = float(mean_reward)
-        output = {k: v for k, v in (self.read() or {}).items() if k in ("outputModel", "outputModelStep")}
+        kept = ("outputModel", "outputModelStep", LAST_EVALUATION_KEY, BEST_EVALUATION_KEY)
+        output = {k: v for k, v in (self.read() or {}).items() if k in kept}
         self._write({"step": int(step), "meanReward": reward if math.isfinite(reward) else None, **output})
+
+    def publish_evaluation(self, last: EvaluationReport, best: EvaluationReport | None) -> None:
+        evaluations = {LAST_EVALUATION_KEY: {"step": last.step, "meanReward": _finite_or_none(last.mean_reward)}}
+        if best is not None:
+            evaluations[BEST_EVALUATION_KEY] = {"step": best.step, "meanReward": best.mean_reward}
+        self._write({**(self.read() or {}), **evaluations})
 
     def publish_output_model(self, path: str, step: int) -> None:
         self._write({**(self.read() or {}), "outputModel": path, "outputModelStep": int(step)})

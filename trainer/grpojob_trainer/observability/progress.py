@@ -7,6 +7,7 @@ talks to the API server directly with the pod's token: one merge patch per step.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import ssl
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from grpojob_api import endpoints
-from grpojob_api.progress import MEAN_REWARD_KEY, output_model_data, progress_data
+from grpojob_api.progress import MEAN_REWARD_KEY, EvaluationReport, evaluation_data, output_model_data, progress_data
 from grpojob_trainer.observability.metrics import ProgressPublisher
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,15 @@ class ConfigMapProgressPublisher(ProgressPublisher):
             self.client.patch(self.url, json={"data": data}).raise_for_status()
         except httpx.HTTPError as error:
             log.warning("could not report progress of step %d to %s: %s", step, self.url, error)
+
+    def publish_evaluation(self, last: EvaluationReport, best: EvaluationReport | None) -> None:
+        """Best effort, like `publish`; an evaluation whose rollouts all failed (NaN) is not reported."""
+        if not math.isfinite(last.mean_reward):
+            return
+        try:
+            self.client.patch(self.url, json={"data": evaluation_data(last, best)}).raise_for_status()
+        except httpx.HTTPError as error:
+            log.warning("could not report the evaluation of step %d to %s: %s", last.step, self.url, error)
 
     def publish_output_model(self, path: str, step: int) -> None:
         """Best effort, like `publish`."""

@@ -10,6 +10,11 @@
     grpojob_trainer_weight_sync_seconds{grpojob="demo"} 0.4
     grpojob_trainer_rollouts_total{grpojob="demo"} 768          counters since the trainer started
     grpojob_trainer_failed_rollouts_total{grpojob="demo"} 3
+    grpojob_trainer_eval_step{grpojob="demo"} 10               the last evaluation (spec.evaluation)
+    grpojob_trainer_eval_mean_reward{grpojob="demo"} 0.52
+    grpojob_trainer_eval_pass_rate{grpojob="demo",k="1"} 0.5   eval/pass@k
+    grpojob_trainer_eval_failed_rollouts{grpojob="demo"} 0
+    grpojob_trainer_eval_seconds{grpojob="demo"} 3.1
 
 Each attempt's trainer starts from zero (Prometheus takes a counter reset in its stride). The label is
 `grpojob`, not `job`, which Prometheus keeps for the scrape job.
@@ -24,6 +29,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from grpojob_trainer.observability.metrics import (
+    EVALUATION_FAILED,
+    EVALUATION_PASS_PREFIX,
+    EVALUATION_REWARD,
+    EVALUATION_ROWS,
+    EVALUATION_SECONDS,
     FAILED_ROLLOUTS,
     GENERATED_TOKENS_PER_S,
     GENERATION,
@@ -74,6 +84,16 @@ class PrometheusMetrics:
         )
         self.rollouts = counter("rollouts", "Rollouts run, failed ones included.")
         self.failed_rollouts = counter("failed_rollouts", "Rollouts that failed (environment or generation errors).")
+        self.eval_step = gauge("eval_step", "Step whose policy the last evaluation evaluated (0: before training).")
+        self.eval_mean_reward = gauge("eval_mean_reward", "Mean reward of the last evaluation's rollouts.")
+        self.eval_pass_rate = Gauge(
+            f"{PREFIX}_eval_pass_rate",
+            "Share of the last evaluation's rows with a passing rollout among their k (eval/pass@k).",
+            [*labels, "k"],
+            registry=self.registry,
+        )
+        self.eval_failed_rollouts = gauge("eval_failed_rollouts", "Rollouts of the last evaluation that failed.")
+        self.eval_seconds = gauge("eval_seconds", "Seconds the last evaluation took.")
 
     def log(self, step: int, metrics: Mapping[str, Scalar]) -> None:
         """Take one step's metrics (a `MetricSink`)."""
@@ -88,6 +108,18 @@ class PrometheusMetrics:
             value = metrics.get(key)
             if isinstance(value, int | float) and value > 0:
                 counter.inc(value)
+        if EVALUATION_ROWS in metrics:
+            self._log_evaluation(step, metrics)
+
+    def _log_evaluation(self, step: int, metrics: Mapping[str, Scalar]) -> None:
+        self.eval_step.set(step)
+        _set(self.eval_mean_reward, metrics.get(EVALUATION_REWARD))
+        _set(self.eval_failed_rollouts, metrics.get(EVALUATION_FAILED))
+        _set(self.eval_seconds, metrics.get(EVALUATION_SECONDS))
+        for key, value in metrics.items():
+            if key.startswith(EVALUATION_PASS_PREFIX):
+                k = key.removeprefix(EVALUATION_PASS_PREFIX)
+                _set(self.eval_pass_rate.labels(grpojob=self.job_name, k=k), value)
 
     def close(self, failed: bool = False) -> None:
         """Nothing to flush: the endpoint serves the last values until the process ends."""

@@ -220,9 +220,11 @@ def save_checkpoint(
     data_position: dict[str, Any],
     config: dict[str, Any],
     keep: int | None = None,
+    kept_step: int | None = None,
     base_model: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically; with ``keep``, then delete all but the newest ``keep``.
+    """Write the checkpoint of ``step`` atomically; with ``keep``, then delete all but the newest ``keep``
+    and that of ``kept_step``.
     With ``base_model`` (the model directory the run started from) the checkpoint carries its config,
     generation config and tokenizer files, so it is a model directory too; a LoRA policy's checkpoint
     holds its adapter (naming ``base_model`` as its base) and no model files.
@@ -268,7 +270,7 @@ def save_checkpoint(
         shutil.rmtree(temp, ignore_errors=True)
         raise
     if keep is not None:
-        prune_checkpoints(directory, keep)
+        prune_checkpoints(directory, keep, kept_step)
     return final
 
 
@@ -351,13 +353,14 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
     return checkpoints[-1][1] if checkpoints else None
 
 
-def prune_checkpoints(directory: str | os.PathLike[str], keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints, and leftover temporary directories of
-    interrupted saves (one trainer writes a directory at a time). Returns what was deleted."""
+def prune_checkpoints(directory: str | os.PathLike[str], keep: int, kept_step: int | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints and that of ``kept_step`` (the best
+    evaluation's), and leftover temporary directories of interrupted saves (one trainer writes a directory
+    at a time). Returns what was deleted."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     directory = Path(directory)
-    doomed = [path for _, path in list_checkpoints(directory)[:-keep]]
+    doomed = [path for step, path in list_checkpoints(directory)[:-keep] if step != kept_step]
     doomed += [entry for entry in directory.iterdir() if entry.name.startswith(_TEMP_PREFIX)]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)

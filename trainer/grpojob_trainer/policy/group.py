@@ -60,9 +60,23 @@ class PolicyGroup:
         """Load the newest checkpoint in ``directory`` on every rank; (its step, data position) or None."""
         return self._on_every_rank("resume", directory)
 
-    def save(self, directory: str, step: int, data_position: dict[str, Any], config: dict[str, Any], keep: int) -> str:
-        """Write the checkpoint of ``step`` (gathered from every rank, written by rank 0); its path."""
-        return self._on_every_rank("save", directory, step, data_position, config, keep)
+    def save(
+        self,
+        directory: str,
+        step: int,
+        data_position: dict[str, Any],
+        config: dict[str, Any],
+        keep: int,
+        kept_step: int | None = None,
+    ) -> str:
+        """Write the checkpoint of ``step`` (gathered from every rank, written by rank 0), keeping the newest
+        ``keep`` and that of ``kept_step``; its path."""
+        return self._on_every_rank("save", directory, step, data_position, config, keep, kept_step)
+
+    def export_checkpoint(self, checkpoint: str, out: str, dtype: str, output_format: str = "merged") -> str:
+        """Write the model of ``checkpoint`` at ``out`` as `export` writes the live policy's (on rank 0, where
+        the checkpoint and output volumes are mounted); its path."""
+        return self._on_rank0("export_checkpoint", checkpoint, out, dtype, output_format)
 
     def export(self, out: str, dtype: str, keep: int | None = None, output_format: str = "merged") -> str:
         """Write the policy as a Hugging Face model directory (or, for ``output_format`` ``adapter``, a LoRA

@@ -191,8 +191,17 @@ class PolicyWorker:
             return 0
         return self._group.send_buckets(layouts, tensors, self.trainer.device)
 
-    def save(self, directory: str, step: int, data_position: dict[str, Any], config: dict[str, Any], keep: int) -> str:
-        """Every rank: gather the full state; rank 0 writes the checkpoint. Its path."""
+    def save(
+        self,
+        directory: str,
+        step: int,
+        data_position: dict[str, Any],
+        config: dict[str, Any],
+        keep: int,
+        kept_step: int | None = None,
+    ) -> str:
+        """Every rank: gather the full state; rank 0 writes the checkpoint, then keeps the newest ``keep`` and
+        that of ``kept_step``. Its path."""
         from grpojob_trainer.policy.checkpoint import save_checkpoint
 
         path = save_checkpoint(
@@ -203,9 +212,18 @@ class PolicyWorker:
             data_position=data_position,
             config=config,
             keep=keep,
+            kept_step=kept_step,
             base_model=self.model_path,
         )
         return str(path)
+
+    def export_checkpoint(self, checkpoint: str, out: str, dtype: str, output_format: str = "merged") -> str:
+        """Rank 0: the model of ``checkpoint`` at ``out``, merged or (``output_format`` ``adapter``) as its
+        adapter, with the tokenizer and config of the model the run started from. Its path."""
+        from grpojob_trainer.policy.export import export_checkpoint
+
+        adapter = output_format == api.OutputFormat.ADAPTER
+        return str(export_checkpoint(checkpoint, out, base=self.model_path, dtype=dtype, adapter=adapter))
 
     def export(self, out: str, dtype: str, keep: int | None = None, output_format: str = "merged") -> str | None:
         """Every rank: gather the full model (a LoRA policy: its adapter); rank 0 writes it at ``out`` as a

@@ -155,14 +155,22 @@ def gcs_address() -> str:
 
 
 def place_generation(
-    replicas: int, gpus: int, spec: dict, model_path: str, host: str, port: int | None, seed: int
+    replicas: int,
+    gpus: float,
+    spec: dict,
+    model_path: str,
+    host: str,
+    port: int | None,
+    seed: int,
+    evaluation_token: str | None = None,
 ) -> list:
     """One generation engine per `generation` worker (each needs the group's custom resource, and its
-    GPUs: Ray hides GPUs from an actor that did not ask for them)."""
+    GPUs: Ray hides GPUs from an actor that did not ask for them); ``evaluation_token`` marks evaluation
+    requests (`GenerationWorker`)."""
     import ray
 
     actor = ray.remote(GenerationWorker).options(num_cpus=0, num_gpus=gpus, resources={endpoints.GENERATION_GROUP: 1})
-    return [actor.remote(spec, model_path, host, port, seed + i) for i in range(replicas)]
+    return [actor.remote(spec, model_path, host, port, seed + i, evaluation_token) for i in range(replicas)]
 
 
 def place_policy(

@@ -61,3 +61,23 @@ def test_logs_go_to_their_own_claim_and_path_and_without_a_claim_stay_in_the_pod
     assert env["GRPOJOB_LOG_DIR"]["value"] == f"{LOG_MOUNT}/grpo/demo/attempt-1"
     (container,) = build_trainer_job(job(), SETTINGS, 1)["spec"]["template"]["spec"]["containers"]
     assert env_of(container)["GRPOJOB_LOG_DIR"]["value"] == "/tmp/logs/demo/attempt-1"
+
+
+def test_the_evaluation_rows_are_mounted_read_only_beside_the_training_rows_and_named_to_the_trainer():
+    from grpojob_operator.children.claims import EVALUATION_DATASET_MOUNT
+
+    j = job(
+        dataset={"path": "train.jsonl", "pvc": {"claimName": "grpo-data"}},
+        evaluation={"dataset": {"configMap": {"name": "held-out", "key": "test.jsonl"}}, "everySteps": 5},
+    )
+    pod = build_trainer_job(j, SETTINGS, 1)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+
+    assert {"name": "evaluation-dataset", "configMap": {"name": "held-out"}} in pod["volumes"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts[EVALUATION_DATASET_MOUNT]["readOnly"] and mounts[DATASET_MOUNT]["readOnly"]
+    env = env_of(container)
+    assert env["GRPOJOB_EVALUATION_DATASET_PATH"]["value"] == f"{EVALUATION_DATASET_MOUNT}/test.jsonl"
+    assert "GRPOJOB_EVALUATION_DATASET_PATH" not in env_of(
+        build_trainer_job(job(), SETTINGS, 1)["spec"]["template"]["spec"]["containers"][0]
+    )

@@ -38,6 +38,21 @@ def test_a_running_trainer_pod_makes_the_job_running_and_progress_reaches_the_st
     assert plan.events == [], "the way to Running is in the conditions; an Event is one more API write"
 
 
+def test_the_trainers_evaluations_reach_the_status():
+    children = with_endpoints(base_children())
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, False, False, "", False)}
+    children["Pod"]["demo-trainer-x"] = pod("demo-trainer-x", "trainer", attempt=1)
+    reported = (("bestEvaluation", "5 0.61"), ("lastEvaluation", "10 0.52"), ("meanReward", "0.5"), ("step", "11"))
+    children["ConfigMap"]["demo-progress"] = ConfigMapInfo("demo-progress", reported)
+
+    plan = run(job_body(status={"attempt": 1}), children)
+
+    assert plan.status.last_evaluation == api.EvaluationStatus(step=10, mean_reward=0.52)
+    assert plan.status.best_evaluation == api.EvaluationStatus(step=5, mean_reward=0.61)
+    written = plan.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert written["lastEvaluation"] == {"step": 10, "meanReward": 0.52}, "what the EVAL column reads"
+
+
 def test_a_trainer_pod_that_ended_before_its_job_is_marked_complete_keeps_the_job_running():
     children = with_endpoints(base_children())
     children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, False, False, "", False)}

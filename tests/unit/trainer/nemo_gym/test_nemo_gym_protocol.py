@@ -172,3 +172,21 @@ def test_a_dataset_row_that_is_not_a_nemo_gym_row_is_refused_with_its_line_and_f
     path.write_text('{"responses_create_params": {"input": "x"}}\n\n{"responses_create_params": {"inptu": "x"}}\n')
     with pytest.raises(ValueError, match=r"rows.jsonl:3: not a NeMo Gym row: responses_create_params\.input: Field"):
         PromptDataset.from_jsonl(path)
+
+
+def test_the_trainer_hands_any_nemo_gym_row_on_and_only_our_environment_servers_refuse_what_they_cannot_run():
+    """A NeMo Gym environment's rows may carry images and tools our agent does not convert: the trainer reads
+    and sends them as they are; our environment servers' /run refuses them (422) naming the field."""
+    from grpojob_trainer.nemo_gym.protocol import EnvironmentRow, Row
+
+    image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+    row = {
+        "responses_create_params": {
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "what is this?"}, image]}],
+            "tools": [{"type": "web_search"}],
+        }
+    }
+
+    assert Row.model_validate(row).responses_create_params.input == row["responses_create_params"]["input"]
+    with pytest.raises(pydantic.ValidationError, match="input"):
+        EnvironmentRow.model_validate(row)
