@@ -53,9 +53,13 @@ def output_model_data(path: str, step: int) -> dict[str, str]:
     return {OUTPUT_MODEL_KEY: path, OUTPUT_MODEL_STEP_KEY: str(step)}
 
 
-def evaluation_data(last: EvaluationReport, best: EvaluationReport) -> dict[str, str]:
-    """What the trainer writes into `<job>-progress` after an evaluation: the newest and the best."""
-    return {LAST_EVALUATION_KEY: _evaluation_text(last), BEST_EVALUATION_KEY: _evaluation_text(best)}
+def evaluation_data(last: EvaluationReport, best: EvaluationReport | None) -> dict[str, str]:
+    """What the trainer writes into `<job>-progress` after an evaluation: the newest and the best (none yet
+    after the baseline, which is never the best)."""
+    data = {LAST_EVALUATION_KEY: _evaluation_text(last)}
+    if best is not None:
+        data[BEST_EVALUATION_KEY] = _evaluation_text(best)
+    return data
 
 
 def _evaluation_text(report: EvaluationReport) -> str:

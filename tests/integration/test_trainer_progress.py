@@ -15,6 +15,7 @@ from kubernetes import client
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.admission import parse_job
+from grpojob_api.progress import EvaluationReport
 from grpojob_operator.children.trainer import build_progress, build_trainer_rbac
 from grpojob_trainer.observability.progress import ConfigMapProgressPublisher
 
@@ -68,6 +69,15 @@ def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubec
     publisher.publish(7, 0.5)  # the exported model's report stays beside later steps
     expected = {"step": "7", "meanReward": "0.5", "outputModel": "models/demo/final", "outputModelStep": "6"}
     assert core.read_namespaced_config_map("demo-progress", namespace).data == expected
+    publisher.publish_evaluation(EvaluationReport(0, 0.25), None)  # the baseline: no best yet
+    assert core.read_namespaced_config_map("demo-progress", namespace).data == expected | {"lastEvaluation": "0 0.25"}
+    publisher.publish_evaluation(EvaluationReport(8, 0.5), EvaluationReport(8, 0.5))
+    publisher.publish(9, 0.625)  # the evaluations' report stays beside later steps
+    evaluated = {"lastEvaluation": "8 0.5", "bestEvaluation": "8 0.5"}
+    assert core.read_namespaced_config_map("demo-progress", namespace).data == expected | evaluated | {
+        "step": "9",
+        "meanReward": "0.625",
+    }
 
     # Reporting is best effort: a refused report is logged, it does not end training (nor change anything).
     with caplog.at_level(logging.WARNING, logger="grpojob_trainer.observability.progress"):

@@ -122,7 +122,7 @@ def _evaluation_rows(spec: api.GRPOJobSpec, path: str | None) -> list[Row] | Non
         return None
     if path is None:
         raise UsageError("spec.evaluation.dataset: `grpojob run` reads a local file: set spec.evaluation.dataset.path")
-    _require(Path(path), "spec.evaluation.dataset.path", "write one with `grpojob dataset NAME --out FILE`")
+    _require_file(Path(path), "spec.evaluation.dataset.path", "write one with `grpojob dataset NAME --out FILE`")
     try:
         rows = PromptDataset.from_jsonl(path).rows
     except ValueError as error:

@@ -25,5 +25,7 @@ def test_evaluations_round_trip_and_an_unreadable_one_is_ignored():
     assert report.last_evaluation == EvaluationReport(10, 0.52)
     assert report.best_evaluation == EvaluationReport(5, 0.61)
     assert parse_progress(progress_data(12, 0.5)).last_evaluation is None
+    baseline = parse_progress(progress_data(0, 0.5) | evaluation_data(EvaluationReport(0, 0.25), None))
+    assert baseline.last_evaluation == EvaluationReport(0, 0.25) and baseline.best_evaluation is None
     for unreadable in ("10", "x 0.5", "10 nan", "-1 0.5", "10 high"):
         assert parse_progress(progress_data(12, 0.5) | {"lastEvaluation": unreadable}).last_evaluation is None

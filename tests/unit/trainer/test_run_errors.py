@@ -56,3 +56,31 @@ def test_a_dataset_path_that_is_a_directory_is_refused_naming_the_field(
     assert (
         err == f"grpojob: spec.dataset.path: {rows} is not a file (write one with `grpojob dataset NAME --out FILE`)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("evaluation_path", "named"),
+    [
+        ("directory", "spec.evaluation.dataset.path: {path} is not a file"),
+        ("missing.jsonl", "spec.evaluation.dataset.path: {path} does not exist"),
+        ("not-rows.jsonl", "spec.evaluation.dataset: {path}:1: not a NeMo Gym row"),
+    ],
+)
+def test_an_evaluation_dataset_it_cannot_read_is_refused_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], evaluation_path: str, named: str
+):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"responses_create_params": {"input": "1+1="}, "expected_answer": "2"}) + "\n")
+    held_out = tmp_path / evaluation_path
+    if evaluation_path == "directory":
+        held_out.mkdir()
+    elif evaluation_path == "not-rows.jsonl":
+        held_out.write_text('{"question": "1+1="}\n')
+    job = job_file(tmp_path, str(rows))
+    manifest = json.loads(job.read_text())
+    manifest["spec"]["evaluation"] = {"dataset": {"path": str(held_out)}}
+    job.write_text(json.dumps(manifest))
+
+    err = refusal(job, capsys)
+
+    assert err.startswith(f"grpojob: {named.format(path=held_out)}"), err
