@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -203,9 +203,11 @@ class TrainerEnv(_Contract):
 
     progress_config_map: str = Field(alias=GRPOJOB_PROGRESS_CONFIGMAP, min_length=1)
     model_path: str = Field(alias=GRPOJOB_MODEL_PATH, min_length=1)
-    dataset_path: str = Field(alias=GRPOJOB_DATASET_PATH, min_length=1)
+    dataset_paths: list[Annotated[str, Field(min_length=1)]] = Field(alias=GRPOJOB_DATASET_PATH, min_length=1)
+    """Where each source of `spec.dataset` is, in its order: a JSONL file, or a hub dataset's snapshot directory.
+    One source's is the path itself, several sources' a JSON list."""
     evaluation_dataset_path: str | None = Field(default=None, alias=GRPOJOB_EVALUATION_DATASET_PATH, min_length=1)
-    """The held-out rows of `spec.evaluation` (none without an evaluation)."""
+    """The held-out rows of `spec.evaluation` (none without an evaluation): a file or a snapshot directory."""
     checkpoint_dir: str = Field(alias=GRPOJOB_CHECKPOINT_DIR, min_length=1)
     output_dir: str = Field(alias=GRPOJOB_OUTPUT_DIR, min_length=1)
     """Where the policy's ranks (on the `policy` workers) write the exported model."""
@@ -214,9 +216,24 @@ class TrainerEnv(_Contract):
     metrics_port: int = Field(default=0, alias=GRPOJOB_TRAINER_METRICS_PORT, ge=0, le=65535)
     """Port of the trainer's Prometheus endpoint (0: none)."""
 
+    @field_validator("dataset_paths", mode="before")
+    @classmethod
+    def _one_path_or_a_json_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value.startswith("["):
+                try:
+                    return json.loads(value)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"not a JSON list: {error}") from None
+            return [value]
+        return value
+
     def env(self) -> list[dict[str, str]]:
         """The container's ``env`` entries."""
         values = self.model_dump(by_alias=True, exclude_none=True)
+        paths = values[GRPOJOB_DATASET_PATH]
+        one = len(paths) == 1 and not paths[0].startswith("[")
+        values[GRPOJOB_DATASET_PATH] = paths[0] if one else json.dumps(paths)
         return [{"name": key, "value": str(value)} for key, value in values.items()]
 
     @classmethod

@@ -30,7 +30,8 @@ def log_dir(job: api.GRPOJob) -> str:
     return job.spec.logging.path or f"logs/{job.metadata.name}"
 
 
-def hub_snapshot_path(model_id: str, commit: str) -> str:
-    """Where the Hugging Face hub cache holds ``commit`` of ``model_id``, relative to the cache's root
-    (`HF_HUB_CACHE`): `models--<owner>--<name>/snapshots/<commit>` (the hub's layout)."""
-    return "models--" + model_id.replace("/", "--") + f"/snapshots/{commit}"
+def hub_snapshot_path(repo_id: str, commit: str, repo_type: str = "model") -> str:
+    """Where the Hugging Face hub cache holds ``commit`` of ``repo_id``, relative to the cache's root
+    (`HF_HUB_CACHE`): `models--<owner>--<name>/snapshots/<commit>`, or `datasets--…` for a dataset (the hub's
+    layout)."""
+    return f"{repo_type}s--" + repo_id.replace("/", "--") + f"/snapshots/{commit}"

@@ -145,12 +145,13 @@ HUB_MODEL_ID = r"^[A-Za-z0-9][-_.A-Za-z0-9]*(/[A-Za-z0-9][-_.A-Za-z0-9]*)?$"
 """A Hugging Face model id: `name` or `owner/name` (letters, digits, `-`, `_`, `.`)."""
 _ONE_MODEL_SOURCE = "spec.model: set exactly one of path (a model directory) or id (a Hugging Face model id)"
 _MODEL_PVC_NEEDS_PATH = "spec.model.pvc needs spec.model.path (the model directory inside the claim)"
-_HUB_FIELDS_NEED_ID = "spec.model: revision, tokenSecret, cache and offline go with id (a Hugging Face model id)"
+_HUB_FIELDS_NEED_ID = "spec.model: revision, tokenSecret and offline go with id (a Hugging Face model id)"
 
 
 class ModelCacheSpec(ApiModel):
-    """The volume a Hugging Face model is downloaded into (in the hub's cache layout), once per job: a claim
-    the user names (shared by jobs, so a model is downloaded once), or one the job creates and deletes."""
+    """The volume the job's Hugging Face downloads go to (in the hub's cache layout), once per job: the model
+    and the datasets named by id share it. A claim the user names (shared by jobs, so a model or dataset is
+    downloaded once), or one the job creates and deletes."""
 
     claim_name: str | None = Field(default=None, min_length=1)
     """An existing PersistentVolumeClaim to use as the cache (ReadWriteMany to share it between nodes). Without
@@ -174,8 +175,7 @@ class ModelSpec(ApiModel):
             cel("has(self.path) != has(self.id)", _ONE_MODEL_SOURCE),
             cel("!has(self.pvc) || has(self.path)", _MODEL_PVC_NEEDS_PATH, ".pvc"),
             cel(
-                "has(self.id) || !(has(self.revision) || has(self.tokenSecret) || has(self.cache) || "
-                "(has(self.offline) && self.offline))",
+                "has(self.id) || !(has(self.revision) || has(self.tokenSecret) || (has(self.offline) && self.offline))",
                 _HUB_FIELDS_NEED_ID,
             ),
         )
@@ -194,7 +194,8 @@ class ModelSpec(ApiModel):
     token_secret: SecretKeyRef | None = None
     """The Secret key holding a Hugging Face token (`HF_TOKEN`), for gated or private models."""
     cache: ModelCacheSpec | None = None
-    """Where `id` is downloaded to (default: a claim the job creates)."""
+    """The job's Hugging Face cache: where `id`, and the datasets named by id, are downloaded to (default: a
+    claim the job creates). Also with a `path` model when a dataset is named by id."""
     offline: bool = False
     """Take `id` from the cache only, never from the hub (a cache filled beforehand, an air-gapped
     cluster): the download step fails with a clear reason when the cache does not hold it."""
@@ -207,7 +208,7 @@ class ModelSpec(ApiModel):
             raise ValueError(_ONE_MODEL_SOURCE)
         if self.pvc is not None and self.path is None:
             raise ValueError(_MODEL_PVC_NEEDS_PATH)
-        hub_fields = self.revision or self.token_secret or self.cache or self.offline
+        hub_fields = self.revision or self.token_secret or self.offline
         if self.id is None and hub_fields:
             raise ValueError(_HUB_FIELDS_NEED_ID)
         return self
@@ -693,20 +694,103 @@ class ConfigMapSource(ApiModel):
     """Key holding the JSONL rows."""
 
 
-_ONE_DATASET_SOURCE = "set exactly one of path or configMap"
+ROW_KEYS = ("responses_create_params", "agent_ref")
+"""The keys of a NeMo Gym row that a mapping writes itself (the prompt and the environment)."""
+_ROW_KEYS_RESERVED = "responses_create_params and agent_ref are written by the mapping itself"
+
+MappedColumn = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class DatasetMapping(ApiModel):
+    """Plain prompt columns made into NeMo Gym rows: each record becomes `responses_create_params.input` =
+    [a system message (`systemPrompt`), a user message (the `promptField` column)], `agent_ref.name` =
+    `environment`, and the task fields its environment verifies with (`fields`, e.g. the expected answer)."""
+
+    prompt_field: str = Field(min_length=1, max_length=256)
+    """The column holding the user prompt."""
+    system_prompt: str | None = Field(default=None, min_length=1, max_length=65536)
+    """A system message before the prompt."""
+    environment: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+    """The environment that verifies these rows (a `spec.environments` name, or a NeMo Gym agent of one): the
+    rows' `agent_ref.name`."""
+    fields: dict[str, MappedColumn] = Field(
+        default_factory=dict,
+        max_length=64,
+        json_schema_extra=cel_rules(
+            cel("!('responses_create_params' in self) && !('agent_ref' in self)", _ROW_KEYS_RESERVED)
+        ),
+    )
+    """Task fields of each row, by the column they come from (`{expected_answer: answer}`): what the
+    environment needs to verify a rollout."""
+
+    @field_validator("fields")
+    @classmethod
+    def _not_the_mappings_own(cls, fields: dict[str, str]) -> dict[str, str]:
+        if set(fields) & set(ROW_KEYS):
+            raise ValueError(_ROW_KEYS_RESERVED)
+        return fields
+
+
+HUB_DATASET_ID = HUB_MODEL_ID
+"""A Hugging Face dataset id: `name` or `owner/name`."""
+DATASET_SPLIT = r"^[A-Za-z0-9_.\-]+(\[[-0-9:%]*\])?(\+[A-Za-z0-9_.\-]+(\[[-0-9:%]*\])?)*$"
+"""A split as `datasets` takes it: `train`, `test[:500]`, `train[10%:]`, `train+validation`."""
+_ONE_DATASET_SOURCE = "set exactly one of path, configMap or id"
+_ONE_DATASET_FORM = "set exactly one of path, configMap, id or sources"
 _PVC_NEEDS_PATH = "pvc needs path (the file inside the claim)"
+_ID_NEEDS_SPLIT = "id needs split (the split of the dataset to read, e.g. train)"
+_DATASET_HUB_FIELDS_NEED_ID = (
+    "revision, split, config, files, tokenSecret and offline go with id (a Hugging Face dataset id)"
+)
+_SOURCES_TAKE_THEIR_OWN_MAPPING = "mapping goes on each of sources, not beside them"
 
 
-class DatasetSpec(ApiModel):
-    """Training rows, JSONL in NeMo Gym's row format (`responses_create_params`, `agent_ref`, task fields).
+def _exactly_one(*fields: str) -> str:
+    """A CEL rule: exactly one of ``fields`` is set."""
+    return " + ".join(f"(has(self.{f}) ? 1 : 0)" for f in fields) + " == 1"
 
-    Exactly one of `path` (local or inside `pvc`) or `configMap`.
-    """
+
+_DATASET_SOURCE_RULES = (
+    cel("!has(self.pvc) || has(self.path)", _PVC_NEEDS_PATH, ".pvc"),
+    cel(
+        "has(self.id) || !(has(self.revision) || has(self.split) || has(self.config) || has(self.files) || "
+        "has(self.tokenSecret) || (has(self.offline) && self.offline))",
+        _DATASET_HUB_FIELDS_NEED_ID,
+    ),
+    cel("!has(self.id) || has(self.split)", _ID_NEEDS_SPLIT, ".split"),
+)
+
+_NO_PARENT_IN_DATASET = "must not contain `..` (a path inside the dataset)"
+
+
+def _inside_the_dataset(path: str) -> str:
+    if ".." in path.split("/"):
+        raise ValueError(f"{path!r} {_NO_PARENT_IN_DATASET}")
+    return path
+
+
+DatasetFile = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[^/]",
+        json_schema_extra=cel_rules(cel("!self.matches('(^|/)[.][.](/|$)')", _NO_PARENT_IN_DATASET)),
+    ),
+    AfterValidator(_inside_the_dataset),
+]
+"""A file (or glob) inside a hub dataset's repository, relative to its root."""
+
+
+class DatasetSource(ApiModel):
+    """One source of rows, exactly one of: a JSONL file (`path`, inside `pvc` on Kubernetes), a `configMap` key
+    of JSONL, or a Hugging Face dataset `id` (downloaded once before the job starts, into the job's Hugging
+    Face cache, `spec.model.cache`). The rows are NeMo Gym rows (`responses_create_params`, `agent_ref`, task
+    fields) as they are, or plain columns made into them by a `mapping`."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
-            cel("has(self.path) != has(self.configMap)", _ONE_DATASET_SOURCE),
-            cel("!has(self.pvc) || has(self.path)", _PVC_NEEDS_PATH, ".pvc"),
+            cel(_exactly_one("path", "configMap", "id"), _ONE_DATASET_SOURCE), *_DATASET_SOURCE_RULES
         )
     )
 
@@ -716,14 +800,92 @@ class DatasetSpec(ApiModel):
     """Claim holding `path`."""
     config_map: ConfigMapSource | None = None
     """ConfigMap holding the rows."""
+    id: str | None = Field(default=None, max_length=96, pattern=HUB_DATASET_ID)
+    """A Hugging Face dataset id (`openai/gsm8k`): the operator downloads it before the job starts, the
+    trainer reads that one revision with `datasets` (`load_dataset(<snapshot>, name=config, split=split,
+    data_files=files)`), offline. `grpojob run` takes it from this machine's hub cache only."""
+    revision: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[^\s]+$")
+    """Branch, tag or commit of `id` (default `main`); resolved to one commit by the download
+    (`status.datasetCommits`)."""
+    split: str | None = Field(default=None, max_length=256, pattern=DATASET_SPLIT)
+    """The split of `id` to read (`train`, `test[:500]`, `train+validation`): needed with `id`."""
+    config: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[^\s]+$")
+    """The configuration of `id` (`name` in `load_dataset`: `main` of `openai/gsm8k`), as its card defines."""
+    files: list[DatasetFile] | None = Field(default=None, min_length=1, max_length=64)
+    """Files (or globs) of `id` to read (`data_files` in `load_dataset`); only these, and the card, are
+    downloaded."""
+    token_secret: SecretKeyRef | None = None
+    """The Secret key holding a Hugging Face token for a gated or private `id` (default: the model's,
+    `spec.model.tokenSecret`, when it has one)."""
+    offline: bool = False
+    """Take `id` from the cache only, never from the hub (a cache filled beforehand with `grpojob cache-dataset`
+    or `hf download --repo-type dataset`)."""
+    mapping: DatasetMapping | None = None
+    """Make plain prompt columns into NeMo Gym rows; without it the rows must be NeMo Gym rows already."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSource:
+        _check_source(self, (self.path, self.config_map, self.id), _ONE_DATASET_SOURCE)
+        return self
+
+
+def _check_source(source: DatasetSource, kinds: tuple[object, ...], exactly_one: str) -> None:
+    """The rules of one source (`_DATASET_SOURCE_RULES`), with ``kinds`` the forms of which one must be set."""
+    if sum(kind is not None for kind in kinds) != 1:
+        raise ValueError(exactly_one)
+    if source.pvc is not None and source.path is None:
+        raise ValueError(_PVC_NEEDS_PATH)
+    hub_fields = (source.revision, source.split, source.config, source.files, source.token_secret)
+    if source.id is None and (any(f is not None for f in hub_fields) or source.offline):
+        raise ValueError(_DATASET_HUB_FIELDS_NEED_ID)
+    if source.id is not None and source.split is None:
+        raise ValueError(_ID_NEEDS_SPLIT)
+
+
+class WeightedDatasetSource(DatasetSource):
+    """One of several sources of training rows (`spec.dataset.sources`), drawn from by its weight."""
+
+    weight: float = Field(default=1.0, gt=0.0, le=1_000_000)
+    """Its share of each step's prompts, relative to the other sources' weights: each prompt of a step comes
+    from this source with probability weight / (the sum of the weights), drawn from `spec.grpo.seed`."""
+
+
+class DatasetSpec(DatasetSource):
+    """Training rows: one source (`path`, `configMap` or `id`, as `DatasetSource` says), or several weighted
+    `sources` that each step's prompts are drawn from by weight."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(_exactly_one("path", "configMap", "id", "sources"), _ONE_DATASET_FORM),
+            *_DATASET_SOURCE_RULES,
+            cel("!has(self.sources) || !has(self.mapping)", _SOURCES_TAKE_THEIR_OWN_MAPPING, ".mapping"),
+        )
+    )
+
+    sources: list[WeightedDatasetSource] | None = Field(default=None, min_length=1, max_length=16)
+    """Several sources, each with a weight: every prompt of a step is drawn from one of them by weight
+    (deterministically from `spec.grpo.seed` and the step), and each goes through its rows in its own
+    shuffled epochs; a checkpoint keeps every source's place, so a resumed run draws the prompts an
+    uninterrupted one would. Instead of `path`, `configMap` or `id`."""
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetSpec:
-        if (self.path is None) == (self.config_map is None):
-            raise ValueError(_ONE_DATASET_SOURCE)
-        if self.pvc is not None and self.path is None:
-            raise ValueError(_PVC_NEEDS_PATH)
+        _check_source(self, (self.path, self.config_map, self.id, self.sources), _ONE_DATASET_FORM)
+        if self.sources is not None and self.mapping is not None:
+            raise ValueError(_SOURCES_TAKE_THEIR_OWN_MAPPING)
         return self
+
+    def all_sources(self) -> list[DatasetSource]:
+        """The sources rows are drawn from: ``sources``, or this one."""
+        return list(self.sources) if self.sources is not None else [self]
+
+    def weights(self) -> list[float]:
+        """Each source's weight (1 for a single source)."""
+        return [s.weight for s in self.sources] if self.sources is not None else [1.0]
+
+    def source_fields(self, prefix: str = "spec.dataset") -> list[str]:
+        """Each source's field path, as messages name it: ``prefix``, or `prefix.sources[i]`."""
+        return [f"{prefix}.sources[{i}]" for i in range(len(self.sources))] if self.sources is not None else [prefix]
 
 
 class EvaluationSpec(ApiModel):
@@ -731,8 +893,9 @@ class EvaluationSpec(ApiModel):
     `eval_steps` do it: the rows go through the job's environments and engines between training steps,
     sampled with the evaluation's own parameters, and are never trained on."""
 
-    dataset: DatasetSpec
-    """The held-out rows, in any form `spec.dataset` takes."""
+    dataset: DatasetSource
+    """The held-out rows: a path (in a claim), a ConfigMap or a Hugging Face dataset id, as one source of
+    `spec.dataset`."""
     every_steps: int = Field(default=10, ge=1)
     """Evaluate the policy of every this many steps (and of the last step)."""
     before_training: bool = True
@@ -1039,6 +1202,23 @@ _ADAPTER_OUTPUT_NEEDS_LORA = (
     "spec.output.format: adapter needs spec.training.lora (a full fine-tune has no adapter to write)"
 )
 _BEST_EVALUATION_NEEDS_EVALUATION = "spec.output.select: bestEvaluation needs spec.evaluation"
+_CACHE_NEEDS_AN_ID = "spec.model.cache (the job's Hugging Face cache) needs spec.model.id or a dataset named by id"
+_A_DATASET_ID = (
+    "has(self.dataset.id) || (has(self.dataset.sources) && self.dataset.sources.exists(s, has(s.id))) || "
+    "(has(self.evaluation) && has(self.evaluation.dataset.id))"
+)
+
+
+def _unknown_environment(field: str) -> str:
+    return f"{field}.environment must name one of spec.environments (or the NeMo Gym agent of one)"
+
+
+def _names_an_environment(mapping: str) -> str:
+    """A CEL expression: the ``mapping``'s environment is an environment's name or its NeMo Gym agent."""
+    return (
+        f"self.environments.exists(e, e.name == {mapping}.environment || "
+        f"(has(e.nemoGym) && e.nemoGym.agent == {mapping}.environment))"
+    )
 
 
 class GRPOJobSpec(ApiModel):
@@ -1063,6 +1243,25 @@ class GRPOJobSpec(ApiModel):
                 "has(self.evaluation)",
                 _BEST_EVALUATION_NEEDS_EVALUATION,
                 ".output.select",
+            ),
+            cel(f"!has(self.model.cache) || has(self.model.id) || {_A_DATASET_ID}", _CACHE_NEEDS_AN_ID, ".model.cache"),
+            cel(
+                "!has(self.dataset.mapping) || " + _names_an_environment("self.dataset.mapping"),
+                _unknown_environment("spec.dataset.mapping"),
+                ".dataset.mapping.environment",
+            ),
+            cel(
+                "!has(self.dataset.sources) || self.dataset.sources.all(s, !has(s.mapping) || "
+                + _names_an_environment("s.mapping")
+                + ")",
+                _unknown_environment("spec.dataset.sources[*].mapping"),
+                ".dataset.sources",
+            ),
+            cel(
+                "!has(self.evaluation) || !has(self.evaluation.dataset.mapping) || "
+                + _names_an_environment("self.evaluation.dataset.mapping"),
+                _unknown_environment("spec.evaluation.dataset.mapping"),
+                ".evaluation.dataset.mapping.environment",
             ),
         )
     )
@@ -1129,6 +1328,31 @@ class GRPOJobSpec(ApiModel):
         return self
 
     @model_validator(mode="after")
+    def _cache_needs_an_id(self) -> GRPOJobSpec:
+        if self.model.cache is not None and self.model.id is None and not self.hub_datasets():
+            raise ValueError(_CACHE_NEEDS_AN_ID)
+        return self
+
+    @model_validator(mode="after")
+    def _mappings_name_environments(self) -> GRPOJobSpec:
+        known = {e.name for e in self.environments} | {e.nemo_gym.agent for e in self.environments if e.nemo_gym}
+        for field, source in self.dataset_sources():
+            if source.mapping is not None and source.mapping.environment not in known:
+                raise ValueError(_unknown_environment(f"{field}.mapping") + f": {source.mapping.environment!r}")
+        return self
+
+    def dataset_sources(self) -> list[tuple[str, DatasetSource]]:
+        """Every source of rows, with its field path: the training dataset's, then the evaluation's."""
+        found = list(zip(self.dataset.source_fields(), self.dataset.all_sources(), strict=True))
+        if self.evaluation is not None:
+            found.append(("spec.evaluation.dataset", self.evaluation.dataset))
+        return found
+
+    def hub_datasets(self) -> list[tuple[str, DatasetSource]]:
+        """The sources named by a Hugging Face dataset id, with their field paths."""
+        return [(field, source) for field, source in self.dataset_sources() if source.id is not None]
+
+    @model_validator(mode="after")
     def _adapter_output_needs_lora(self) -> GRPOJobSpec:
         if self.output.format == OutputFormat.ADAPTER and self.training.lora is None:
             raise ValueError(_ADAPTER_OUTPUT_NEEDS_LORA)
@@ -1166,6 +1390,8 @@ class Phase(StrEnum):
 
 class ConditionType(StrEnum):
     MODEL_READY = "ModelReady"
+    DATASET_READY = "DatasetReady"
+    """The datasets named by id are downloaded (by the same Job as a hub model)."""
     RAY_CLUSTER_READY = "RayClusterReady"
     ENDPOINTS_PUBLISHED = "EndpointsPublished"
     ENVIRONMENTS_READY = "EnvironmentsReady"
@@ -1235,6 +1461,9 @@ class GRPOJobStatus(ApiModel):
     equals): the one `spec.output.select: bestEvaluation` exports."""
     model_commit: str | None = None
     """The commit of `spec.model.id` that the download resolved; every pod loads this one."""
+    dataset_commits: dict[str, str] | None = None
+    """The commit each dataset named by id resolved to, by `<id>@<revision>` (training and evaluation sources
+    alike); the trainer reads these."""
     output_model: OutputModelStatus | None = None
     """The newest model the trainer exported (`spec.output`)."""
     progress_time: datetime | None = None

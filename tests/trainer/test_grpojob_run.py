@@ -249,20 +249,35 @@ def test_two_lora_policy_ranks_on_the_cpu_gather_and_send_their_adapter(tiny_mod
     AutoModelForCausalLM.from_pretrained(tmp_path / "models" / "final")  # a whole model, merged
 
 
-def test_a_job_naming_its_model_by_hub_id_leaves_a_model_transformers_loads(tiny_model_dir: Path, tmp_path: Path):
-    """The model by its id from a hub cache filled beforehand (offline: no network here); the trained model
+def test_a_job_naming_its_model_and_a_dataset_by_hub_id_leaves_a_model_transformers_loads(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """The model, and one of two weighted dataset sources, by their ids from one hub cache filled beforehand
+    (offline: no network here; the dataset's plain columns made into rows by its mapping); the trained model
     exported at the end and with each checkpoint, in the output directory the job names, which keeps only
     as many of the checkpoints' models as checkpoints (`spec.checkpointing.keep`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpojob_trainer.environments.dataset import write_rows
     from grpojob_trainer.models.hub import place_in_cache
 
     cache = tmp_path / "hub"
     place_in_cache(tiny_model_dir, "grpojob-tests/tiny-chat", cache)
+    rows = [json.loads(line) for line in write_rows("arithmetic", 64, tmp_path / "plain.jsonl", seed=1).open()]
+    questions = [row["responses_create_params"]["input"][0]["content"] for row in rows]
+    (tmp_path / "plain" / "data").mkdir(parents=True)
+    table = pa.table({"question": questions, "answer": [row["expected_answer"] for row in rows]})
+    pq.write_table(table, tmp_path / "plain" / "data" / "train-00000-of-00001.parquet")
+    place_in_cache(tmp_path / "plain", "grpojob-tests/arithmetic-plain", cache, repo_type="dataset")
     job_path = write_job(tmp_path, tiny_model_dir, steps=6, interval=2)
     job = yaml.safe_load(job_path.read_text())
     job["spec"]["checkpointing"]["keep"] = 2
     job["spec"]["model"] = {"id": "grpojob-tests/tiny-chat", "offline": True, "servedModelName": "tiny"}
+    mapping = {"promptField": "question", "environment": "arithmetic", "fields": {"expected_answer": "answer"}}
+    plain = {"id": "grpojob-tests/arithmetic-plain", "split": "train", "offline": True, "mapping": mapping}
+    job["spec"]["dataset"] = {"sources": [{"path": job["spec"]["dataset"]["path"]}, {**plain, "weight": 3}]}
     job["spec"]["output"] = {"path": str(tmp_path / "models"), "everyCheckpoint": True, "dtype": "float32"}
     job_path.write_text(yaml.safe_dump(job))
 
@@ -290,6 +305,10 @@ def test_a_job_naming_its_model_by_hub_id_leaves_a_model_transformers_loads(tiny
     progress = json.loads((tmp_path / "out" / "progress.json").read_text())
     assert progress["outputModel"] == f"{tmp_path / 'models'}/final" and progress["outputModelStep"] == 6
     assert "trained model:" in out
+    last = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()][-1]
+    drawn = [last[f"data/source_{i}/index"] for i in (1, 0)]  # neither source runs out in 6 steps
+    assert sum(drawn) == 6 * job["spec"]["grpo"]["promptsPerStep"] and drawn[0] > drawn[1], drawn  # weights 3 : 1
+    assert last["rollout/reward/mean"] >= 0 and last["rollout/failed"] == 0, "the mapped rows ran in the environment"
 
 
 def torch_equal(left, right) -> bool:

@@ -5,8 +5,10 @@ grpojob run JOB.yaml          run a GRPOJob on this machine: local Ray, environm
 grpojob train --config FILE   the trainer pod's entrypoint on Kubernetes (joins the job's RayCluster)
 grpojob tiny-model DIR        write a tiny random-init model (with tokenizer and chat template)
 grpojob export CKPT OUT       write a checkpoint's model as a Hugging Face model directory (--adapter: a LoRA adapter)
-grpojob download-model ID     download a Hugging Face model into a hub cache (a job's download step)
+grpojob download REPO...      download what a job names by id into a hub cache (a job's download step)
+grpojob download-model ID     download a Hugging Face model into a hub cache
 grpojob cache-model DIR ID    put a local model directory into a hub cache as ID (air-gapped clusters)
+grpojob cache-dataset DIR ID  put a local dataset directory into a hub cache as ID (air-gapped clusters)
 grpojob dataset NAME --out F  write an example environment's JSONL rows
 """
 
@@ -25,9 +27,10 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from grpojob_api import admission, kubeyaml, paths
+from grpojob_api import admission, hub, kubeyaml, paths
 from grpojob_api import v1alpha1 as api
 from grpojob_api.endpoints import GENERATION_PORT, ContractError, TrainerEnv
+from grpojob_trainer.algorithm.data import Prompts
 from grpojob_trainer.errors import AllRolloutsFailed, EnvironmentNotReady, RayHeadLost, UsageError
 from grpojob_trainer.models.tiny import SHAPES
 from grpojob_trainer.nemo_gym.protocol import Row
@@ -112,22 +115,70 @@ def _require_file(path: Path, field: str, hint: str) -> Path:
     return path
 
 
-def _evaluation_rows(spec: api.GRPOJobSpec, path: str | None) -> list[Row] | None:
-    """The held-out rows of ``spec.evaluation`` (its first ``maxRows``) read from ``path``; None without an
-    evaluation. Raises `UsageError` naming the field for a file that is missing or holds no NeMo Gym rows."""
-    from grpojob_trainer.algorithm.data import PromptDataset
+def _evaluation_rows(spec: api.GRPOJobSpec, location: str | None) -> list[Row] | None:
+    """The held-out rows of ``spec.evaluation`` (its first ``maxRows``) read from ``location`` (a file or a hub
+    dataset's snapshot); None without an evaluation. Raises `UsageError` naming the field for rows it cannot
+    read."""
+    from grpojob_trainer.algorithm.sources import load_rows
 
     evaluation = spec.evaluation
     if evaluation is None:
         return None
-    if path is None:
-        raise UsageError("spec.evaluation.dataset: `grpojob run` reads a local file: set spec.evaluation.dataset.path")
-    _require_file(Path(path), "spec.evaluation.dataset.path", "write one with `grpojob dataset NAME --out FILE`")
+    if location is None:
+        raise UsageError("spec.evaluation.dataset: the trainer was given no place to read it from")
     try:
-        rows = PromptDataset.from_jsonl(path).rows
+        rows = load_rows(evaluation.dataset, location, "spec.evaluation.dataset")
     except ValueError as error:
-        raise UsageError(f"spec.evaluation.dataset: {error}") from None
+        raise UsageError(str(error)) from None
     return rows[: evaluation.max_rows]
+
+
+def _training_prompts(spec: api.GRPOJobSpec, locations: list[str]) -> Prompts:
+    """The training prompts of ``spec.dataset``, each source read from its place in ``locations``. Raises
+    `UsageError` naming the field for rows it cannot read."""
+    from grpojob_trainer.algorithm.sources import load_prompts
+
+    try:
+        return load_prompts(spec.dataset, locations, spec.grpo.seed)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def local_data(spec: api.GRPOJobSpec) -> tuple[Prompts, list[Row] | None]:
+    """`grpojob run`'s training prompts and held-out rows, each source read from its file or, named by id, from
+    this machine's hub cache (offline). Raises `UsageError` naming the field of a source it cannot read."""
+    locations = [_local_dataset(source, field) for field, source in spec.dataset_sources()]
+    training = locations[: len(spec.dataset.all_sources())]
+    return _training_prompts(spec, training), _evaluation_rows(spec, locations[-1] if spec.evaluation else None)
+
+
+def _local_dataset(source: api.DatasetSource, field: str) -> str:
+    """Where `grpojob run` reads a source: its file, or the snapshot of its id in this machine's hub cache
+    (`HF_HUB_CACHE`), which it never downloads. A ConfigMap is refused, naming the field."""
+    if source.id is not None:
+        from huggingface_hub import constants
+
+        from grpojob_trainer.models.hub import HubError, download
+
+        cache = constants.HF_HUB_CACHE
+        try:
+            found = download(source.id, source.revision, cache, repo_type="dataset", offline=True, field=field)
+        except HubError as error:
+            if error.reason != "DatasetNotInCache":
+                raise UsageError(f"{field}.id: {error}") from None
+            raise UsageError(
+                f"{field}.id: this machine's hub cache ({cache}) does not hold the dataset {source.id} at revision "
+                f"{source.revision or hub.DEFAULT_REVISION}, and `grpojob run` reads datasets from the cache only: "
+                f"fill it with `hf download {source.id} --repo-type dataset` or `grpojob cache-dataset DIR {source.id}`"
+            ) from None
+        return str(found.path)
+    if source.path is None:
+        raise UsageError(
+            f"{field}: `grpojob run` reads a local file or a dataset in this machine's hub cache: "
+            f"set {field}.path or {field}.id"
+        )
+    hint = "write one with `grpojob dataset NAME --out FILE`"
+    return str(_require_file(Path(source.path), f"{field}.path", hint))
 
 
 def _evaluation_token(spec: api.GRPOJobSpec) -> str | None:
@@ -152,8 +203,8 @@ def _local_model(model: api.ModelSpec) -> Path:
 
 
 def download_step(model_id: str, revision: str | None, cache: Path, termination_log: Path | None) -> int:
-    """`grpojob download-model`: the download step of a job. Prints (and writes to ``termination_log``,
-    where the operator reads it) `{"commit": …}` as JSON, or the reason it failed."""
+    """`grpojob download-model`: download one model. Prints (and writes to ``termination_log``) `{"commit": …}`
+    as JSON, or the reason it failed."""
     import json
 
     from grpojob_trainer.models.hub import HubError, download_model
@@ -168,6 +219,45 @@ def download_step(model_id: str, revision: str | None, cache: Path, termination_
     print(text, flush=True)
     if termination_log is not None:
         termination_log.write_text(text)
+    return code
+
+
+def download_repos(arguments: list[str], cache: Path, termination_log: Path | None) -> int:
+    """`grpojob download`: the download step of a job, one repository (`grpojob_api.hub.HubRepo`, JSON) per
+    argument, each with its own revision, token and offline switch. Prints (and writes to ``termination_log``,
+    where the operator reads it) the commit of each, in order, as a `DownloadReport`; or why the first that
+    failed did."""
+    from grpojob_trainer.models.hub import HubError, download
+
+    try:
+        repos = [hub.HubRepo.parse(argument) for argument in arguments]
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    commits = []
+    try:
+        for repo in repos:
+            token = os.environ.get(repo.token_env) if repo.token_env else None
+            if repo.token_env and not token and not repo.offline:
+                raise HubError("HubTokenMissing", f"{repo.field}.tokenSecret: {repo.token_env} is empty")
+            snapshot = download(
+                repo.id,
+                repo.revision,
+                cache,
+                repo_type=repo.kind,
+                offline=repo.offline,
+                token=token,
+                files=repo.files,
+                field=repo.field,
+            )
+            log.info("%s %s at revision %s: commit %s", repo.kind, repo.id, repo.revision, snapshot.commit)
+            commits.append(snapshot.commit)
+    except HubError as error:
+        report, code = hub.DownloadReport(reason=error.reason, message=str(error)), 1
+    else:
+        report, code = hub.DownloadReport(commits=commits), 0
+    print(report.text(), flush=True)
+    if termination_log is not None:
+        termination_log.write_text(report.text())
     return code
 
 
@@ -194,7 +284,6 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     import ray
     from tqdm import tqdm
 
-    from grpojob_trainer.algorithm.data import PromptDataset
     from grpojob_trainer.algorithm.loop import run_loop
     from grpojob_trainer.observability import report, tracking
     from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
@@ -203,17 +292,11 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
 
     job = load_job(job_path)
     spec = job.spec
-    if spec.dataset.path is None:
-        raise UsageError("spec.dataset: `grpojob run` reads a local file: set spec.dataset.path")
     _no_nemo_gym_environments(spec)
+    dataset, evaluation_rows = local_data(spec)
     model = _local_model(spec.model)
-    data = _require_file(
-        Path(spec.dataset.path), "spec.dataset.path", "write one with `grpojob dataset NAME --out FILE`"
-    )
     out = out or Path("runs") / job.metadata.name
     out.mkdir(parents=True, exist_ok=True)
-    dataset = PromptDataset.from_jsonl(data, seed=spec.grpo.seed)
-    evaluation_rows = _evaluation_rows(spec, spec.evaluation.dataset.path if spec.evaluation else None)
     evaluation_token = _evaluation_token(spec)
     if spec.generation.replicas > 1:
         log.warning("grpojob run serves one generation engine (spec.generation.replicas=%d)", spec.generation.replicas)
@@ -285,7 +368,6 @@ def train_in_cluster(config_path: Path) -> int:
     """`grpojob train`: the trainer pod. Everything it needs comes from the endpoints ConfigMap and the Job."""
     import ray
 
-    from grpojob_trainer.algorithm.data import PromptDataset
     from grpojob_trainer.algorithm.loop import run_loop
     from grpojob_trainer.observability import tracking
     from grpojob_trainer.observability.metrics import MetricSink, MetricsLogger
@@ -312,6 +394,7 @@ def train_in_cluster(config_path: Path) -> int:
     log.info("joined the Ray cluster; GCS address %s", gcs)
     head = connection.HeadWatch()
     spec_json = spec.model_dump(mode="json", by_alias=True)
+    dataset = _training_prompts(spec, pod.dataset_paths)
     evaluation_rows = _evaluation_rows(spec, pod.evaluation_dataset_path)
     evaluation_token = _evaluation_token(spec)
     try:
@@ -349,7 +432,7 @@ def train_in_cluster(config_path: Path) -> int:
                     policy=policy,
                     engines=engines,
                     env_urls=endpoints.environment_urls,
-                    dataset=PromptDataset.from_jsonl(pod.dataset_path, spec.grpo.seed),
+                    dataset=dataset,
                     logger=logger,
                     progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),
                     checkpoint_dir=Path(pod.checkpoint_dir),
@@ -401,6 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     export.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     export.add_argument("--max-shard-size", default="5GB", help="safetensors shards of at most this size")
+    repos = commands.add_parser("download", help="download what a job names by id into a hub cache (its download step)")
+    repos.add_argument("repos", nargs="+", metavar="REPO", help="a repository to download, as JSON (grpojob_api.hub)")
+    repos.add_argument("--cache", type=Path, required=True, help="the hub cache directory")
+    repos.add_argument("--termination-log", type=Path, help="also write the result here")
     download = commands.add_parser("download-model", help="download a Hugging Face model into a hub cache")
     download.add_argument("model_id")
     download.add_argument("--revision")
@@ -411,6 +498,13 @@ def main(argv: list[str] | None = None) -> int:
     place.add_argument("model_id")
     place.add_argument("--revision", default="main")
     place.add_argument("--cache", type=Path, required=True, help="the hub cache directory")
+    place_dataset = commands.add_parser(
+        "cache-dataset", help="put a local dataset directory (data files, a card) into a hub cache as DATASET_ID"
+    )
+    place_dataset.add_argument("dataset_dir", type=Path)
+    place_dataset.add_argument("dataset_id")
+    place_dataset.add_argument("--revision", default="main")
+    place_dataset.add_argument("--cache", type=Path, required=True, help="the hub cache directory")
     data = commands.add_parser("dataset", help="write an example environment's rows")
     data.add_argument("name")
     data.add_argument("--rows", type=int, default=256)
@@ -443,12 +537,23 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(str(error)) from None
             print(out)
             return 0
+        if args.command == "download":
+            return download_repos(args.repos, args.cache, args.termination_log)
         if args.command == "download-model":
             return download_step(args.model_id, args.revision, args.cache, args.termination_log)
         if args.command == "cache-model":
             from grpojob_trainer.models.hub import place_in_cache
 
             print(place_in_cache(args.model_dir, args.model_id, args.cache, args.revision).path)
+            return 0
+        if args.command == "cache-dataset":
+            from grpojob_trainer.models.hub import place_in_cache
+
+            try:
+                placed = place_in_cache(args.dataset_dir, args.dataset_id, args.cache, args.revision, "dataset")
+            except FileNotFoundError as error:
+                raise UsageError(str(error)) from None
+            print(placed.path)
             return 0
         if args.command == "tiny-model":
             from grpojob_trainer.models.tiny import TinyModelConfig, write_tiny_model

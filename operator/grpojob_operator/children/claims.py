@@ -1,12 +1,13 @@
-"""The job's claims as its pods mount them: the model (or a hub model's cache), the dataset, the checkpoints,
-the exported model (output) and the logs. Each comes from one helper, `mount_claim`, and each pod that mounts
-several passes them through `share_claims`."""
+"""The job's claims as its pods mount them: the model (or the job's Hugging Face cache), the datasets, the
+checkpoints, the exported model (output) and the logs. Each comes from one helper, `mount_claim`, and each pod
+that mounts several passes them through `share_claims`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from grpojob_api import endpoints, paths
+from grpojob_api import endpoints, hub, paths
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import names
 from grpojob_operator.children.meta import Manifest
@@ -14,6 +15,7 @@ from grpojob_operator.children.meta import Manifest
 MODEL_MOUNT = "/data/model"
 HUB_CACHE_MOUNT = "/data/hf-cache"
 DATASET_MOUNT = "/data/dataset"
+"""The training dataset's one source; source i of several is at `/data/dataset-<i>`."""
 EVALUATION_DATASET_MOUNT = "/data/evaluation-dataset"
 CHECKPOINT_MOUNT = "/data/checkpoints"
 OUTPUT_MOUNT = "/data/output"
@@ -62,7 +64,8 @@ def _on_claim(
 
 
 def model_cache_claim(job: api.GRPOJob) -> str:
-    """The claim a hub model is downloaded into: the one `spec.model.cache` names, or the job's own."""
+    """The job's Hugging Face cache, which the model and the datasets named by id are downloaded into: the
+    claim `spec.model.cache` names, or the job's own."""
     cache = job.spec.model.cache
     if cache is not None and cache.claim_name:
         return cache.claim_name
@@ -107,21 +110,46 @@ def hub_env(job: api.GRPOJob) -> list[Manifest]:
     return env
 
 
-def dataset_mount(job: api.GRPOJob) -> Mounted:
-    """The training dataset, read-only: the key of its ConfigMap, or its path in its claim or the image."""
-    return _dataset_mount(job.spec.dataset, "dataset", DATASET_MOUNT)
+def dataset_cache_mount(job: api.GRPOJob) -> Mounted:
+    """The job's Hugging Face cache, read-only at `HUB_CACHE_MOUNT`, for a pod that reads datasets named by id
+    and does not load a hub model (whose mount, `model_mount`, is the same cache); nothing otherwise."""
+    if job.spec.model.id is not None or not job.spec.hub_datasets():
+        return Mounted("")
+    return mount_claim("hub-cache", model_cache_claim(job), HUB_CACHE_MOUNT, read_only=True)
 
 
-def evaluation_dataset_mount(job: api.GRPOJob) -> Mounted | None:
-    """The evaluation's held-out dataset (`spec.evaluation.dataset`) as `dataset_mount` mounts the training
-    one; None without an evaluation."""
+def dataset_mounts(job: api.GRPOJob, dataset_commits: Mapping[str, str] | None = None) -> list[Mounted]:
+    """Each source of the training dataset, read-only, in the order of `spec.dataset`: the key of its
+    ConfigMap, its path in its claim or the image, or the snapshot of a dataset named by id at the commit its
+    download resolved (``dataset_commits``, `status.datasetCommits`) in the cache (`dataset_cache_mount`).
+    One source is mounted at `DATASET_MOUNT`, several at `DATASET_MOUNT-<i>`."""
+    sources = job.spec.dataset.all_sources()
+    if len(sources) == 1:
+        return [_dataset_mount(sources[0], "dataset", DATASET_MOUNT, dataset_commits)]
+    return [
+        _dataset_mount(source, f"dataset-{i}", f"{DATASET_MOUNT}-{i}", dataset_commits)
+        for i, source in enumerate(sources)
+    ]
+
+
+def evaluation_dataset_mount(job: api.GRPOJob, dataset_commits: Mapping[str, str] | None = None) -> Mounted | None:
+    """The evaluation's held-out dataset (`spec.evaluation.dataset`) as `dataset_mounts` mounts a training
+    source; None without an evaluation."""
     evaluation = job.spec.evaluation
     if evaluation is None:
         return None
-    return _dataset_mount(evaluation.dataset, "evaluation-dataset", EVALUATION_DATASET_MOUNT)
+    return _dataset_mount(evaluation.dataset, "evaluation-dataset", EVALUATION_DATASET_MOUNT, dataset_commits)
 
 
-def _dataset_mount(dataset: api.DatasetSpec, name: str, mount_path: str) -> Mounted:
+def _dataset_mount(
+    dataset: api.DatasetSource, name: str, mount_path: str, dataset_commits: Mapping[str, str] | None
+) -> Mounted:
+    if dataset.id is not None:
+        key = hub.dataset_key(dataset)
+        commit = (dataset_commits or {}).get(key)
+        if not commit:
+            raise ValueError(f"dataset {key}: no commit yet (its download has not finished)")
+        return Mounted(f"{HUB_CACHE_MOUNT}/{paths.hub_snapshot_path(dataset.id, commit, 'dataset')}")
     if dataset.config_map is not None:
         volume = {"name": name, "configMap": {"name": dataset.config_map.name}}
         mount = {"name": name, "mountPath": mount_path, "readOnly": True}

@@ -1,9 +1,10 @@
-"""A hub model (`spec.model.id`): the cache claim the job creates when `spec.model.cache` names none, and the
-Job that downloads the model into the cache once, before any Ray pod starts."""
+"""What a job names by Hugging Face id (its model, `spec.model.id`, and its datasets): the cache claim the job
+creates when `spec.model.cache` names none, and the one Job that downloads all of them into the cache, before
+any pod that reads them starts."""
 
 from __future__ import annotations
 
-from grpojob_api import endpoints
+from grpojob_api import endpoints, hub
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import names
 from grpojob_operator.children import pod
@@ -15,7 +16,7 @@ TERMINATION_LOG = "/dev/termination-log"
 
 
 def build_model_cache_claim(job: api.GRPOJob) -> Manifest:
-    """The hub cache the job creates when `spec.model.cache` names no claim (deleted with the job)."""
+    """The Hugging Face cache the job creates when `spec.model.cache` names no claim (deleted with the job)."""
     job_name, _ = job_ref(job)
     cache = job.spec.model.cache or api.ModelCacheSpec()
     spec: Manifest = {"accessModes": [cache.access_mode], "resources": {"requests": {"storage": cache.size}}}
@@ -30,25 +31,23 @@ def build_model_cache_claim(job: api.GRPOJob) -> Manifest:
 
 
 def build_model_download_job(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
-    """The Job that downloads `spec.model.id` into the cache claim once, before any Ray pod starts
-    (`grpojob download-model`): it reports the commit it resolved, or why it failed, in its termination
-    message, which the operator reads. Never retried: an unknown id or a missing token does not heal.
-    Placed as the trainer is (`spec.scheduling.trainer`: a CPU pod of the trainer's image)."""
+    """The Job that downloads what the job names by id (`grpojob_api.hub.hub_repos`: the model and the datasets)
+    into the cache claim once, before any pod that reads them starts (`grpojob download`, one argument per
+    repository): it reports the commit each resolved, or why it failed, in its termination message, which
+    the operator reads. Never retried: an unknown id or a missing token does not heal. Placed as the trainer
+    is (`spec.scheduling.trainer`: a CPU pod of the trainer's image)."""
     job_name, _ = job_ref(job)
-    model = job.spec.model
-    command = ["grpojob", "download-model", str(model.id), "--cache", HUB_CACHE_MOUNT]
-    command += ["--termination-log", TERMINATION_LOG]
-    if model.revision:
-        command += ["--revision", model.revision]
+    repos = hub.hub_repos(job)
+    command = ["grpojob", "download", "--cache", HUB_CACHE_MOUNT, "--termination-log", TERMINATION_LOG]
+    command += [repo.argument() for repo in repos]
     env: list[Manifest] = [
         {"name": "HOME", "value": "/tmp"},
         {"name": endpoints.HF_HUB_CACHE, "value": HUB_CACHE_MOUNT},
     ]
-    if model.offline:
+    if all(repo.offline for repo in repos):
         env.append({"name": endpoints.HF_HUB_OFFLINE, "value": "1"})
-    if model.token_secret is not None:
-        ref = {"name": model.token_secret.name, "key": model.token_secret.key}
-        env.append({"name": endpoints.HF_TOKEN, "valueFrom": {"secretKeyRef": ref}})
+    for name, secret in hub.token_secrets(job).items():
+        env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})
     download = pod.container(
         "download",
         job.spec.images.trainer or settings.default_trainer_image(),

@@ -3,6 +3,8 @@ RoleBinding, the ConfigMap of its config (the job itself) and the one it reports
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from grpojob_api import endpoints, kubeyaml
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import names
@@ -129,16 +131,22 @@ def trainer_admission_template(job: api.GRPOJob, settings: OperatorSettings) -> 
 
 
 def build_trainer_job(
-    job: api.GRPOJob, settings: OperatorSettings, attempt: int, model_commit: str | None = None
+    job: api.GRPOJob,
+    settings: OperatorSettings,
+    attempt: int,
+    model_commit: str | None = None,
+    dataset_commits: Mapping[str, str] | None = None,
 ) -> Manifest:
     """The trainer Job of one attempt: joins the Ray cluster at `RAY_GCS_ADDRESS` (from the endpoints
     ConfigMap) and runs the GRPO loop. The Job itself never retries: the operator counts attempts. A hub
-    model (`spec.model.id`) is loaded at ``model_commit``, the commit its download resolved."""
+    model (`spec.model.id`) is loaded at ``model_commit``, the commit its download resolved, and each dataset
+    named by id at its commit in ``dataset_commits`` (`status.datasetCommits`)."""
     job_name, _ = job_ref(job)
     child = names.ChildNames(job_name)
     attempt_label = {names.ATTEMPT_LABEL: str(attempt)}
-    model, dataset = claims.model_mount(job), claims.dataset_mount(job)
-    evaluation = claims.evaluation_dataset_mount(job) or claims.Mounted("")
+    model, hub_cache = claims.model_mount(job), claims.dataset_cache_mount(job)
+    datasets = claims.dataset_mounts(job, dataset_commits)
+    evaluation = claims.evaluation_dataset_mount(job, dataset_commits) or claims.Mounted("")
     logs = claims.log_mount(job, read_only=False)
     endpoints_vol, endpoints_mount = endpoints_volume(job)
     volumes, mounts = claims.share_claims(
@@ -147,7 +155,8 @@ def build_trainer_job(
             endpoints_vol,
             {"name": "tmp", "emptyDir": {}},
             *model.volumes,
-            *dataset.volumes,
+            *hub_cache.volumes,
+            *(volume for dataset in datasets for volume in dataset.volumes),
             *evaluation.volumes,
             *logs.volumes,
         ],
@@ -156,7 +165,8 @@ def build_trainer_job(
             endpoints_mount,
             {"name": "tmp", "mountPath": "/tmp"},
             *model.mounts,
-            *dataset.mounts,
+            *hub_cache.mounts,
+            *(mount for dataset in datasets for mount in dataset.mounts),
             *evaluation.mounts,
             *logs.mounts,
         ],
@@ -164,7 +174,7 @@ def build_trainer_job(
     trainer_env = endpoints.TrainerEnv(
         progress_config_map=child.progress,
         model_path=claims.model_path(job, model_commit),
-        dataset_path=dataset.path,
+        dataset_paths=[dataset.path for dataset in datasets],
         evaluation_dataset_path=evaluation.path or None,
         checkpoint_dir=claims.checkpoint_mount(job).path,
         output_dir=claims.output_mount(job).path,

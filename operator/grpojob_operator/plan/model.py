@@ -1,14 +1,18 @@
-"""Stage: a hub model (`spec.model.id`) is downloaded before any pod that loads it starts: its cache claim
-(unless the spec names one) and the download Job `<job>-model`, whose pod reports the commit it resolved
-(kept in `status.modelCommit`; condition ModelReady). A failed download (an unknown id, a missing token)
-fails the job with the download's reason (ModelNotFound, ModelAccessDenied, ...)."""
+"""Stage: what the job names by Hugging Face id (a model, `spec.model.id`, and datasets) is downloaded before
+any pod that reads it starts: its cache claim (unless the spec names one) and the download Job `<job>-model`,
+whose pod reports the commit each repository resolved to (kept in `status.modelCommit` and
+`status.datasetCommits`; conditions ModelReady and DatasetReady). A failed download (an unknown id, a missing
+token) fails the job with the download's reason (ModelNotFound, DatasetAccessDenied, ...)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from grpojob_api.v1alpha1 import ConditionType, Phase
+from pydantic import ValidationError
+
+from grpojob_api import hub
+from grpojob_api.v1alpha1 import ConditionType, GRPOJobStatus, Phase
 from grpojob_operator.children.claims import model_cache_claim
 from grpojob_operator.children.model import build_model_cache_claim, build_model_download_job
 from grpojob_operator.observe import PodInfo, TrainerJobInfo
@@ -18,18 +22,23 @@ from grpojob_operator.plan.context import GO_ON, STOP, Pass
 
 
 def model(pass_: Pass) -> bool:
-    """Go on once the model can be loaded: a path always; a hub id once its download Job has reported the
-    commit it resolved. Until then: the cache claim and the download Job, ModelReady saying how far it is."""
+    """Go on once everything named by id can be read: at once without any; otherwise once the download Job has
+    reported the commit of each. Until then: the cache claim and the download Job, ModelReady (for a hub model)
+    and DatasetReady (for hub datasets) saying how far it is."""
     job, plan, status, observed, now = pass_.job, pass_.plan, pass_.status, pass_.observed, pass_.now
-    spec = job.spec.model
-    if spec.id is None or status.model_commit:
+    repos = hub.hub_repos(job)
+    if downloaded(status, repos):
         return GO_ON
     child = pass_.child
     claim = model_cache_claim(job)
-    what = f"{spec.id} at revision {spec.revision or 'main'}"
+    what = ", ".join(f"{repo.id} at revision {repo.revision}" for repo in repos)
 
     def downloading() -> bool:
-        set_condition(status, ConditionType.MODEL_READY, False, "Downloading", f"downloading {what} into {claim}", now)
+        for kind, condition in _CONDITIONS.items():
+            named = [f"{repo.id} at revision {repo.revision}" for repo in repos if repo.kind == kind]
+            if named:
+                message = f"downloading {', '.join(named)} into {claim}"
+                set_condition(status, condition, False, "Downloading", message, now)
         return STOP
 
     if claim == child.model_cache and not observed.has("PersistentVolumeClaim", claim):
@@ -53,18 +62,48 @@ def model(pass_: Pass) -> bool:
         return STOP
     if not download.complete:
         return downloading()
-    commit = str(report.get("commit") or "")
-    if not commit and any(pod.phase not in ("Succeeded", "Failed") for pod in pods):
+    commits = report_commits(report, repos)
+    if commits is None and any(pod.phase not in ("Succeeded", "Failed") for pod in pods):
         # The Pod and Job watches are separate streams: the Job's end may arrive before its pod's.
         return downloading()
-    if not commit:  # its pod (and report) is gone: download again (from the cache, so at once)
+    if commits is None:  # its pod (and report) is gone, or it downloaded another spec's: download again
         if not download.deleting:
             plan.actions.append(Delete("Job", child.model_download, "Foreground"))
         return STOP
-    status.model_commit = commit
-    message = f"{spec.id} at commit {commit} (revision {spec.revision or 'main'}) in {claim}"
-    set_condition(status, ConditionType.MODEL_READY, True, "Downloaded", message, now)
+    record(status, repos, commits)
+    for kind, condition in _CONDITIONS.items():
+        done = [(repo, commit) for repo, commit in zip(repos, commits, strict=True) if repo.kind == kind]
+        if done:
+            said = ", ".join(f"{repo.id} at commit {commit} (revision {repo.revision})" for repo, commit in done)
+            set_condition(status, condition, True, "Downloaded", f"{said} in {claim}", now)
     return GO_ON
+
+
+_CONDITIONS = {"model": ConditionType.MODEL_READY, "dataset": ConditionType.DATASET_READY}
+
+
+def downloaded(status: GRPOJobStatus, repos: list[hub.HubRepo]) -> bool:
+    """Whether the status holds the commit of every one of ``repos``."""
+    datasets = status.dataset_commits or {}
+    return all(status.model_commit if repo.kind == "model" else datasets.get(repo.key) for repo in repos)
+
+
+def record(status: GRPOJobStatus, repos: list[hub.HubRepo], commits: list[str]) -> None:
+    """Keep each repository's commit in the status: the model's in `modelCommit`, the datasets' in
+    `datasetCommits` by `<id>@<revision>`."""
+    for repo, commit in zip(repos, commits, strict=True):
+        if repo.kind == "model":
+            status.model_commit = commit
+        else:
+            status.dataset_commits = {**(status.dataset_commits or {}), repo.key: commit}
+
+
+def report_commits(report: dict[str, Any], repos: list[hub.HubRepo]) -> list[str] | None:
+    """The commit of each of ``repos`` in the download's ``report``; None where it does not hold them all."""
+    try:
+        return hub.DownloadReport.model_validate(report).commits_of(repos)
+    except ValidationError:
+        return None
 
 
 def download_report(pods: list[PodInfo]) -> dict[str, Any]:

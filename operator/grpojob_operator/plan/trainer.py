@@ -61,7 +61,9 @@ def trainer(pass_: Pass) -> bool:
             return waiting(
                 "RestartingTrainer", f"waiting for pods of the previous attempt to go: {', '.join(leftovers)}"
             )
-        manifest = build_trainer_job(pass_.job, pass_.settings, status.attempt, status.model_commit)
+        manifest = build_trainer_job(
+            pass_.job, pass_.settings, status.attempt, status.model_commit, status.dataset_commits
+        )
         plan.actions.append(Create(pass_.place(manifest)))
         return waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
     if job.complete:

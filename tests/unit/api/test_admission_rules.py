@@ -98,6 +98,41 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ("generation", {"backend": "vllm", "gpusPerReplica": 0}, "spec.generation.backend: vllm needs"),
         ("dataset", {"path": "x", "configMap": {"name": "rows"}}, "spec.dataset: set exactly one"),
         ("dataset", {"pvc": {"claimName": "c"}, "configMap": {"name": "rows"}}, "spec.dataset: pvc needs path"),
+        ("dataset", {"id": "org/rows", "split": "train", "path": "x"}, "spec.dataset: set exactly one of path"),
+        ("dataset", {"id": "org/rows"}, "spec.dataset: id needs split"),
+        ("dataset", {"id": "org/rows/x", "split": "train"}, "spec.dataset.id"),
+        ("dataset", {"id": "org/rows", "split": "train x"}, "spec.dataset.split"),
+        ("dataset", {"path": "x", "split": "train"}, "spec.dataset: revision, split, config, files, tokenSecret"),
+        ("dataset", {"path": "x", "offline": True}, "spec.dataset: revision, split, config, files, tokenSecret"),
+        ("dataset", {"id": "org/rows", "split": "train", "files": ["../x"]}, "spec.dataset.files[0]"),
+        ("dataset", {"id": "org/rows", "split": "train", "files": ["/x"]}, "spec.dataset.files[0]"),
+        ("dataset", {"sources": []}, "spec.dataset.sources"),
+        ("dataset", {"sources": [{"path": "x", "weight": 0}]}, "spec.dataset.sources[0].weight"),
+        ("dataset", {"sources": [{"path": "x", "weight": -1}]}, "spec.dataset.sources[0].weight"),
+        ("dataset", {"sources": [{"id": "org/rows"}]}, "spec.dataset.sources[0]: id needs split"),
+        ("dataset", {"sources": [{"path": "x"}], "path": "y"}, "spec.dataset: set exactly one of path, configMap"),
+        ("dataset", {"sources": [{"path": "x", "sources": []}]}, "spec.dataset.sources[0].sources"),
+        (
+            "dataset",
+            {"sources": [{"path": "x"}], "mapping": {"promptField": "q", "environment": "arith"}},
+            "spec.dataset: mapping goes on each of sources",
+        ),
+        (
+            "dataset",
+            {"path": "x", "mapping": {"promptField": "q", "environment": "other"}},
+            "spec.dataset.mapping.environment must name one of spec.environments",
+        ),
+        (
+            "dataset",
+            {"sources": [{"path": "x", "mapping": {"promptField": "q", "environment": "other"}}]},
+            "spec.dataset.sources[0].mapping.environment must name one of spec.environments",
+        ),
+        (
+            "dataset",
+            {"path": "x", "mapping": {"promptField": "q", "environment": "arith", "fields": {"agent_ref": "a"}}},
+            "spec.dataset.mapping.fields: responses_create_params and agent_ref are written by the mapping",
+        ),
+        ("dataset", {"path": "x", "mapping": {"environment": "arith"}}, "spec.dataset.mapping.promptField"),
         ("environments.0.env", [{"name": "A"}], "spec.environments[0].env[0]"),
         ("environments", [{"name": "arith"}, {"name": "arith"}], "spec.environments: duplicate names"),
         ("checkpointing.path", "runs/../etc", "spec.checkpointing.path"),
@@ -105,8 +140,9 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ("model", {"path": "/m", "id": "Qwen/Qwen2.5-0.5B"}, "spec.model: set exactly one of path"),
         ("model", {"servedModelName": "x"}, "spec.model: set exactly one of path"),
         ("model", {"id": "Qwen/Qwen2.5-0.5B", "pvc": {"claimName": "c"}}, "spec.model.pvc needs spec.model.path"),
-        ("model", {"path": "/m", "revision": "main"}, "spec.model: revision, tokenSecret, cache and offline go"),
-        ("model", {"path": "/m", "offline": True}, "spec.model: revision, tokenSecret, cache and offline go"),
+        ("model", {"path": "/m", "revision": "main"}, "spec.model: revision, tokenSecret and offline go"),
+        ("model", {"path": "/m", "offline": True}, "spec.model: revision, tokenSecret and offline go"),
+        ("model", {"path": "/m", "cache": {"claimName": "c"}}, "spec.model.cache (the job's Hugging Face cache)"),
         ("model", {"id": "not a model id"}, "spec.model.id"),
         ("model", {"id": "a/b/c"}, "spec.model.id"),
         ("model", {"id": "org/m", "cache": {"size": "lots"}}, "spec.model.cache.size"),
@@ -148,11 +184,37 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ("evaluation", {"dataset": {"path": "t.jsonl"}, "temperature": -0.1}, "spec.evaluation.temperature"),
         ("evaluation", {"dataset": {"path": "t.jsonl"}, "topP": 0}, "spec.evaluation.topP"),
         ("evaluation", {"dataset": {"path": "t.jsonl"}, "maxRows": 0}, "spec.evaluation.maxRows"),
-        ("evaluation", {"dataset": {}}, "spec.evaluation.dataset: set exactly one of path or configMap"),
+        ("evaluation", {"dataset": {"id": "org/rows"}}, "spec.evaluation.dataset: id needs split"),
+        ("evaluation", {"dataset": {"sources": [{"path": "t.jsonl"}]}}, "spec.evaluation.dataset.sources"),
+        (
+            "evaluation",
+            {"dataset": {"path": "t.jsonl", "mapping": {"promptField": "q", "environment": "x"}}},
+            "spec.evaluation.dataset.mapping.environment must name one of spec.environments",
+        ),
+        ("evaluation", {"dataset": {}}, "spec.evaluation.dataset: set exactly one of path, configMap or id"),
     ],
 )
 def test_what_the_trainer_or_operator_would_refuse_is_refused_naming_the_field(path, value, named):
     assert named in refusal(with_spec(path, value))
+
+
+def test_datasets_by_id_with_a_mapping_and_weighted_sources_are_admitted_and_reach_the_trainer_as_written(tmp_path):
+    mapping = {"promptField": "question", "systemPrompt": "Digits only.", "environment": "arith", "fields": {"a": "b"}}
+    hub = {"id": "org/rows", "split": "train[:10%]", "config": "main", "files": ["data/*.parquet"], "mapping": mapping}
+    manifest = with_spec("dataset", {"sources": [{"path": "a.jsonl", "weight": 2.5}, hub]})
+    manifest["spec"]["evaluation"] = {"dataset": {"id": "org/rows", "split": "test", "mapping": mapping}}
+    manifest["spec"]["model"]["cache"] = {"claimName": "hf"}  # the job's Hugging Face cache, for its datasets
+    job = parse_job(manifest)
+
+    assert job.spec.dataset.weights() == [2.5, 1.0]
+    assert [field for field, _ in job.spec.hub_datasets()] == ["spec.dataset.sources[1]", "spec.evaluation.dataset"]
+    config = tmp_path / "job.yaml"
+    config.write_text(render_job_config(job))
+    assert load_job(config).spec == job.spec
+    single = parse_job(with_spec("dataset", {"id": "org/rows", "split": "train"}))
+    assert single.spec.dataset.all_sources() == [single.spec.dataset] and single.spec.dataset.source_fields() == [
+        "spec.dataset"
+    ]
 
 
 def test_tensorboard_takes_the_checkpoint_claim_when_the_logs_have_none():
@@ -179,18 +241,30 @@ def test_every_cross_field_rule_is_also_a_cel_rule():
 
     assert has_rule(f"{spec}.generation", "self.maxNewTokens < self.maxModelLen")
     assert has_rule(f"{spec}.generation", "self.backend != 'vllm' || self.gpusPerReplica >= 1")
-    assert has_rule(f"{spec}.dataset", "has(self.path) != has(self.configMap)")
+    assert has_rule(f"{spec}.dataset", "(has(self.path) ? 1 : 0) + (has(self.configMap) ? 1 : 0) + (has(self.id)")
     assert has_rule(f"{spec}.grpo", "self.maxOffPolicySteps == 0 || has(self.importanceSamplingCap)")
     assert has_rule(f"{spec}.model", "has(self.path) != has(self.id)")
     assert has_rule(f"{spec}.model", "!has(self.pvc) || has(self.path)")
     assert has_rule(f"{spec}.model", "has(self.id) || !(has(self.revision)")
+    assert has_rule(spec, "!has(self.model.cache) || has(self.model.id) || has(self.dataset.id)")
     assert has_rule(f"{spec}.environments[].env[]", "has(self.value) != has(self.secretKeyRef)")
     assert has_rule(f"{spec}.environments[].resources", "quantity(self.requests[k]).compareTo")
     assert has_rule(spec, "self.logging.tensorboard || has(self.logging.pvc)")
     assert has_rule(f"{spec}.logging.wandb", "self.mode != 'online' || has(self.apiKeySecret)")
     assert has_rule(spec, "self.output.format != 'adapter' || (has(self.training) && has(self.training.lora))")
     assert has_rule(spec, "self.output.select != 'bestEvaluation' || has(self.evaluation)")
-    assert has_rule(f"{spec}.evaluation.dataset", "has(self.path) != has(self.configMap)")
+    assert has_rule(f"{spec}.evaluation.dataset", "(has(self.path) ? 1 : 0) + (has(self.configMap) ? 1 : 0)")
+    for source in (f"{spec}.dataset", f"{spec}.dataset.sources[]", f"{spec}.evaluation.dataset"):
+        assert has_rule(source, "!has(self.id) || has(self.split)"), source
+        assert has_rule(source, "has(self.id) || !(has(self.revision) || has(self.split)"), source
+        assert has_rule(f"{source}.files[]", "[.][.]"), source
+        assert has_rule(f"{source}.mapping.fields", "!('responses_create_params' in self)"), source
+    assert has_rule(f"{spec}.dataset", "!has(self.sources) || !has(self.mapping)")
+    assert has_rule(spec, "!has(self.dataset.mapping) || self.environments.exists(e, e.name ==")
+    assert has_rule(spec, "self.dataset.sources.all(s, !has(s.mapping) || self.environments.exists(")
+    assert has_rule(spec, "!has(self.evaluation.dataset.mapping) || self.environments.exists(")
+    weight = ROOT["properties"]["spec"]["properties"]["dataset"]["properties"]["sources"]["items"]["properties"]
+    assert weight["weight"]["minimum"] == 0 and weight["weight"]["exclusiveMinimum"] is True
     lora = ROOT["properties"]["spec"]["properties"]["training"]["properties"]["lora"]
     assert lora["properties"]["targetModules"]["x-kubernetes-list-type"] == "set"  # no duplicates
     volume_paths = (".model.pvc.path", ".dataset.pvc.path", ".checkpointing.path", ".checkpointing.pvc.path")

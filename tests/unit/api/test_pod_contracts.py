@@ -48,7 +48,7 @@ def test_the_trainer_pod_finds_everything_it_reads_in_its_environment():
     trainer = TrainerEnv.from_env(environ)
     assert trainer.progress_config_map == "demo-progress"
     assert trainer.model_path == model_path(job) == "/models/qwen"
-    assert trainer.dataset_path == "/data/dataset/train.jsonl"
+    assert trainer.dataset_paths == ["/data/dataset/train.jsonl"]
     assert any(var["name"] == endpoints.POD_NAMESPACE for var in container["env"])
 
 

@@ -3,8 +3,9 @@ plan raise (which would leave a job looping with its pods holding GPUs; see `han
 does all the same).
 
 The fields come from the CRD's schema itself, so a new field is fuzzed without a change here. Two jobs that
-set every optional section (one with a model on a claim, one with a hub model, a ConfigMap dataset and a NeMo
-Gym environment) and the example jobs are the bases; each field of the schema gets the values at the edges
+set every optional section (one with a model on a claim, one with a hub model, a hub dataset with a mapping and
+a NeMo Gym environment, one whose rows come from several weighted sources of each kind) and the example jobs
+are the bases; each field of the schema gets the values at the edges
 of what its schema allows (the empty string, the bounds, each enum value, a string of the longest length),
 one at a time, and then a seeded draw mutates two to four fields at once. What the model admits (as the API
 server would: the CRD carries the same rules) has every child built (`render_children`, as the golden files
@@ -123,7 +124,21 @@ EVERYTHING_HUB: dict[str, Any] = {
             "cache": {"size": "10Gi", "storageClassName": "fast", "accessMode": "ReadWriteMany"},
             "offline": True,
         },
-        "dataset": {"path": "/data/rows.jsonl"},
+        "dataset": {
+            "id": "org/rows",
+            "revision": "main",
+            "split": "train",
+            "config": "default",
+            "files": ["train.jsonl"],
+            "tokenSecret": SECRET,
+            "offline": True,
+            "mapping": {
+                "promptField": "q",
+                "systemPrompt": "Use the tool.",
+                "environment": "tools",
+                "fields": {"expected_answer": "a", "team": "t"},
+            },
+        },
         "evaluation": {"dataset": {"configMap": {"name": "held-out", "key": "test.jsonl"}}},
         "environments": [
             {
@@ -145,8 +160,50 @@ EVERYTHING_HUB: dict[str, Any] = {
         ],
     },
 }
+MAPPING = {
+    "promptField": "question",
+    "systemPrompt": "Answer with digits.",
+    "environment": "arith",
+    "fields": {"expected_answer": "answer", "team": "group"},
+}
+HUB_SOURCE = {
+    "id": "org/rows",
+    "revision": "v1",
+    "split": "train[:90%]",
+    "config": "main",
+    "files": ["data/*.parquet"],
+    "tokenSecret": SECRET,
+    "offline": True,
+    "mapping": MAPPING,
+    "weight": 3,
+}
+CLAIM_SOURCE = {"path": "rows.jsonl", "pvc": {"claimName": "data", "path": "sub"}, "mapping": MAPPING, "weight": 0.5}
+CONFIG_MAP_SOURCE = {"configMap": {"name": "rows", "key": "train.jsonl"}}
+
+
+def mixed(name: str, sources: list[dict[str, Any]]) -> dict[str, Any]:
+    """`everything` with a path model beside a Hugging Face cache, its training rows drawn from ``sources`` and
+    its held-out rows a hub dataset."""
+    manifest = copy.deepcopy(EVERYTHING)
+    manifest["metadata"] |= {"name": name, "uid": "0f1e2d3c-0000-4000-8000-000000000003"}
+    spec = manifest["spec"]
+    spec["model"]["cache"] = {"claimName": "hf"}
+    spec["dataset"] = {"sources": sources}
+    held_out = {"id": "org/held-out", "revision": "v2", "split": "test", "config": "main", "files": ["test.jsonl"]}
+    spec["evaluation"]["dataset"] = held_out | {"tokenSecret": {"name": "other", "key": "k"}, "mapping": MAPPING}
+    return manifest
+
+
 EVERYTHING_BASES = ("everything", "everything-hub")
-BASES = {"everything": EVERYTHING, "everything-hub": EVERYTHING_HUB, **all_jobs()}
+BASES = {
+    "everything": EVERYTHING,
+    "everything-hub": EVERYTHING_HUB,
+    "everything-mixed": mixed("everything-mixed", [HUB_SOURCE, CLAIM_SOURCE, CONFIG_MAP_SOURCE]),
+    # Each kind of source first once, so that each of its fields is set in the first source.
+    "mixed-claim-first": mixed("mixed-claim-first", [CLAIM_SOURCE, CONFIG_MAP_SOURCE, HUB_SOURCE]),
+    "mixed-config-map-first": mixed("mixed-config-map-first", [CONFIG_MAP_SOURCE, HUB_SOURCE]),
+    **all_jobs(),
+}
 
 STRINGS = ["", "/", "a/", "-0"]
 RESOURCE_KEYS = ("cpu", "memory", "ephemeral-storage", "nvidia.com/gpu")
@@ -265,6 +322,15 @@ def role_field(path: Path_) -> Path_:
     return ("scheduling", ROLES[0], *path[2:]) if path[:1] == ("scheduling",) and len(path) > 2 else path
 
 
+def named_values(spec: dict[str, Any], path: Path_) -> list[Any]:
+    """The values a field that names another may take in ``spec``: a mapping's environment, each environment's
+    name and NeMo Gym agent (the edges of its schema name none of them)."""
+    if path[-2:] != ("mapping", "environment"):
+        return []
+    environments = spec.get("environments", [])
+    return [e["name"] for e in environments] + [e["nemoGym"]["agent"] for e in environments if "nemoGym" in e]
+
+
 def one_field_at_a_time() -> Iterator[tuple[str, Path_, Any, dict[str, Any] | None]]:
     """Each edge value of each field, set in each `everything` base that has the field, else in the first
     example that has it, else in `everything`. A field of the roles' scheduling is set in every role at once."""
@@ -273,7 +339,8 @@ def one_field_at_a_time() -> Iterator[tuple[str, Path_, Any, dict[str, Any] | No
             continue
         held = [name for name in BASES if value_at(BASES[name]["spec"], path) is not MISSING]
         for base in [name for name in held if name in EVERYTHING_BASES] or held[:1] or ["everything"]:
-            for value in edge_values(schema, value_at(BASES[base]["spec"], path)):
+            spec = BASES[base]["spec"]
+            for value in edge_values(schema, value_at(spec, path)) + named_values(spec, path):
                 manifest = mutated(BASES[base], path, value)
                 for role in ROLES[1:] if path[:1] == ("scheduling",) and len(path) > 2 else ():
                     manifest = manifest and mutated(manifest, ("scheduling", role, *path[2:]), value)

@@ -17,6 +17,7 @@ import yaml
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.admission import parse_job
+from grpojob_api.hub import dataset_key
 from grpojob_operator import kueue
 from grpojob_operator.children.claims import model_cache_claim
 from grpojob_operator.children.endpoints import build_endpoints
@@ -35,6 +36,7 @@ HEAD_POD = "demo-head-x7k2p"
 HEAD_IP = "10.0.0.2"
 ATTEMPT = 2
 MODEL_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+DATASET_COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 
 
 def example_jobs() -> dict[str, dict[str, Any]]:
@@ -78,7 +80,7 @@ def all_jobs() -> dict[str, dict[str, Any]]:
 def render_children(job: api.GRPOJob, settings: OperatorSettings) -> list[dict[str, Any]]:
     """Every child of ``job`` as the operator would create it once the Ray head is up (attempt 2)."""
     children: list[dict[str, Any]] = [build_network_policy(job)]
-    if job.spec.model.id is not None:
+    if job.spec.model.id is not None or job.spec.hub_datasets():
         if model_cache_claim(job) == f"{job.metadata.name}-model-cache":
             children.append(build_model_cache_claim(job))
         children.append(build_model_download_job(job, settings))
@@ -101,7 +103,8 @@ def render_children(job: api.GRPOJob, settings: OperatorSettings) -> list[dict[s
             children.append(build_environment_deployment(job, env, settings, ATTEMPT))
         children.append(build_environment_service(job, env))
     commit = MODEL_COMMIT if job.spec.model.id is not None else None
-    children.append(build_trainer_job(job, settings, ATTEMPT, commit))
+    dataset_commits = {dataset_key(source): DATASET_COMMIT for _, source in job.spec.hub_datasets()}
+    children.append(build_trainer_job(job, settings, ATTEMPT, commit, dataset_commits))
     if kueue.queue_name(job) is not None:
         children.append(kueue.build_workload(job, settings, priority=1000))
     return children

@@ -12,6 +12,7 @@ import pytest
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.admission import parse_job
+from grpojob_api.hub import HubRepo
 from grpojob_operator.children.claims import HUB_CACHE_MOUNT, OUTPUT_MOUNT, model_cache_claim, model_path, output_claim
 from grpojob_operator.children.model import build_model_cache_claim, build_model_download_job
 from grpojob_operator.children.raycluster import build_raycluster
@@ -89,8 +90,11 @@ def test_the_download_job_runs_huggingface_hub_with_the_token_of_the_named_secre
     download = build_model_download_job(job, SETTINGS)
     (container,) = download["spec"]["template"]["spec"]["containers"]
 
-    assert container["command"][:3] == ["grpojob", "download-model", "Qwen/Qwen2.5-0.5B-Instruct"]
-    assert container["command"][-2:] == ["--revision", "v2"]
+    assert container["command"][:2] == ["grpojob", "download"]
+    (argument,) = [a for a in container["command"] if a.startswith("{")]
+    assert HubRepo.parse(argument) == HubRepo(
+        kind="model", id="Qwen/Qwen2.5-0.5B-Instruct", revision="v2", token_env="HF_TOKEN", field="spec.model"
+    )
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
     assert env["HF_HUB_CACHE"]["value"] == HUB_CACHE_MOUNT
@@ -132,7 +136,7 @@ def test_while_the_download_runs_nothing_else_is_created():
 
 
 def test_the_commit_the_download_resolved_is_the_one_every_pod_loads():
-    report = json.dumps({"commit": COMMIT, "path": "/data/hf-cache/x"})
+    report = json.dumps({"commits": [COMMIT]})
     children = {
         "PersistentVolumeClaim": {"demo-model-cache": OtherInfo("demo-model-cache", False)},
         "Job": {"demo-model": download_job(complete=True)},

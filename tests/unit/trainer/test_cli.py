@@ -46,7 +46,7 @@ def trainer_pod_environment(monkeypatch: pytest.MonkeyPatch, metrics_port: int) 
     own = TrainerEnv(
         progress_config_map="demo-progress",
         model_path="/models/qwen",
-        dataset_path="/data/train.jsonl",
+        dataset_paths=["/data/train.jsonl"],
         checkpoint_dir="/checkpoints",
         output_dir="/output",
         metrics_port=metrics_port,

@@ -45,7 +45,7 @@ from typing import Any
 from grpojob_api import paths
 from grpojob_api import v1alpha1 as api
 from grpojob_api.progress import EvaluationReport
-from grpojob_trainer.algorithm.data import PromptDataset
+from grpojob_trainer.algorithm.data import Prompts, position_metrics
 from grpojob_trainer.algorithm.evaluation import (
     Evaluated,
     EvaluationHistory,
@@ -100,7 +100,7 @@ class LaunchedRollouts:
     step: int
     policy_version: int
     """The weights the engines served at launch; no weights are pushed until the batch is done."""
-    data_position: dict[str, int]
+    data_position: dict[str, Any]
     """The dataset position after this step's prompts: what a checkpoint of this step stores."""
     started_s: float
     task: asyncio.Task[tuple[RolloutBatch, float]]
@@ -113,7 +113,7 @@ async def run_loop(
     policy: PolicyGroup,
     engines: list[Any],
     env_urls: EnvironmentURLs,
-    dataset: PromptDataset,
+    dataset: Prompts,
     logger: MetricsLogger,
     progress: ProgressPublisher,
     checkpoint_dir: Path,
@@ -212,9 +212,8 @@ async def run_loop(
         with timer.phase(ROLLOUT_WAIT):
             batch, finished = await rollouts.task
         metrics: dict[str, float] = dict(batch.metrics)
+        metrics |= position_metrics(rollouts.data_position)
         metrics |= {
-            "data/epoch": rollouts.data_position["epoch"],
-            "data/index": rollouts.data_position["index"],
             "timeline/rollouts_started": rollouts.started_s,
             "timeline/rollouts_finished": finished,
         }
@@ -289,7 +288,8 @@ async def run_loop(
 
 
 EVALUATION_KEY = "evaluation"
-"""Where a checkpoint's loop position keeps the evaluation history (beside the dataset's epoch and index)."""
+"""Where a checkpoint's loop position keeps the evaluation history (beside the dataset's position: epoch and
+index, or a mixture's batches and sources)."""
 
 
 def _evaluator(

@@ -43,3 +43,15 @@ def test_the_download_job_goes_where_kueue_placed_the_job():
     model(pass_)
     (download,) = [a.manifest for a in pass_.plan.actions if a.manifest["kind"] == "Job"]
     assert download.get("placed"), "Kueue counts the download's pod (pod set model-download): it is placed"
+
+
+def test_datasets_named_by_id_are_downloaded_too_and_the_pass_goes_on_once_every_commit_is_known():
+    body = hub_body(modelCommit="abc123")
+    body["spec"]["dataset"] = {"id": "org/rows", "split": "train"}
+    pass_ = one_pass(body, {})
+    assert model(pass_) is STOP, "the model's commit alone is not enough"
+    assert ("Create", "Job", "demo-model") in kinds_and_names(pass_.plan)
+
+    body["status"]["datasetCommits"] = {"org/rows@main": "def456"}
+    pass_ = one_pass(body, {})
+    assert model(pass_) is GO_ON and pass_.plan.actions == []
