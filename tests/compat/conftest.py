@@ -5,7 +5,8 @@ backend, and a scripted backend (`tool_script`) whose text calls the weather too
 NeMo Gym runs from our NeMo Gym image (`grpojob_testing.images`, key ``nemo-gym``) with podman, as its
 pod runs it (UID 1000, a read-only root filesystem, a tmpfs /tmp), on the host network so that its
 servers reach ours on 127.0.0.1; ``gym env start`` starts a Ray head of its own inside the container.
-The servers: the resources servers ``example_single_tool_call`` and ``mcqa``, ``vllm_model`` twice (one
+The servers: the resources servers ``example_single_tool_call``, ``mcqa`` and ``format_verification``'s
+``freeform_formatting`` (a regex check of each row's format, whose reward varies), ``vllm_model`` twice (one
 for each of our servers, ``return_token_id_information: true``) and a ``simple_agent`` for each pair of
 resources server and model, from NeMo Gym's own config files plus the overrides a GRPOJob's environment
 pod gets (``policy_base_url``, ``policy_model_name``, ports) and our config for the scripted pairs.
@@ -47,10 +48,11 @@ CONFIG_PATHS = (
     "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
     "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml",
     "resources_servers/mcqa/configs/mcqa.yaml",
+    "resources_servers/format_verification/configs/freeform_formatting.yaml",
     "/compat/compat.yaml",
 )
 """NeMo Gym's own configs (paths in the package, as ``gym env start`` takes them), then ours."""
-SCRIPTED_AGENTS = ("scripted_tool_agent", "scripted_mcqa_agent")
+SCRIPTED_AGENTS = ("scripted_tool_agent", "scripted_mcqa_agent", "scripted_format_agent")
 STARTUP_S = 300
 
 
@@ -166,6 +168,7 @@ def compat_config(scripted_base_url: str, ports: dict[str, int]) -> dict:
         },
         "scripted_tool_agent": scripted_agent("example_single_tool_call", ports["scripted_tool_agent"]),
         "scripted_mcqa_agent": scripted_agent("mcqa", ports["scripted_mcqa_agent"]),
+        "scripted_format_agent": scripted_agent("freeform_formatting", ports["scripted_format_agent"]),
     }
 
 

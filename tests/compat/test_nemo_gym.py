@@ -18,6 +18,7 @@ TOOL_AGENT = "example_single_tool_call_simple_agent"
 SCRIPTED_AGENT = "scripted_tool_agent"
 MCQA_AGENT = "mcqa_simple_agent"
 SCRIPTED_MCQA_AGENT = "scripted_mcqa_agent"
+SCRIPTED_FORMAT_AGENT = "scripted_format_agent"
 EXAMPLE_ROWS = "resources_servers/example_single_tool_call/data/example.jsonl"
 
 
@@ -149,6 +150,32 @@ def test_a_prompt_longer_than_the_context_is_skipped_naming_its_length_and_max_m
     assert "tokens and spec.generation.maxModelLen is 1024" in failure.error
     assert "generation_token_ids" not in failure.error
     assert batch.metrics["rollout/prompt_too_long"] == 1
+
+
+def format_row(pattern: str) -> dict:
+    """A format_verification row (NeMo Gym's freeform_formatting rows carry their regex check in `verifier`)."""
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": "Answer in the format you like."}]},
+        "verifier": {"type": "regex", "pattern_id": "compat", "verify_regex": [pattern], "verify_min_matches": 1},
+    }
+
+
+def test_a_format_verification_reward_varies_and_reaches_the_training_samples_unchanged(gym, scripted_server):
+    """NeMo Gym's format_verification scores each rollout by its row's regex, with no judge or outside service:
+    the scripted model answers `\\boxed{A}` to both rows, which the first row's check passes and the second's
+    does not, so one group of them has non-zero advantages."""
+    import torch
+
+    from grpojob_trainer.algorithm.grpo import group_advantages
+
+    batch = collect(gym, SCRIPTED_FORMAT_AGENT, [format_row(r"boxed\{A\}"), format_row(r"^\d+\. ")])
+
+    assert batch.failures == [], [f.error for f in batch.failures]
+    assert [sample.reward for sample in batch.samples] == [1.0, 0.0]
+    for sample in batch.samples:
+        assert sample.token_ids in scripted_server.backend.sequences(), "the tokens our server generated"
+    advantages = group_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]))
+    assert advantages[0] > 0 > advantages[1]
 
 
 def mcqa_row(**fields) -> dict:
