@@ -516,9 +516,9 @@ def record_requests(engine: Any, records: list[EngineRecord]) -> None:
     per request to ``records``."""
     generate = engine.generate
 
-    async def timed(request: Any) -> Any:
+    async def timed(request: Any, params: Any = None) -> Any:
         arrived = time.perf_counter()
-        result = await generate(request)
+        result = await generate(request, params)
         records.append(EngineRecord(arrived, time.perf_counter(), request.prompt_token_ids, len(result.token_ids)))
         return result
 
