@@ -174,3 +174,27 @@ def test_the_prometheus_endpoint_serves_the_last_step(tmp_path: Path):
     assert samples['grpojob_trainer_weight_sync_seconds{grpojob="demo"}'] == 0.38
     assert samples['grpojob_trainer_rollouts_total{grpojob="demo"}'] == 128
     assert samples['grpojob_trainer_failed_rollouts_total{grpojob="demo"}'] == 4
+
+
+def test_the_prometheus_endpoint_serves_the_last_evaluation_and_tensorboard_and_jsonl_keep_every_one(tmp_path: Path):
+    exporter = PrometheusMetrics("demo", max_steps=16)
+    port = free_port()
+    exporter.serve(port, address="127.0.0.1")
+    evaluation = {"eval/reward/mean": 0.25, "eval/pass@4": 0.5, "eval/rows": 8.0, "eval/failed": 1.0}
+    with MetricsLogger(tmp_path, tensorboard=True, sinks=[exporter]) as logger:
+        logger.log(0, evaluation | {"eval/seconds": 3.0})  # the baseline, before training
+        logger.log(2, STEP_METRICS | evaluation | {"eval/reward/mean": 0.75, "eval/seconds": 2.5})
+        logger.log(3, STEP_METRICS)  # no evaluation: the gauges keep the last one
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
+    assert samples['grpojob_trainer_eval_step{grpojob="demo"}'] == 2
+    assert samples['grpojob_trainer_eval_mean_reward{grpojob="demo"}'] == 0.75
+    assert samples['grpojob_trainer_eval_pass_rate{grpojob="demo",k="4"}'] == 0.5
+    assert samples['grpojob_trainer_eval_failed_rollouts{grpojob="demo"}'] == 1
+    assert samples['grpojob_trainer_eval_seconds{grpojob="demo"}'] == 2.5
+
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("eval/reward/mean")) for r in records] == [(0, 0.25), (2, 0.75), (3, None)]
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("eval/reward/mean")] == [(0, 0.25), (2, 0.75)]
