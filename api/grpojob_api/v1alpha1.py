@@ -84,22 +84,20 @@ class ApiModel(BaseModel):
     )
 
 
-def _no_parent_segments(path: str) -> str:
-    if ".." in path.split("/"):
-        raise ValueError(f"{path!r} must not contain `..` (a path inside the volume)")
-    return path
+def _stays_inside(where: str) -> tuple[dict[str, Any], AfterValidator]:
+    """The CEL rule and the validator refusing a path with a `..` segment, which would leave ``where``."""
+    message = f"must not contain `..` (a path inside {where})"
+
+    def check(path: str) -> str:
+        if ".." in path.split("/"):
+            raise ValueError(f"{path!r} {message}")
+        return path
+
+    return cel_rules(cel("!self.matches('(^|/)[.][.](/|$)')", message)), AfterValidator(check)
 
 
-VolumePath = Annotated[
-    str,
-    Field(
-        max_length=MAX_PATH_LENGTH,
-        json_schema_extra=cel_rules(
-            cel("!self.matches('(^|/)[.][.](/|$)')", "must not contain `..` (a path inside the volume)")
-        ),
-    ),
-    AfterValidator(_no_parent_segments),
-]
+_IN_VOLUME_RULE, _IN_VOLUME = _stays_inside("the volume")
+VolumePath = Annotated[str, Field(max_length=MAX_PATH_LENGTH, json_schema_extra=_IN_VOLUME_RULE), _IN_VOLUME]
 """A path inside a volume: no `..` segment, so it cannot leave the volume."""
 
 
@@ -760,24 +758,16 @@ _DATASET_SOURCE_RULES = (
     cel("!has(self.id) || has(self.split)", _ID_NEEDS_SPLIT, ".split"),
 )
 
-_NO_PARENT_IN_DATASET = "must not contain `..` (a path inside the dataset)"
-
-
-def _inside_the_dataset(path: str) -> str:
-    if ".." in path.split("/"):
-        raise ValueError(f"{path!r} {_NO_PARENT_IN_DATASET}")
-    return path
-
-
+_IN_DATASET_RULE, _IN_DATASET = _stays_inside("the dataset")
 DatasetFile = Annotated[
     str,
     Field(
         min_length=1,
         max_length=1024,
         pattern=r"^[^/]",
-        json_schema_extra=cel_rules(cel("!self.matches('(^|/)[.][.](/|$)')", _NO_PARENT_IN_DATASET)),
+        json_schema_extra=_IN_DATASET_RULE,
     ),
-    AfterValidator(_inside_the_dataset),
+    _IN_DATASET,
 ]
 """A file (or glob) inside a hub dataset's repository, relative to its root."""
 
@@ -1309,6 +1299,13 @@ class GRPOJobSpec(ApiModel):
     progress_deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
     """A Running job whose training step has not advanced for this long is stalled: the attempt fails
     (condition `Stalled`) and is retried within `backoffLimit`. Unset: no stall detection."""
+
+    @property
+    def evaluation_max_new_tokens(self) -> int:
+        """Most tokens one model call of an evaluation rollout generates: `evaluation.maxNewTokens`, capped by
+        (and by default) `generation.maxNewTokens`."""
+        asked = self.evaluation.max_new_tokens if self.evaluation is not None else None
+        return min(asked or self.generation.max_new_tokens, self.generation.max_new_tokens)
 
     @property
     def log_claim(self) -> PvcSource | None:

@@ -299,9 +299,9 @@ def _evaluator(
     env_urls: EnvironmentURLs,
     generation_url: str | None,
 ) -> Evaluator:
-    evaluation, generation = spec.evaluation, spec.generation
+    evaluation = spec.evaluation
     assert evaluation is not None
-    max_new_tokens = min(evaluation.max_new_tokens or generation.max_new_tokens, generation.max_new_tokens)
+    max_new_tokens = spec.evaluation_max_new_tokens
     sampling = PolicySampling(evaluation.temperature, evaluation.top_p, max_new_tokens, evaluation_token=token)
     return Evaluator(rows, evaluation, sampling, env_urls, spec.grpo, generation_url)
 

@@ -49,8 +49,7 @@ class GenerationWorker:
         evaluation = None
         if job_spec.evaluation is not None and evaluation_token is not None:
             spec_of = job_spec.evaluation
-            max_new_tokens = min(spec_of.max_new_tokens or generation.max_new_tokens, generation.max_new_tokens)
-            sampling = SamplingParams(spec_of.temperature, spec_of.top_p, max_new_tokens)
+            sampling = SamplingParams(spec_of.temperature, spec_of.top_p, job_spec.evaluation_max_new_tokens)
             evaluation = EvaluationSampling(evaluation_token, sampling)
         config = ServerConfig(
             served_model_name=job_spec.model.served_model_name,

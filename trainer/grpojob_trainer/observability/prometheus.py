@@ -65,16 +65,15 @@ class PrometheusMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(f"{PREFIX}_{name}", doc, list(labels), registry=self.registry).labels(**labels)
 
+        def gauge_by(label: str, name: str, doc: str) -> Gauge:
+            """A gauge with one more label than the job's, set per value of ``label``."""
+            return Gauge(f"{PREFIX}_{name}", doc, [*labels, label], registry=self.registry)
+
         self.step = gauge("step", "Last finished training step.")
         gauge("max_steps", "Steps the job trains (spec.grpo.maxSteps).").set(max_steps)
         self.mean_reward = gauge("mean_reward", "Mean reward of the rollouts of the last step that had any.")
         self.step_seconds = gauge("step_seconds", "Wall time of the last step.")
-        self.phase_seconds = Gauge(
-            f"{PREFIX}_phase_seconds",
-            "Seconds of each phase of the last step.",
-            [*labels, "phase"],
-            registry=self.registry,
-        )
+        self.phase_seconds = gauge_by("phase", "phase_seconds", "Seconds of each phase of the last step.")
         self.job_name = job_name
         self.generated_tokens_per_second = gauge(
             "generated_tokens_per_second", "Tokens generated per second of the last step's generation phase."
@@ -86,11 +85,10 @@ class PrometheusMetrics:
         self.failed_rollouts = counter("failed_rollouts", "Rollouts that failed (environment or generation errors).")
         self.eval_step = gauge("eval_step", "Step whose policy the last evaluation evaluated (0: before training).")
         self.eval_mean_reward = gauge("eval_mean_reward", "Mean reward of the last evaluation's rollouts.")
-        self.eval_pass_rate = Gauge(
-            f"{PREFIX}_eval_pass_rate",
+        self.eval_pass_rate = gauge_by(
+            "k",
+            "eval_pass_rate",
             "Share of the last evaluation's rows with a passing rollout among their k (eval/pass@k).",
-            [*labels, "k"],
-            registry=self.registry,
         )
         self.eval_failed_rollouts = gauge("eval_failed_rollouts", "Rollouts of the last evaluation that failed.")
         self.eval_seconds = gauge("eval_seconds", "Seconds the last evaluation took.")

@@ -156,15 +156,26 @@ def test_sinks_get_the_logged_scalars_and_hear_whether_training_failed(tmp_path:
     assert failed.closed is True
 
 
-def test_the_prometheus_endpoint_serves_the_last_step(tmp_path: Path):
+def served_exporter() -> tuple[PrometheusMetrics, int]:
+    """The job "demo"'s Prometheus exporter (16 steps), serving on a free loopback port."""
     exporter = PrometheusMetrics("demo", max_steps=16)
     port = free_port()
     exporter.serve(port, address="127.0.0.1")
+    return exporter, port
+
+
+def scraped(port: int) -> dict[str, float]:
+    """Every sample the exporter on ``port`` serves, by its name and labels."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
+
+
+def test_the_prometheus_endpoint_serves_the_last_step(tmp_path: Path):
+    exporter, port = served_exporter()
     with MetricsLogger(tmp_path, tensorboard=False, sinks=[exporter]) as logger:
         logger.log(2, STEP_METRICS)
         logger.log(3, STEP_METRICS | {"rollout/reward/mean": 0.5})
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
+    samples = scraped(port)
     assert samples['grpojob_trainer_step{grpojob="demo"}'] == 3
     assert samples['grpojob_trainer_max_steps{grpojob="demo"}'] == 16
     assert samples['grpojob_trainer_mean_reward{grpojob="demo"}'] == 0.5
@@ -177,16 +188,13 @@ def test_the_prometheus_endpoint_serves_the_last_step(tmp_path: Path):
 
 
 def test_the_prometheus_endpoint_serves_the_last_evaluation_and_tensorboard_and_jsonl_keep_every_one(tmp_path: Path):
-    exporter = PrometheusMetrics("demo", max_steps=16)
-    port = free_port()
-    exporter.serve(port, address="127.0.0.1")
+    exporter, port = served_exporter()
     evaluation = {"eval/reward/mean": 0.25, "eval/pass@4": 0.5, "eval/rows": 8.0, "eval/failed": 1.0}
     with MetricsLogger(tmp_path, tensorboard=True, sinks=[exporter]) as logger:
         logger.log(0, evaluation | {"eval/seconds": 3.0})  # the baseline, before training
         logger.log(2, STEP_METRICS | evaluation | {"eval/reward/mean": 0.75, "eval/seconds": 2.5})
         logger.log(3, STEP_METRICS)  # no evaluation: the gauges keep the last one
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
+    samples = scraped(port)
     assert samples['grpojob_trainer_eval_step{grpojob="demo"}'] == 2
     assert samples['grpojob_trainer_eval_mean_reward{grpojob="demo"}'] == 0.75
     assert samples['grpojob_trainer_eval_pass_rate{grpojob="demo",k="4"}'] == 0.5
