@@ -89,6 +89,8 @@ def test_the_tree_keeps_every_contract(tree: Path):
         ("trainer/grpojob_trainer/generation/app.py", "from grpojob_trainer.policy import trainer", TRAINER_LAYERS),
         ("trainer/grpojob_trainer/weight_sync/buckets.py", "from grpojob_trainer.policy import ranks", TRAINER_LAYERS),
         ("trainer/grpojob_trainer/algorithm/grpo.py", "from grpojob_trainer.nemo_gym import protocol", TRAINER_LAYERS),
+        ("trainer/grpojob_trainer/commands/job.py", "from grpojob_trainer.commands import local", TRAINER_LAYERS),
+        ("trainer/grpojob_trainer/algorithm/loop.py", "from grpojob_trainer.commands import job", TRAINER_LAYERS),
         ("trainer/grpojob_trainer/nemo_gym/protocol.py", "import torch", "NeMo Gym's protocol and the environment"),
         ("trainer/grpojob_trainer/environments/base.py", "import ray", "NeMo Gym's protocol and the environment"),
         (

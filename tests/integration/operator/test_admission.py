@@ -26,7 +26,7 @@ from grpojob_api import v1alpha1 as api
 from grpojob_operator.children.environments import build_environment_deployment
 from grpojob_operator.settings import OperatorSettings
 from grpojob_testing import build
-from grpojob_trainer.cli import load_job
+from grpojob_trainer.commands.job import load_job
 from grpojob_trainer.errors import UsageError
 
 from .conftest import GROUP, PLURAL, VERSION

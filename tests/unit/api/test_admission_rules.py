@@ -18,7 +18,7 @@ from grpojob_api import v1alpha1 as api
 from grpojob_api.admission import describe, parse_job
 from grpojob_api.quantity import parse_quantity
 from grpojob_operator.children.trainer import render_job_config
-from grpojob_trainer.cli import load_job
+from grpojob_trainer.commands.job import load_job
 from grpojob_trainer.errors import UsageError
 
 ROOT = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -261,7 +261,7 @@ def test_the_trainers_report_of_its_exported_model_becomes_status_output_model()
 def test_the_hub_example_names_its_model_by_id_and_exports_to_the_checkpoint_claim():
     from pathlib import Path
 
-    from grpojob_trainer.cli import load_job
+    from grpojob_trainer.commands.job import load_job
 
     job = load_job(Path(__file__).resolve().parents[3] / "examples" / "qwen2.5-1.5b-instruct-hub.yaml")
     assert job.spec.model.id == "Qwen/Qwen2.5-1.5B-Instruct" and model_cache_claim(job) == "hf-cache"

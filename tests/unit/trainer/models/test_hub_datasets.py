@@ -23,6 +23,8 @@ from grpojob_api import paths
 from grpojob_api.hub import HubRepo
 from grpojob_trainer import cli
 from grpojob_trainer.algorithm.data import MixedPromptDataset
+from grpojob_trainer.commands.job import load_job
+from grpojob_trainer.commands.local import local_data
 from grpojob_trainer.environments.dataset import write_rows
 from grpojob_trainer.errors import UsageError
 
@@ -149,9 +151,9 @@ def test_grpojob_run_reads_a_dataset_by_id_offline_through_its_mapping_beside_a_
     local = write_rows("arithmetic", 8, tmp_path / "local.jsonl")
     hub_source = {"id": DATASET_ID, "config": "main", "split": "train", "mapping": MAPPING, "weight": 3}
     evaluation = {"dataset": {"id": DATASET_ID, "split": "test", "mapping": MAPPING}}
-    spec = cli.load_job(job(tmp_path, {"sources": [hub_source, {"path": str(local)}]}, evaluation)).spec
+    spec = load_job(job(tmp_path, {"sources": [hub_source, {"path": str(local)}]}, evaluation)).spec
 
-    prompts, held_out = cli.local_data(spec)
+    prompts, held_out = local_data(spec)
 
     assert isinstance(prompts, MixedPromptDataset)
     drawn = [row for _ in range(20) for row in prompts.next_batch(8)]
@@ -169,12 +171,12 @@ def test_grpojob_run_reads_a_dataset_by_id_offline_through_its_mapping_beside_a_
 
 
 def test_a_configuration_files_and_rows_that_are_already_nemo_gym_rows(offline, tmp_path):
-    hard = cli.load_job(job(tmp_path, {"id": DATASET_ID, "config": "hard", "split": "train", "mapping": MAPPING}))
-    (row,) = cli.local_data(hard.spec)[0].next_batch(1)
+    hard = load_job(job(tmp_path, {"id": DATASET_ID, "config": "hard", "split": "train", "mapping": MAPPING}))
+    (row,) = local_data(hard.spec)[0].next_batch(1)
     assert row.task_fields()["expected_answer"] == "42"
 
-    gym = cli.load_job(job(tmp_path, {"id": DATASET_ID, "split": "train", "files": ["gym.jsonl"]}))
-    rows = cli.local_data(gym.spec)[0].rows  # type: ignore[attr-defined]
+    gym = load_job(job(tmp_path, {"id": DATASET_ID, "split": "train", "files": ["gym.jsonl"]}))
+    rows = local_data(gym.spec)[0].rows  # type: ignore[attr-defined]
     assert sorted(r.task_fields()["expected_answer"] for r in rows) == ["2", "sunny"]
     tools = next(r for r in rows if r.responses_create_params.tools)
     assert tools.responses_create_params.tools == [{"type": "function", "name": "get_weather"}]
@@ -183,16 +185,16 @@ def test_a_configuration_files_and_rows_that_are_already_nemo_gym_rows(offline, 
 
 
 def test_grpojob_run_says_what_to_do_with_a_dataset_its_cache_lacks_or_rows_it_cannot_take(offline, tmp_path):
-    missing = cli.load_job(job(tmp_path, {"sources": [{"id": "nobody/nothing", "split": "train"}]}))
+    missing = load_job(job(tmp_path, {"sources": [{"id": "nobody/nothing", "split": "train"}]}))
     with pytest.raises(UsageError, match=r"spec\.dataset\.sources\[0\]\.id: this machine's hub cache .* does not hold"):
-        cli.local_data(missing.spec)
+        local_data(missing.spec)
     with pytest.raises(UsageError, match="grpojob cache-dataset DIR nobody/nothing"):
-        cli.local_data(missing.spec)
+        local_data(missing.spec)
 
-    unmapped = cli.load_job(job(tmp_path, {"id": DATASET_ID, "split": "train"}))
+    unmapped = load_job(job(tmp_path, {"id": DATASET_ID, "split": "train"}))
     with pytest.raises(UsageError, match=r"spec\.dataset: row 0 of .*: not a NeMo Gym row \(give the source a mapping"):
-        cli.local_data(unmapped.spec)
+        local_data(unmapped.spec)
     wrong_column = {**MAPPING, "promptField": "prompt"}
-    wrong = cli.load_job(job(tmp_path, {"id": DATASET_ID, "split": "train", "mapping": wrong_column}))
+    wrong = load_job(job(tmp_path, {"id": DATASET_ID, "split": "train", "mapping": wrong_column}))
     with pytest.raises(UsageError, match=r"spec\.dataset\.mapping\.promptField: no column 'prompt'"):
-        cli.local_data(wrong.spec)
+        local_data(wrong.spec)

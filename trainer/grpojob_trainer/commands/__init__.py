@@ -1,0 +1,1 @@
+"""What each `grpojob` command does; `grpojob_trainer.cli` parses the arguments and reports errors."""

@@ -1,0 +1,216 @@
+"""`grpojob run`: a GRPOJob on this machine, with a local Ray head, the environment servers as processes and
+the policy and engine on this machine's GPUs or its CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from grpojob_api import hub, paths
+from grpojob_api import v1alpha1 as api
+from grpojob_trainer.algorithm.data import Prompts
+from grpojob_trainer.commands.job import load_job, new_evaluation_token, read_evaluation_rows, read_training_prompts
+from grpojob_trainer.errors import UsageError
+from grpojob_trainer.nemo_gym.protocol import Row
+
+log = logging.getLogger("grpojob")
+
+
+def no_nemo_gym_environments(spec: api.GRPOJobSpec) -> None:
+    """`grpojob run` starts environments as processes of this Python; NeMo Gym's servers need their own."""
+    for index, env in enumerate(spec.environments):
+        if env.nemo_gym is not None:
+            raise UsageError(
+                f"spec.environments[{index}].nemoGym: `grpojob run` cannot start NeMo Gym environments: nemo-gym "
+                "needs Python >= 3.12 and its servers' virtual environments, and its Ray must be the job's "
+                "(same Python and Ray versions); they run in the NeMo Gym image on Kubernetes (README: "
+                "NeMo Gym environments)"
+            )
+
+
+def local_gpus(spec: api.GRPOJobSpec) -> int:
+    """GPUs `grpojob run` uses: this machine's, when the spec asks for any (none for a CPU job)."""
+    wants = spec.generation.gpus_per_replica > 0 or spec.training.gpus_per_replica > 0
+    if not wants:
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("spec.generation.gpusPerReplica / spec.training.gpusPerReplica: this machine has no GPU")
+    return torch.cuda.device_count()
+
+
+def local_policy(spec: api.GRPOJobSpec, gpus: int) -> tuple[int, float]:
+    """`grpojob run`'s policy: its ranks and each one's GPUs. Without GPUs, one gloo rank per
+    training replica; with one GPU, one rank sharing it with the engine (so no asynchronous GRPO); with
+    more, one rank per GPU asked for (`spec.training.ranks`), the engine on a GPU of its own."""
+    training = spec.training
+    if gpus == 0:
+        return training.replicas, 0
+    world = training.ranks
+    if gpus == 1:
+        if world > 1:
+            raise UsageError(f"spec.training: {world} policy ranks need {world + 1} GPUs here, this machine has 1")
+        if spec.grpo.max_off_policy_steps > 0:
+            raise UsageError(
+                f"spec.grpo.maxOffPolicySteps: {spec.grpo.max_off_policy_steps} overlaps generation with training, "
+                "which needs the engine on a GPU of its own; with one GPU `grpojob run` puts the engine and the "
+                "policy on the same one: set maxOffPolicySteps: 0 here, or run on 2 GPUs"
+            )
+        return 1, 0.5
+    if world + 1 > gpus:
+        raise UsageError(
+            f"spec.training: {world} policy ranks and the engine need {world + 1} GPUs, this machine has {gpus}"
+        )
+    return world, 1
+
+
+def require(path: Path, field: str, hint: str) -> Path:
+    if not path.exists():
+        raise UsageError(f"{field}: {path} does not exist ({hint})")
+    return path
+
+
+def require_file(path: Path, field: str, hint: str) -> Path:
+    if not require(path, field, hint).is_file():
+        raise UsageError(f"{field}: {path} is not a file ({hint})")
+    return path
+
+
+def local_data(spec: api.GRPOJobSpec) -> tuple[Prompts, list[Row] | None]:
+    """`grpojob run`'s training prompts and held-out rows, each source read from its file or, named by id, from
+    this machine's hub cache (offline). Raises `UsageError` naming the field of a source it cannot read."""
+    locations = [local_dataset(source, field) for field, source in spec.dataset_sources()]
+    training = locations[: len(spec.dataset.all_sources())]
+    return read_training_prompts(spec, training), read_evaluation_rows(spec, locations[-1] if spec.evaluation else None)
+
+
+def local_dataset(source: api.DatasetSource, field: str) -> str:
+    """Where `grpojob run` reads a source: its file, or the snapshot of its id in this machine's hub cache
+    (`HF_HUB_CACHE`), which it never downloads. A ConfigMap is refused, naming the field."""
+    if source.id is not None:
+        from huggingface_hub import constants
+
+        from grpojob_trainer.models.hub import HubError, download
+
+        cache = constants.HF_HUB_CACHE
+        try:
+            found = download(source.id, source.revision, cache, repo_type="dataset", offline=True, field=field)
+        except HubError as error:
+            if error.reason != "DatasetNotInCache":
+                raise UsageError(f"{field}.id: {error}") from None
+            raise UsageError(
+                f"{field}.id: this machine's hub cache ({cache}) does not hold the dataset {source.id} at revision "
+                f"{source.revision or hub.DEFAULT_REVISION}, and `grpojob run` reads datasets from the cache only: "
+                f"fill it with `hf download {source.id} --repo-type dataset` or `grpojob cache-dataset DIR {source.id}`"
+            ) from None
+        return str(found.path)
+    if source.path is None:
+        raise UsageError(
+            f"{field}: `grpojob run` reads a local file or a dataset in this machine's hub cache: "
+            f"set {field}.path or {field}.id"
+        )
+    hint = "write one with `grpojob dataset NAME --out FILE`"
+    return str(require_file(Path(source.path), f"{field}.path", hint))
+
+
+def local_model(model: api.ModelSpec) -> Path:
+    """`grpojob run`'s model directory: ``path``, or the snapshot of ``id`` in this machine's hub cache
+    (downloaded there first unless ``offline``)."""
+    if model.path is not None:
+        return require(Path(model.path), "spec.model.path", "write one with `grpojob tiny-model DIR`")
+    from huggingface_hub import constants
+
+    from grpojob_trainer.models.hub import HubError, download_model
+
+    try:
+        snapshot = download_model(str(model.id), model.revision, constants.HF_HUB_CACHE, offline=model.offline)
+    except HubError as error:
+        raise UsageError(f"spec.model.id: {error}") from None
+    return snapshot.path
+
+
+def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard: bool = True) -> int:
+    """`grpojob run`: the whole loop on this machine."""
+    import ray
+    from tqdm import tqdm
+
+    from grpojob_trainer.algorithm.loop import run_loop
+    from grpojob_trainer.observability import report, tracking
+    from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
+    from grpojob_trainer.ray_runtime import connection, reaper
+    from grpojob_trainer.ray_runtime.local_environments import EnvironmentProcesses
+
+    job = load_job(job_path)
+    spec = job.spec
+    no_nemo_gym_environments(spec)
+    dataset, evaluation_rows = local_data(spec)
+    model = local_model(spec.model)
+    out = out or Path("runs") / job.metadata.name
+    out.mkdir(parents=True, exist_ok=True)
+    evaluation_token = new_evaluation_token(spec)
+    if spec.generation.replicas > 1:
+        log.warning("grpojob run serves one generation engine (spec.generation.replicas=%d)", spec.generation.replicas)
+    spec_json = spec.model_dump(mode="json", by_alias=True)
+
+    gpus = local_gpus(spec)
+    world, policy_gpus = local_policy(spec, gpus)
+    reaper.reap_children_at_exit()  # Ray's processes and the environment servers end with this one
+    gcs = connection.start_local(generation_replicas=1, policy_replicas=world, num_gpus=gpus)
+    print(f"Ray is up (GCS {gcs}, {gpus} GPUs); loading the model from {model}", flush=True)
+    try:
+        # One engine and the policy's ranks. With one GPU they share it (colocated: half each, the engine
+        # taking spec.generation.gpuMemoryUtilization of its memory); without GPUs all run on the CPU.
+        share = 0.5 if gpus == 1 else min(1, gpus)
+        engines = connection.place_generation(
+            1, share, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed, evaluation_token
+        )
+        policy = connection.place_policy(world, policy_gpus, spec_json, str(model), spec.grpo.seed)
+        base_url = ray.get(engines[0].base_url.remote())
+        environments = EnvironmentProcesses(
+            spec.environments,
+            policy_base_url=base_url,
+            policy_model_name=spec.model.served_model_name,
+            gcs_address=gcs,
+            log_dir=out / "environments",
+        )
+        sinks = tracking.tracking_sinks(job, attempt=1, run_dir=out)
+        with environments as env_urls, MetricsLogger(out, tensorboard=tensorboard, sinks=sinks) as logger:
+            bar = tqdm(total=spec.grpo.max_steps, desc=job.metadata.name, unit="step", disable=not show_progress)
+
+            def on_step(step: int, metrics: dict[str, float]) -> None:
+                bar.n = step
+                bar.set_postfix(reward=f"{metrics.get('rollout/reward/mean', float('nan')):.3f}", refresh=True)
+
+            result = asyncio.run(
+                run_loop(
+                    job,
+                    policy=policy,
+                    engines=engines,
+                    env_urls=env_urls,
+                    dataset=dataset,
+                    logger=logger,
+                    progress=FileProgressPublisher(out / "progress.json"),
+                    checkpoint_dir=Path(paths.checkpoint_dir(job)),
+                    output_dir=Path(paths.output_dir(job)).resolve(),
+                    on_step=on_step,
+                    evaluation_rows=evaluation_rows,
+                    evaluation_token=evaluation_token,
+                )
+            )
+            bar.close()
+    finally:
+        ray.shutdown()
+    curve = report.reward_curve(out / "metrics.jsonl")
+    evaluations = report.reward_curve(out / "metrics.jsonl", report.EVALUATION_REWARD_KEY)
+    title = f"{job.metadata.name}: mean reward per step"
+    png = report.plot_reward_curve(curve, out / "reward.png", title, evaluations)
+    print(f"trained steps {result.first_step} to {result.last_step}: {report.summary(curve)}")
+    if spec.evaluation is not None:
+        print(report.evaluation_summary(evaluations))
+    print(f"failed rollouts: {result.failed_rollouts}")
+    print(f"trained model: {Path(paths.output_dir(job)) / paths.FINAL_MODEL_DIR}  (vllm serve DIR)")
+    print(f"reward curve: {png}")
+    print(f"TensorBoard logs: {out}  (tensorboard --logdir {out})")
+    return 0

@@ -1,0 +1,97 @@
+"""`grpojob train`: the trainer pod of a GRPOJob on Kubernetes, joining the job's RayCluster."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from grpojob_api.endpoints import GENERATION_PORT, ContractError, TrainerEnv
+from grpojob_trainer.commands.job import load_job, new_evaluation_token, read_evaluation_rows, read_training_prompts
+from grpojob_trainer.errors import UsageError
+
+log = logging.getLogger("grpojob")
+
+
+def train_in_cluster(config_path: Path) -> int:
+    """`grpojob train`: the trainer pod. Everything it needs comes from the endpoints ConfigMap and the Job."""
+    import ray
+
+    from grpojob_trainer.algorithm.loop import run_loop
+    from grpojob_trainer.observability import tracking
+    from grpojob_trainer.observability.metrics import MetricSink, MetricsLogger
+    from grpojob_trainer.observability.progress import ConfigMapProgressPublisher
+    from grpojob_trainer.observability.prometheus import PrometheusMetrics
+    from grpojob_trainer.ray_runtime import connection
+    from grpojob_trainer.ray_runtime.local_environments import wait_for_environments
+    from grpojob_trainer.ray_runtime.rendezvous import current_endpoints
+
+    job = load_job(config_path)
+    spec = job.spec
+    try:
+        endpoints = current_endpoints(os.environ)  # never an older attempt's
+        pod = TrainerEnv.from_env(os.environ)
+    except ContractError as error:
+        raise UsageError(str(error)) from None
+    sinks: list[MetricSink] = []
+    if pod.metrics_port:
+        exporter = PrometheusMetrics(job.metadata.name, spec.grpo.max_steps)
+        exporter.serve(pod.metrics_port)
+        sinks.append(exporter)
+        log.info("training metrics on :%d/metrics", pod.metrics_port)
+    gcs = connection.join(endpoints.ray_gcs_address)
+    log.info("joined the Ray cluster; GCS address %s", gcs)
+    head = connection.HeadWatch()
+    spec_json = spec.model_dump(mode="json", by_alias=True)
+    dataset = read_training_prompts(spec, pod.dataset_paths)
+    evaluation_rows = read_evaluation_rows(spec, pod.evaluation_dataset_path)
+    evaluation_token = new_evaluation_token(spec)
+    try:
+        generation, training = spec.generation, spec.training
+        engines = connection.place_generation(
+            generation.replicas,
+            generation.gpus_per_replica,
+            spec_json,
+            pod.model_path,
+            "0.0.0.0",
+            GENERATION_PORT,
+            spec.grpo.seed,
+            evaluation_token,
+        )
+        # One rank per GPU of the `policy` workers (one per worker on the CPU). Placing them waits for the
+        # worker pods (and their images and GPUs); a job that never gets them is ended by the operator's
+        # deadline or stuck-pod checks, and this gives up after an hour.
+        policy = connection.place_policy(
+            training.ranks,
+            min(1, training.gpus_per_replica),
+            spec_json,
+            pod.model_path,
+            spec.grpo.seed,
+            timeout_s=3600,
+        )
+        ray.get([engine.base_url.remote() for engine in engines], timeout=3600)
+        wait_for_environments(endpoints.environment_urls)
+        run_dir = Path(pod.log_dir)
+        sinks += tracking.tracking_sinks(job, endpoints.attempt, run_dir)
+        log.info("logs of attempt %d in %s", endpoints.attempt, run_dir)
+        with MetricsLogger(run_dir, sinks=sinks) as logger:
+            asyncio.run(
+                run_loop(
+                    job,
+                    policy=policy,
+                    engines=engines,
+                    env_urls=endpoints.environment_urls,
+                    dataset=dataset,
+                    logger=logger,
+                    progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),
+                    checkpoint_dir=Path(pod.checkpoint_dir),
+                    output_dir=Path(pod.output_dir),
+                    before_step=head.check,
+                    evaluation_rows=evaluation_rows,
+                    evaluation_token=evaluation_token,
+                )
+            )
+    finally:
+        connection.disconnect(head)
+    return 0
