@@ -50,6 +50,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -80,7 +81,10 @@ class Workload:
     learning_rate: float = 1e-6
     colocated_generation_memory: float = 0.35
     lora_rank: int = 0
-    """Our legs: `spec.training.lora` of this rank (alpha twice the rank); 0 trains every weight."""
+    """`spec.training.lora` of this rank (alpha twice the rank, every linear projection), and TRL's
+    `peft_config` the same; 0 trains every weight."""
+    sleep_while_training: bool = True
+    """Our colocated leg: `spec.generation.sleepWhileTraining` (the engine sleeps while the policy trains)."""
     trl_use_vllm: bool = True
     """False: TRL generates with transformers (how the leg is smoke-tested on a CPU)."""
     breakdown_backend: str = "vllm"
@@ -251,6 +255,7 @@ def job_yaml(out: Path, workload: Workload, name: str, colocated: bool, ahead: i
                 "gpuMemoryUtilization": workload.colocated_generation_memory if colocated else 0.85,
                 "maxModelLen": workload.max_new_tokens + 256,
                 "maxNewTokens": workload.max_new_tokens,
+                "sleepWhileTraining": workload.sleep_while_training,
             },
             "training": {
                 "gpusPerReplica": 1,
@@ -271,6 +276,8 @@ def job_yaml(out: Path, workload: Workload, name: str, colocated: bool, ahead: i
                 "maxOffPolicySteps": ahead,
             },
             "checkpointing": {"path": str(out / f"{name}-checkpoints"), "interval": 1000},
+            # A LoRA leg exports its adapter: merging the 7B base at the end is not the step being measured.
+            **({"output": {"format": "adapter"}} if workload.lora_rank else {}),
         },
     }
     path = out / f"{name}.yaml"
@@ -353,6 +360,8 @@ def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1, ahead: int = 0) 
         "prepare_seconds": median_after_warmup(rows, "time/prepare"),
         "training_seconds": median_after_warmup(rows, "time/training"),
         "weight_sync_seconds": median_after_warmup(rows, "time/weight_sync"),
+        "engine_sleep_seconds": median_after_warmup(rows, "weight_sync/sleep_seconds"),
+        "free_gib_while_training": median_after_warmup(rows, "weight_sync/free_gib_while_training"),
         "rollout_wait_seconds": median_after_warmup(rows, "time/rollout_wait"),
         "rollout_seconds_p50": median_after_warmup(rows, "rollout/seconds/median"),
         "rollout_seconds_p90": median_after_warmup(rows, "rollout/seconds/p90"),
@@ -454,6 +463,13 @@ def leg_grpo_trl(out: Path, workload: Workload) -> dict[str, Any]:
         save_strategy="no",
         seed=0,
     )
+    peft_config = None
+    if workload.lora_rank:  # as ours: every linear projection, alpha twice the rank, the base frozen in bf16
+        from peft import LoraConfig
+
+        rank = workload.lora_rank
+        peft_config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
+        config.model_init_kwargs = {"dtype": "bfloat16" if torch.cuda.is_available() else "float32"}
     trainer = GRPOTrainer(
         model=str(model),
         reward_funcs=[reward],
@@ -461,6 +477,7 @@ def leg_grpo_trl(out: Path, workload: Workload) -> dict[str, Any]:
         train_dataset=dataset,
         processing_class=AutoTokenizer.from_pretrained(model, local_files_only=True),
         callbacks=[StepTimes()],
+        peft_config=peft_config,
     )
     # TRL's generation phase: sampling (vLLM, weight sync included), rewards, advantages and, with the
     # importance-sampling correction, the old policy's log-probabilities; once per optimizer step here.
@@ -852,6 +869,35 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+class GpuMemoryPeak:
+    """The most memory in use on any visible GPU while the block runs, every 0.5 s from ``nvidia-smi`` (it
+    counts every process: the engine's and the policy's); None without ``nvidia-smi``."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s, self.peak_gib = interval_s, None
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+        while not self._stop.wait(self.interval_s):
+            try:
+                used = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.split()
+            except (OSError, subprocess.TimeoutExpired):
+                return
+            if used:
+                peak = max(int(mib) for mib in used) / 1024
+                self.peak_gib = max(self.peak_gib or 0.0, peak)
+
+    def __enter__(self) -> GpuMemoryPeak:
+        if shutil.which("nvidia-smi"):
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+
+
 LEGS = {
     "generation-raw": leg_generation_raw,
     "generation-http": leg_generation_http,
@@ -887,6 +933,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("leg", choices=[*LEGS, "all", "table", "prepare"])
     parser.add_argument("--out", type=Path, default=Path("runs/bench-gpu"))
     parser.add_argument("--steps", type=int, default=Workload.steps)
+    parser.add_argument("--label", default="", help="results in LEG-LABEL.json (a leg run twice with other --set)")
     parser.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE", help="override a Workload field (repeatable)"
     )
@@ -910,8 +957,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failed else 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    result = LEGS[args.leg](args.out, workload) | {"workload": asdict(workload), "versions": versions()}
-    (args.out / f"{args.leg}.json").write_text(json.dumps(result, indent=2))
+    with GpuMemoryPeak() as memory:
+        result = LEGS[args.leg](args.out, workload)
+    result |= {"peak_gpu_gib": memory.peak_gib, "workload": asdict(workload), "versions": versions()}
+    name = f"{args.leg}-{args.label}" if args.label else args.leg
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return 0
 

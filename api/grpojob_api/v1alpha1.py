@@ -262,6 +262,12 @@ class GenerationSpec(ApiModel):
     """Nucleus-sampling top-p used for every rollout."""
     max_new_tokens: int = Field(default=1024, ge=1, le=1_048_576)
     """Most tokens one model call may generate."""
+    sleep_while_training: bool = True
+    """When a vLLM engine shares its GPU with the policy (`grpojob run` on one GPU), the engine sleeps while
+    the policy trains (vLLM's sleep mode): its KV cache is freed, and its weights too, since new ones arrive
+    after the step (a LoRA policy's base is kept in host memory instead), so training may use the GPU's
+    memory beyond what the engine leaves. It wakes for the weight sync. No effect on an engine with GPUs of
+    its own or without vLLM."""
 
     @model_validator(mode="after")
     def _new_tokens_fit(self) -> GenerationSpec:

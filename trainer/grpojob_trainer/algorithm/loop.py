@@ -11,7 +11,8 @@ reach the engines only between steps with no rollouts in flight: after step s tr
 the rollouts launched meanwhile, pushes the new weights, and only then launches the next batch. Every
 rollout of one batch thus comes from one policy version (recorded on each sample as
 ``TrainingSample.policy_version``), and a batch launched with the weights before step s-k trains at step
-s: k updates stale, never more. With k = 0 the loop is the on-policy one: generate, train, push.
+s: k updates stale, never more. With k = 0 the loop is the on-policy one: generate, train, push; and an
+engine that shares the policy's GPU sleeps while the policy trains (`WeightSync.release`).
 
 Evaluation (``spec.evaluation``, `grpojob_trainer.algorithm.evaluation`): the starting policy before the
 first step, then the policy of every ``everySteps``-th step and of the last, once its weights are on the
@@ -234,6 +235,8 @@ async def run_loop(
         failed_in_a_row = 0
         samples = [dataclasses.replace(s, policy_version=rollouts.policy_version) for s in batch.samples]
         metrics |= staleness_metrics(samples, policy_version)
+        if not launched:  # no rollout in flight: engines sharing the policy's GPU may sleep while it trains
+            metrics |= await asyncio.to_thread(weight_sync.release)
         metrics["timeline/training_started"] = clock()
         metrics |= await asyncio.to_thread(policy.train_step, samples)
         metrics["timeline/training_finished"] = clock()

@@ -65,6 +65,7 @@ class VLLMBackend(ContinuousBatchingBackend):
         seed: int = 0,
         enforce_eager: bool = False,
         lora_rank: int | None = None,
+        enable_sleep_mode: bool = False,
     ) -> None:
         # Forking a process whose CPU thread pools have run (model writing, tokenizing) can deadlock the
         # child: the engine's processes are spawned.
@@ -90,6 +91,7 @@ class VLLMBackend(ContinuousBatchingBackend):
             enforce_eager=enforce_eager,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
+            enable_sleep_mode=enable_sleep_mode,
             **lora_engine_args(lora_rank),
         )
 
@@ -104,6 +106,7 @@ class VLLMBackend(ContinuousBatchingBackend):
         self._max_model_len = max_model_len
         self._weights_version = 0
         self.serves_lora = lora_rank is not None
+        self.sleeps = enable_sleep_mode
         self._adapter_version: int | None = None
         """The newest adapter version registered (None: the base model's weights, no adapter yet)."""
 
@@ -211,6 +214,26 @@ class VLLMBackend(ContinuousBatchingBackend):
     def update_weights_from_group(self, layouts_payload: bytes) -> int:
         """Receive and load the policy's broadcast buckets (pickled `BucketLayout` list)."""
         return self._load("grpojob_load_from_group", layouts_payload)
+
+    def sleep(self, level: int) -> int:
+        """Free the engine's GPU memory between batches (no request in flight): level 1 moves the weights to
+        host memory and drops the KV cache, level 2 drops both (new weights must be loaded after
+        `wake_up` of the weights). Returns the GPU's free bytes after it, as the engine's worker sees them."""
+        if not self.sleeps:
+            raise RuntimeError("this engine was started without sleep mode")
+        self._run(self.engine.sleep(level))
+        return min(self._run(self.engine.collective_rpc("grpojob_free_bytes")))
+
+    def wake_up(self, tags: list[str]) -> None:
+        """Take back the memory of ``tags`` (``weights``, ``kv_cache``) after `sleep`; the KV cache comes back
+        empty, and so does the prefix cache."""
+
+        async def wake() -> None:
+            await self.engine.wake_up(tags)
+            if "kv_cache" in tags:
+                await self.engine.reset_prefix_cache()
+
+        self._run(wake())
 
     def device_uuids(self) -> list[str]:
         """The UUIDs of the engine's GPUs."""

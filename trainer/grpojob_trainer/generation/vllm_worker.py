@@ -53,6 +53,10 @@ class WeightSyncExtension:
         """The UUID of this worker's GPU (how the trainer tells a shared GPU from another one)."""
         return device_uuid(self.device)
 
+    def grpojob_free_bytes(self) -> int:
+        """The free memory of this worker's GPU, in bytes (what a sleeping engine left to the policy)."""
+        return torch.cuda.mem_get_info(self.device)[0]
+
     def _grpojob_load(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load named tensors (consumed lazily, bucket by bucket) and wait until the GPU has them."""
         self._grpojob_model().load_weights(iter(named))

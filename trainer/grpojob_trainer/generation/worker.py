@@ -30,9 +30,12 @@ class GenerationWorker:
         port: int | None,
         seed: int,
         evaluation_token: str | None = None,
+        shares_gpu: bool = False,
     ) -> None:
         """``evaluation_token``: the secret that marks the requests of `spec.evaluation`'s rollouts, which
-        sample with its parameters (none: every request samples with training's)."""
+        sample with its parameters (none: every request samples with training's). ``shares_gpu``: the engine
+        shares its GPU with the policy, so a vLLM engine starts in sleep mode when
+        ``spec.generation.sleepWhileTraining`` asks for it."""
         from grpojob_trainer.generation.app import EvaluationSampling, ServerConfig
         from grpojob_trainer.generation.backend import GenerationBackend, SamplingParams
         from grpojob_trainer.generation.server import GenerationServer
@@ -43,7 +46,8 @@ class GenerationWorker:
         backend: GenerationBackend
         if generation.backend == api.GenerationBackend.VLLM:
             lora = job_spec.training.lora
-            backend = start_vllm(job_spec, model_path, seed, lora.rank if lora is not None else None)
+            sleep_mode = shares_gpu and generation.sleep_while_training
+            backend = start_vllm(job_spec, model_path, seed, lora.rank if lora is not None else None, sleep_mode)
         else:
             backend = TransformersBackend(model_path, max_model_len=generation.max_model_len, seed=seed)
         evaluation = None
@@ -62,14 +66,22 @@ class GenerationWorker:
         return self.server.base_url
 
     def weight_sync_info(self) -> dict[str, Any]:
-        """Which weight paths this engine offers: its backend, for vLLM its GPUs' UUIDs, and whether it
-        serves LoRA adapters."""
+        """Which weight paths this engine offers: its backend, for vLLM its GPUs' UUIDs, whether it serves
+        LoRA adapters and whether it can sleep while the policy trains."""
         from grpojob_trainer.generation.vllm_backend import VLLMBackend
 
         backend = self.server.backend
         if isinstance(backend, VLLMBackend):
-            return {"backend": "vllm", "device_uuids": backend.device_uuids(), "lora": backend.serves_lora}
-        return {"backend": "transformers", "device_uuids": [], "lora": backend.serves_lora}
+            uuids = backend.device_uuids()
+            return {"backend": "vllm", "device_uuids": uuids, "lora": backend.serves_lora, "sleeps": backend.sleeps}
+        return {"backend": "transformers", "device_uuids": [], "lora": backend.serves_lora, "sleeps": False}
+
+    def sleep(self, level: int) -> int:
+        """Free the engine's GPU memory while the policy trains (`VLLMBackend.sleep`); the GPU's free bytes."""
+        return self.server.backend.sleep(level)
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.server.backend.wake_up(tags)
 
     def update_weights(self, named_tensors: NamedTensors) -> int:
         return self.server.update_weights(named_tensors)
@@ -93,9 +105,12 @@ class GenerationWorker:
         return self.server.backend.update_weights_from_group(layouts_payload)
 
 
-def start_vllm(spec: api.GRPOJobSpec, model_path: str, seed: int, lora_rank: int | None) -> Any:
+def start_vllm(
+    spec: api.GRPOJobSpec, model_path: str, seed: int, lora_rank: int | None, sleep_mode: bool = False
+) -> Any:
     """The job's vLLM engine; with ``lora_rank`` (a LoRA policy), one that serves LoRA adapters, or, when
-    vLLM cannot serve LoRA for this model, one without (the policy then sends merged weights: logged)."""
+    vLLM cannot serve LoRA for this model, one without (the policy then sends merged weights: logged);
+    with ``sleep_mode``, one that can sleep while the policy trains."""
     from grpojob_trainer.generation.vllm_backend import VLLMBackend
 
     generation = spec.generation
@@ -108,6 +123,7 @@ def start_vllm(spec: api.GRPOJobSpec, model_path: str, seed: int, lora_rank: int
             tensor_parallel_size=max(1, generation.gpus_per_replica),
             seed=seed,
             lora_rank=rank,
+            enable_sleep_mode=sleep_mode,
         )
 
     if lora_rank is None:

@@ -116,6 +116,10 @@ class PolicyGroup:
     def release_shared_weights(self) -> None:
         self._on_rank0("release_shared_weights")
 
+    def free_cached_memory(self) -> None:
+        """Every rank hands the GPU memory its allocator caches back to the GPU (for an engine to wake into)."""
+        self._on_every_rank("free_cached_memory")
+
     def weight_group_address(self) -> tuple[str, int]:
         return self._on_rank0("weight_group_address")
 

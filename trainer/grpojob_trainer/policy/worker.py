@@ -172,6 +172,16 @@ class PolicyWorker:
     def release_shared_weights(self) -> None:
         self._shared = []
 
+    def free_cached_memory(self) -> None:
+        """Return the memory PyTorch's allocator caches (the last step's activations) to the GPU."""
+        import gc
+
+        import torch
+
+        if self.trainer.device.type == "cuda":
+            gc.collect()
+            torch.cuda.empty_cache()
+
     def weight_group_address(self) -> tuple[str, int]:
         """Rank 0: where the broadcast group's rendezvous will listen: this node's address and a free port."""
         return _free_address()

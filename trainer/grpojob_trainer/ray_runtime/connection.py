@@ -166,11 +166,13 @@ def place_generation(
 ) -> list:
     """One generation engine per `generation` worker (each needs the group's custom resource, and its
     GPUs: Ray hides GPUs from an actor that did not ask for them); ``evaluation_token`` marks evaluation
-    requests (`GenerationWorker`)."""
+    requests (`GenerationWorker`). An engine given a share of a GPU (``gpus`` below 1) shares it with the
+    policy."""
     import ray
 
     actor = ray.remote(GenerationWorker).options(num_cpus=0, num_gpus=gpus, resources={endpoints.GENERATION_GROUP: 1})
-    return [actor.remote(spec, model_path, host, port, seed + i, evaluation_token) for i in range(replicas)]
+    shares_gpu = 0 < gpus < 1
+    return [actor.remote(spec, model_path, host, port, seed + i, evaluation_token, shares_gpu) for i in range(replicas)]
 
 
 def place_policy(

@@ -14,6 +14,14 @@ What travels (`choose_content`): every parameter of a fully fine-tuned policy; a
 alone when every engine serves LoRA (a few MB to a few hundred: the base never moves); otherwise, chosen
 at start and logged, the LoRA policy's adapter merged into its base, as full weights.
 
+Engines that share the policy's GPU and can sleep (`spec.generation.sleepWhileTraining`) are put to sleep
+by `release` once their batch is done and before the policy trains (vLLM's sleep mode: level 2, weights and
+KV cache dropped, for full weights, which are replaced after the step anyway; level 1, weights kept in host
+memory, for an adapter, whose base must survive); the policy frees its cached memory and the next `push`
+wakes their weights, loads the new ones and wakes their KV cache. `release` reports
+``weight_sync/sleep_seconds`` and ``weight_sync/free_gib_while_training`` (the GPU's free memory left to
+training); the other paths have nothing to release.
+
 Each `push` returns when every engine serves the new weights, with ``weight_sync/seconds`` (wall time
 seen by the driver), ``weight_sync/version`` (the weights version the engines now serve, the oldest of
 theirs) and, on the NCCL path, ``weight_sync/bytes`` (what was broadcast). The policy is a
@@ -64,8 +72,19 @@ class WeightSync(Protocol):
     def push(self) -> dict[str, float]:
         """Send the policy's current weights to every engine; return when all of them use them."""
 
+    def release(self) -> dict[str, float]:
+        """Before the policy trains, with no request in flight: free what the engines hold on the policy's
+        GPU, if they share it and can sleep (the next `push` takes it back)."""
 
-class ObjectStoreSync:
+
+class NothingToRelease:
+    """A weight path whose engines keep their memory while the policy trains."""
+
+    def release(self) -> dict[str, float]:
+        return {}
+
+
+class ObjectStoreSync(NothingToRelease):
     """Through the Ray object store (host memory)."""
 
     name = "object-store"
@@ -93,22 +112,52 @@ class CudaIpcSync:
         engines: list[Any],
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         content: Content = Content(),
+        sleep: bool = False,
     ) -> None:
         self.policy, self.engines, self.bucket_bytes, self.content = policy, engines, bucket_bytes, content
+        self.sleep = sleep
+        """Whether the engines sleep while the policy trains."""
+        self.asleep = False
+
+    def release(self) -> dict[str, float]:
+        import ray
+
+        if not self.sleep or self.asleep:
+            return {}
+        started = time.perf_counter()
+        free = ray.get([engine.sleep.remote(sleep_level(self.content.kind)) for engine in self.engines])
+        self.asleep = True
+        return {
+            "weight_sync/sleep_seconds": time.perf_counter() - started,
+            "weight_sync/free_gib_while_training": min(free) / 2**30,
+        }
 
     def push(self) -> dict[str, float]:
         import ray
 
         started = time.perf_counter()
+        asleep, self.asleep = self.asleep, False
+        if asleep:  # the training step's cached memory goes back to the GPU before the engines take theirs
+            self.policy.free_cached_memory()
+            ray.get([engine.wake_up.remote(["weights"]) for engine in self.engines])
         try:
             payload = ray.put(self.policy.share_weights_ipc(self.bucket_bytes, self.content.kind))
             versions = ray.get([self.content.receive(engine, "_ipc", payload) for engine in self.engines])
         finally:
             self.policy.release_shared_weights()
+        if asleep:
+            self.policy.free_cached_memory()  # the shared buckets' memory
+            ray.get([engine.wake_up.remote(["kv_cache"]) for engine in self.engines])
         return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/version": float(min(versions))}
 
 
-class NcclBroadcastSync:
+def sleep_level(content: str) -> int:
+    """vLLM's sleep level for engines about to receive ``content``: 2 (drop the weights) for full weights,
+    which replace every parameter; 1 (keep them in host memory) for an adapter, which needs its base."""
+    return 1 if content == ADAPTER else 2
+
+
+class NcclBroadcastSync(NothingToRelease):
     """Buckets broadcast over NCCL from the policy's GPU to the engines' GPUs."""
 
     name = "nccl-broadcast"
@@ -174,7 +223,10 @@ def weight_sync_for(policy: PolicyGroup, engines: list[Any], bucket_bytes: int =
     if content.kind == MERGED:
         log.warning("the engines cannot serve LoRA adapters: the policy sends its adapter merged into the base")
     if path == CudaIpcSync.name:
-        return CudaIpcSync(policy, engines, bucket_bytes, content)
+        sleep = all(info.get("sleeps") for info in infos)
+        if sleep:
+            log.info("the engines sleep while the policy trains (level %d)", sleep_level(content.kind))
+        return CudaIpcSync(policy, engines, bucket_bytes, content, sleep)
     if path == NcclBroadcastSync.name:
         return NcclBroadcastSync(policy, engines, bucket_bytes, content)
     return ObjectStoreSync(policy, engines, content)
