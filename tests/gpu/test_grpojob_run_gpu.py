@@ -26,7 +26,7 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_job(tmp: Path, steps: int) -> Path:
+def write_job(tmp: Path, steps: int, **spec_changes: dict) -> Path:
     from grpojob_trainer.environments.dataset import write_rows
     from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
 
@@ -38,6 +38,8 @@ def write_job(tmp: Path, steps: int) -> Path:
     spec["dataset"]["path"] = str(tmp / "train.jsonl")
     spec["grpo"]["maxSteps"] = steps
     spec["checkpointing"] = {"path": str(tmp / "checkpoints"), "interval": steps}
+    for field, changes in spec_changes.items():
+        spec.setdefault(field, {}).update(changes)
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -62,11 +64,24 @@ def metrics(out: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def engine_share_gib(job: Path) -> tuple[float, float]:
+    """The GPU's memory and the engine's share of it (`gpuMemoryUtilization`), in GiB."""
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return total, total * yaml.safe_load(job.read_text())["spec"]["generation"]["gpuMemoryUtilization"]
+
+
 def test_grpo_on_one_gpu_raises_the_reward_and_syncs_weights_by_cuda_ipc(tmp_path: Path):
     steps = 24
-    log = grpojob_run(write_job(tmp_path, steps), tmp_path / "out", visible_gpus="0")
+    job = write_job(tmp_path, steps)
+    log = grpojob_run(job, tmp_path / "out", visible_gpus="0")
     assert "weight sync: cuda-ipc" in log
+    assert "the engines sleep while the policy trains (level 2)" in log
     rows = metrics(tmp_path / "out")
+    # Asleep, the engine gives back most of its share: the policy trains with more than what it left.
+    total, share = engine_share_gib(job)
+    free = [r["weight_sync/free_gib_while_training"] for r in rows]
+    print(f"free while training {min(free):.1f} GiB of {total:.1f} (engine share {share:.1f})")
+    assert min(free) > total - share / 2
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     # The engine starts from the policy's weights (version 1) and gets new ones after every step.
     assert [r["weight_sync/version"] for r in rows] == [float(s + 1) for s in range(1, steps + 1)]
@@ -78,6 +93,25 @@ def test_grpo_on_one_gpu_raises_the_reward_and_syncs_weights_by_cuda_ipc(tmp_pat
     print(f"rewards {[round(c, 3) for c in curve]}; weight sync median {sync:.4f} s")
     assert last > first + 0.05, f"reward did not rise: {curve}"
     assert (tmp_path / "checkpoints" / f"step_{steps:08d}" / "meta.json").exists()
+
+
+def test_a_lora_policy_on_one_gpu_raises_the_reward_sending_its_adapter_to_a_sleeping_engine(tmp_path: Path):
+    """The engine serves the base with LoRA and takes each new adapter in memory by CUDA IPC; asleep while
+    the policy trains, it keeps its base in host memory (level 1)."""
+    steps = 24
+    lora = {"lora": {"rank": 16, "alpha": 32}, "optimizer": {"learningRate": 0.01}}
+    job = write_job(tmp_path, steps, training=lora, output={"path": str(tmp_path / "models"), "format": "adapter"})
+    log = grpojob_run(job, tmp_path / "out", visible_gpus="0")
+    assert "weight sync: cuda-ipc of the adapter" in log
+    assert "the engines sleep while the policy trains (level 1)" in log
+    rows = metrics(tmp_path / "out")
+    assert [r["weight_sync/version"] for r in rows] == [float(s + 1) for s in range(1, steps + 1)]
+    curve = [r["rollout/reward/mean"] for r in rows]
+    first, last = sum(curve[:6]) / 6, sum(curve[-6:]) / 6
+    sync = sorted(r["time/weight_sync"] for r in rows)[steps // 2]
+    print(f"LoRA rewards {[round(c, 3) for c in curve]}; adapter sync median {sync:.4f} s")
+    assert last > first + 0.05, f"reward did not rise: {curve}"
+    assert (tmp_path / "models" / "final" / "adapter_config.json").exists()
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (policy on one, engine on the other)")
