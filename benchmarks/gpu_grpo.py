@@ -83,8 +83,9 @@ class Workload:
     lora_rank: int = 0
     """`spec.training.lora` of this rank (alpha twice the rank, every linear projection), and TRL's
     `peft_config` the same; 0 trains every weight."""
-    sleep_while_training: bool = True
-    """Our colocated leg: `spec.generation.sleepWhileTraining` (the engine sleeps while the policy trains)."""
+    sleep_while_training: str = ""
+    """Our colocated leg: `spec.generation.sleepWhileTraining` (``true``/``false``; empty: the job's default,
+    sleeping for a full fine-tune and not for LoRA)."""
     trl_use_vllm: bool = True
     """False: TRL generates with transformers (how the leg is smoke-tested on a CPU)."""
     breakdown_backend: str = "vllm"
@@ -255,7 +256,11 @@ def job_yaml(out: Path, workload: Workload, name: str, colocated: bool, ahead: i
                 "gpuMemoryUtilization": workload.colocated_generation_memory if colocated else 0.85,
                 "maxModelLen": workload.max_new_tokens + 256,
                 "maxNewTokens": workload.max_new_tokens,
-                "sleepWhileTraining": workload.sleep_while_training,
+                **(
+                    {"sleepWhileTraining": workload.sleep_while_training.lower() == "true"}
+                    if workload.sleep_while_training
+                    else {}
+                ),
             },
             "training": {
                 "gpusPerReplica": 1,

@@ -96,11 +96,13 @@ def test_grpo_on_one_gpu_raises_the_reward_and_syncs_weights_by_cuda_ipc(tmp_pat
 
 
 def test_a_lora_policy_on_one_gpu_raises_the_reward_sending_its_adapter_to_a_sleeping_engine(tmp_path: Path):
-    """The engine serves the base with LoRA and takes each new adapter in memory by CUDA IPC; asleep while
-    the policy trains, it keeps its base in host memory (level 1)."""
+    """The engine serves the base with LoRA and takes each new adapter in memory by CUDA IPC; asked to sleep
+    while the policy trains (a LoRA policy's engine stays awake by default), it keeps its base in host memory
+    (level 1)."""
     steps = 24
     lora = {"lora": {"rank": 16, "alpha": 32}, "optimizer": {"learningRate": 0.01}}
-    job = write_job(tmp_path, steps, training=lora, output={"path": str(tmp_path / "models"), "format": "adapter"})
+    output = {"path": str(tmp_path / "models"), "format": "adapter"}
+    job = write_job(tmp_path, steps, training=lora, output=output, generation={"sleepWhileTraining": True})
     log = grpojob_run(job, tmp_path / "out", visible_gpus="0")
     assert "weight sync: cuda-ipc of the adapter" in log
     assert "the engines sleep while the policy trains (level 1)" in log

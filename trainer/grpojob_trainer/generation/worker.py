@@ -34,8 +34,8 @@ class GenerationWorker:
     ) -> None:
         """``evaluation_token``: the secret that marks the requests of `spec.evaluation`'s rollouts, which
         sample with its parameters (none: every request samples with training's). ``shares_gpu``: the engine
-        shares its GPU with the policy, so a vLLM engine starts in sleep mode when
-        ``spec.generation.sleepWhileTraining`` asks for it."""
+        shares its GPU with the policy, so a vLLM engine starts in sleep mode when it is to sleep while the
+        policy trains (`GRPOJobSpec.engine_sleeps`)."""
         from grpojob_trainer.generation.app import EvaluationSampling, ServerConfig
         from grpojob_trainer.generation.backend import GenerationBackend, SamplingParams
         from grpojob_trainer.generation.server import GenerationServer
@@ -46,7 +46,7 @@ class GenerationWorker:
         backend: GenerationBackend
         if generation.backend == api.GenerationBackend.VLLM:
             lora = job_spec.training.lora
-            sleep_mode = shares_gpu and generation.sleep_while_training
+            sleep_mode = job_spec.engine_sleeps(shares_gpu)
             backend = start_vllm(job_spec, model_path, seed, lora.rank if lora is not None else None, sleep_mode)
         else:
             backend = TransformersBackend(model_path, max_model_len=generation.max_model_len, seed=seed)

@@ -169,3 +169,33 @@ def test_an_adapters_engine_keeps_its_base_in_host_memory_while_asleep(ray_journ
     assert entries[0] == "engine0 sleep level 1"
     assert "engine0 load adapter buckets" in entries
     assert [sleep_level(WEIGHTS), sleep_level(ADAPTER)] == [2, 1]
+
+
+@pytest.mark.parametrize(
+    ("training", "asked", "shares_gpu", "sleeps"),
+    [
+        ({}, None, True, True),  # full weights replace the engine's own: dropping them costs nothing
+        ({"lora": {"rank": 8}}, None, True, False),  # the base would go to host memory and back every step
+        ({"lora": {"rank": 8}}, True, True, True),
+        ({}, False, True, False),
+        ({}, True, False, False),  # an engine with a GPU of its own keeps it
+    ],
+)
+def test_whether_an_engine_sleeps_while_the_policy_trains(
+    training: dict, asked: bool | None, shares_gpu: bool, sleeps: bool
+):
+    from grpojob_api.admission import parse_job
+
+    generation = {"backend": "vllm", "maxModelLen": 512, "maxNewTokens": 64}
+    if asked is not None:
+        generation["sleepWhileTraining"] = asked
+    spec = {
+        "model": {"path": "/models/tiny"},
+        "dataset": {"path": "rows.jsonl"},
+        "environments": [{"name": "arith"}],
+        "generation": generation,
+        "training": training,
+    }
+    job = parse_job({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "demo"}, "spec": spec})
+
+    assert job.spec.engine_sleeps(shares_gpu) is sleeps
