@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from grpojob_testing import build, kueue, node, node_images, nodes, pki
+from grpojob_testing import build, kuberay, kueue, node, node_images, nodes, pki
 from grpojob_trainer.ray_runtime.net import free_port, wait_until_healthy
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -393,10 +393,9 @@ class Cluster:
             "kuberay-operator",
             [
                 str(kuberay_bin / "ray-operator"),
-                f"--health-probe-bind-address=127.0.0.1:{self.ports['kuberay-operator']}",
-                f"--metrics-addr=127.0.0.1:{self.ports['kuberay-metrics']}",
-                "--enable-leader-election=false",
-                "--log-stdout-encoder=console",
+                *kuberay.operator_args(
+                    f"127.0.0.1:{self.ports['kuberay-operator']}", f"127.0.0.1:{self.ports['kuberay-metrics']}"
+                ),
             ],
             env={"KUBECONFIG": str(self.kubeconfig)},
         )

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from grpojob_testing import base_image, build, images, node_images, oci
+from grpojob_testing import base_image, build, images, kuberay, node_images, oci
 
 KIND_DIR = build.TESTING_DIR / "kind"
 NODE_FILES = KIND_DIR / "node"
@@ -373,12 +373,7 @@ def kuberay_objects() -> list[dict]:
                                 "name": name,
                                 "image": KUBERAY_IMAGE,
                                 "imagePullPolicy": "Never",
-                                "args": [
-                                    "--health-probe-bind-address=:8082",
-                                    "--metrics-addr=:8080",
-                                    "--enable-leader-election=false",
-                                    "--log-stdout-encoder=console",
-                                ],
+                                "args": kuberay.operator_args(":8082", ":8080"),
                                 "readinessProbe": probe,
                                 "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
                             }

@@ -106,3 +106,28 @@ def test_raycluster_runs_on_fake_gpu_nodes_and_is_garbage_collected(api_client, 
         return not core.list_namespaced_service(namespace, field_selector=f"metadata.name={name}-head-svc").items
 
     wait_until(head_service_gone, "the garbage collector to delete the head Service", 60)
+
+
+def test_kuberay_reconciles_as_many_rayclusters_at_once_as_the_test_clusters_pin(kubeconfig):
+    """KubeRay's default of one RayCluster at a time queued heads for minutes at 1,000 jobs; the test
+    clusters run it with `grpojob_testing.kuberay.RECONCILE_CONCURRENCY`, as its own metrics say."""
+    import os
+    import urllib.request
+
+    from grpojob_testing import kuberay
+    from grpojob_testing.cluster import Cluster
+
+    if os.environ.get("GRPOJOB_TEST_KUBECONFIG"):
+        pytest.skip("KubeRay's metrics port is the loopback cluster's (kind runs it in a pod)")
+    cluster = Cluster(kubeconfig.parent)
+    cluster.load()
+    port = cluster.ports["kuberay-metrics"]
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+    limits = {
+        line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("controller_runtime_max_concurrent_reconciles{")
+    }
+    raycluster = [value for labels, value in limits.items() if 'controller="raycluster' in labels]
+    assert raycluster == [kuberay.RECONCILE_CONCURRENCY], limits
