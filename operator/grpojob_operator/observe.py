@@ -20,6 +20,9 @@ STUCK_WAITING_REASONS = frozenset(
 )
 REASON_LIMIT = 300
 """The most characters of a container's termination message a condition quotes."""
+TAIL_LINES = 5
+TAIL_LIMIT = 500
+"""The most lines and characters of a crashed container's log (its termination message) a condition quotes."""
 
 
 def _time(value: str | None) -> datetime | None:
@@ -32,6 +35,27 @@ def last_line(message: str, limit: int = REASON_LIMIT) -> str:
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     line = lines[-1] if lines else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def last_lines(message: str, lines: int = TAIL_LINES, limit: int = TAIL_LIMIT) -> str:
+    """The last ``lines`` non-empty lines of a container's termination message joined by " | ", at most
+    ``limit`` characters (the end kept): the tail of its log, where a server says why it stopped."""
+    kept = [line.strip() for line in message.splitlines() if line.strip()][-lines:]
+    tail = " | ".join(kept)
+    return tail if len(tail) <= limit else "…" + tail[len(tail) - limit + 1 :]
+
+
+def _crash(container: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(container, how its run ended, the tail of its log) when its current run ended with an error or it
+    was restarted after its last one; None for a container that runs, or one that completed."""
+    state = container.get("state") or {}
+    ended = state.get("terminated")
+    if not ended or int(ended.get("exitCode", 0)) == 0:
+        ended = (container.get("lastState") or {}).get("terminated")
+    if not ended:
+        return None
+    how = ", ".join(filter(None, [f"exit code {ended.get('exitCode')}", ended.get("reason")]))
+    return container.get("name", ""), how, last_lines(ended.get("message") or "")
 
 
 def _ended(terminated: dict[str, Any]) -> str:
@@ -64,6 +88,12 @@ class PodInfo:
     """The scheduler's message when it cannot place the pod (no GPUs free, a missing claim, ...)."""
     termination_message: str = ""
     """The message of its first terminated container that left one (the model download's report)."""
+    environment: str = ""
+    """The environment (`spec.environments[].name`) whose server the pod runs, for an environment's pod."""
+    crashed: tuple[tuple[str, str, str], ...] = ()
+    """(container, how its run ended, e.g. "exit code 1, Error", the last lines of its termination message)
+    of its regular containers that stopped with an error or were restarted: the same while a crash-looping
+    container waits to restart and runs again, so a condition quoting it does not change between crashes."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +171,7 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
     if kind == "Pod":
         ready = _condition(status.get("conditions"), "Ready")
         stuck, terminated, messages = [], [], []
+        crashed = [c for c in map(_crash, status.get("containerStatuses") or []) if c is not None]
         for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
             state = container.get("state") or {}
             waiting, ended = state.get("waiting") or {}, state.get("terminated")
@@ -172,6 +203,8 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
             terminated=tuple(terminated),
             unschedulable=unschedulable,
             termination_message=messages[0] if messages else "",
+            environment=labels.get(names.ENVIRONMENT_LABEL, ""),
+            crashed=tuple(crashed),
         )
     if kind == "Job":
         conditions = status.get("conditions")

@@ -91,3 +91,35 @@ def test_an_environment_pod_that_keeps_crashing_fails_the_job_with_the_reason_of
         "pod demo-env-math-x container environment is in CrashLoopBackOff: back-off 5m0s restarting failed "
         "container; its last run exited with code 2 (Error: error: unknown environment mathh)"
     )
+
+
+def environment_pod(container: dict) -> dict:
+    """A pod of environment `math` of job `demo` with one container status ``container``."""
+    body = pod_body("demo-env-math-7f9c", "environment", container)
+    body["metadata"]["labels"]["grpo.dev/environment"] = "math"
+    return body
+
+
+def test_a_crashed_server_keeps_the_last_lines_of_its_log_whether_it_waits_to_restart_or_runs_again():
+    crash = {"exitCode": 1, "reason": "Error", "message": "\n".join(f"line {i}" for i in range(80)) + "\n"}
+    waiting = {
+        "name": "nemo-gym",
+        "restartCount": 3,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+        "lastState": {"terminated": crash},
+    }
+    running = {"name": "nemo-gym", "restartCount": 4, "state": {"running": {}}, "lastState": {"terminated": crash}}
+    pod = summarize("Pod", environment_pod(waiting))
+    assert pod.environment == "math"
+    assert pod.crashed == (("nemo-gym", "exit code 1, Error", "line 75 | line 76 | line 77 | line 78 | line 79"),)
+    assert summarize("Pod", environment_pod(running)).crashed == pod.crashed
+    just_ended = {"name": "nemo-gym", "state": {"terminated": crash}, "lastState": {"terminated": {"exitCode": 2}}}
+    assert summarize("Pod", environment_pod(just_ended)).crashed == pod.crashed  # its current run, not the one before
+
+
+def test_a_long_log_tail_keeps_its_end_and_a_container_that_never_stopped_has_none():
+    long = {"exitCode": 137, "reason": "OOMKilled", "message": "x" * 2000 + " killed"}
+    crashed = {"name": "nemo-gym", "state": {"running": {}}, "lastState": {"terminated": long}}
+    [(_, how, tail)] = summarize("Pod", environment_pod(crashed)).crashed
+    assert how == "exit code 137, OOMKilled" and len(tail) == 500 and tail.startswith("…x") and tail.endswith(" killed")
+    assert summarize("Pod", environment_pod({"name": "nemo-gym", "state": {"running": {}}})).crashed == ()
