@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from grpojob_api.admission import parse_job
 from grpojob_api.endpoints import ContractError
 from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.children.environments import build_environment_deployment
-from grpojob_operator.children.nemo_gym import CONFIG_DIR, CONFIG_FILE, LAUNCH_SCRIPT
+from grpojob_operator.children.nemo_gym import CONFIG_DIR, CONFIG_FILE, IMAGE_SERVERS_DIR, LAUNCH_SCRIPT
 from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.settings import OperatorSettings
 from grpojob_trainer.ray_runtime.rendezvous import StaleEndpoints, current_endpoints
@@ -92,19 +93,28 @@ def test_every_pod_that_reads_the_endpoints_carries_its_attempt_and_the_mounted_
         assert volume["configMap"]["name"] == "demo-endpoints", role
 
 
-def run_launch_script(tmp_path: Path, environ: dict[str, str], mounted: dict[str, str]) -> subprocess.CompletedProcess:
-    """The NeMo Gym pod's launch script with `ray` and `gym` standing in as programs that print their
-    arguments, and its directories moved under ``tmp_path``."""
+SERVERS_SCRIPT = Path(__file__).parents[2] / "images" / "nemo-gym" / "servers.py"
+
+
+def run_launch_script(
+    tmp_path: Path, environ: dict[str, str], mounted: dict[str, str], config: str = "{}\n"
+) -> subprocess.CompletedProcess:
+    """The NeMo Gym pod's launch script with NeMo Gym config ``config`` (its `env.yaml`), `ray` and `gym`
+    standing in as programs that print their arguments, the image's `grpojob-servers`, and its directories
+    moved under ``tmp_path`` (the prepared servers' environments under `servers/`, none unless a test makes
+    them; the working directory is `work/`)."""
     tmp_path.mkdir(exist_ok=True)
-    bin_dir, config, mount, work = tmp_path / "bin", tmp_path / "config", tmp_path / "endpoints", tmp_path / "work"
-    for directory in (bin_dir, config, work):
-        directory.mkdir()
+    bin_dir, config_dir, mount, work = tmp_path / "bin", tmp_path / "config", tmp_path / "endpoints", tmp_path / "work"
+    for directory in (bin_dir, config_dir, work):
+        directory.mkdir(exist_ok=True)
     project(mount, mounted)
-    (config / CONFIG_FILE).write_text("{}\n")
-    for program in ("ray", "gym"):
-        (bin_dir / program).write_text(f'#!/bin/sh\necho {program} "$@"\n')
+    (config_dir / CONFIG_FILE).write_text(config)
+    programs = {program: f'echo {program} "$@"' for program in ("ray", "gym")}
+    programs["grpojob-servers"] = f'exec {sys.executable} {SERVERS_SCRIPT} "$@"'
+    for program, body in programs.items():
+        (bin_dir / program).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / program).chmod(0o755)
-    script = LAUNCH_SCRIPT.replace(CONFIG_DIR, str(config))
+    script = LAUNCH_SCRIPT.replace(CONFIG_DIR, str(config_dir)).replace(IMAGE_SERVERS_DIR, str(tmp_path / "servers"))
     script = script.replace(endpoints.ENDPOINTS_MOUNT, str(mount)).replace("sleep 2", "sleep 0.1")
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", **environ}
     return subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=30)

@@ -9,7 +9,8 @@ node without resources (a Ray driver needs a raylet on its own node, as the trai
 
 The pod runs the NeMo Gym image (`images/nemo-gym/`): `grpojob-supervise` turns the pod's SIGTERM into
 SIGINT for every server (NeMo Gym stops only on KeyboardInterrupt), and each server this image
-prepares has its virtual environment under `IMAGE_SERVERS_DIR`, so nothing installs at start.
+prepares has its virtual environment under `IMAGE_SERVERS_DIR`, so nothing installs at start; one it did
+not prepare stops the pod before anything starts (`grpojob-servers check`).
 
 Pure functions: the config, and the ConfigMap and the Deployment that carry it.
 """
@@ -44,10 +45,15 @@ POLICY_API_KEY = "none"
 
 # The container's command, under the image's supervisor. It refuses endpoints of an older attempt than the
 # pod's own (a stale rendezvous: `grpojob_trainer.ray_runtime.rendezvous` in shell) and re-reads the mounted copy until
-# they are current. `ray start` joins the job's Ray cluster as a node without resources (nothing is
-# scheduled on it) and returns once the raylet runs; NeMo Gym's servers then connect through it.
+# they are current. `grpojob-servers check` (images/nemo-gym/servers.py) stops the pod at once, with one
+# line naming it, when the config names a server the image did not prepare: that line ends the pod's log,
+# so its termination message, which EnvironmentsReady quotes. `ray start` joins the job's Ray cluster as a
+# node without resources (nothing is scheduled on it) and returns once the raylet runs; NeMo Gym's servers
+# then connect through it.
+GYM_ARGS = f"+uv_venv_dir={IMAGE_SERVERS_DIR} +skip_venv_if_present=true"
 LAUNCH_SCRIPT = f"""set -eu
 cp {CONFIG_DIR}/{CONFIG_FILE} {CONFIG_FILE}
+grpojob-servers check {GYM_ARGS}
 if [ "$GRPOJOB_ATTEMPT" -lt "$GRPOJOB_POD_ATTEMPT" ]; then
   echo "refusing $GRPOJOB_NAME-endpoints of attempt $GRPOJOB_ATTEMPT: this pod belongs to attempt \
 $GRPOJOB_POD_ATTEMPT (GRPOJOB_POD_ATTEMPT), and an older attempt's addresses may be a failed run's; \
@@ -59,7 +65,7 @@ re-reading {contract.ENDPOINTS_MOUNT}" >&2
 fi
 ray start --address="$RAY_GCS_ADDRESS" --num-cpus=0 --num-gpus=0 --object-store-memory={OBJECT_STORE_BYTES} \
   --disable-usage-stats
-exec gym env start +uv_venv_dir={IMAGE_SERVERS_DIR} +skip_venv_if_present=true
+exec gym env start {GYM_ARGS}
 """
 COMMAND = ["grpojob-supervise", "/bin/bash", "-c", LAUNCH_SCRIPT]
 

@@ -4,6 +4,7 @@ container engine.)"""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -119,6 +120,11 @@ def test_the_nemo_gym_image_prepares_the_servers_and_stops_them_on_sigterm():
     servers = re.search(r'^ARG SERVERS="([^"]+)"$', nemo_gym, re.MULTILINE).group(1).split()
     needed = ("responses_api_models/vllm_model", "responses_api_agents/simple_agent")
     assert set(needed) | {"resources_servers/example_single_tool_call"} <= set(servers)
-    entrypoint = re.search(r"^ENTRYPOINT (.+)$", nemo_gym, re.MULTILINE).group(1)
-    assert entrypoint.startswith('["grpojob-supervise", "gym", "env", "start"')
-    assert '"+skip_venv_if_present=true"' in entrypoint and '"+uv_venv_dir=/opt/nemo-gym/servers"' in entrypoint
+    entrypoint = json.loads(re.search(r"^ENTRYPOINT (.+)$", nemo_gym, re.MULTILINE).group(1))
+    assert entrypoint[:4] == [
+        "grpojob-supervise",
+        "/bin/sh",
+        "-c",
+        'grpojob-servers check "$@" && exec gym env start "$@"',
+    ]
+    assert entrypoint[5:] == ["+uv_venv_dir=/opt/nemo-gym/servers", "+skip_venv_if_present=true"]
