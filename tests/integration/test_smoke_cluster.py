@@ -108,17 +108,22 @@ def test_raycluster_runs_on_fake_gpu_nodes_and_is_garbage_collected(api_client, 
     wait_until(head_service_gone, "the garbage collector to delete the head Service", 60)
 
 
-def test_kuberay_reconciles_as_many_rayclusters_at_once_as_the_test_clusters_pin(kubeconfig):
+def test_kuberay_reconciles_as_many_rayclusters_at_once_as_the_test_clusters_pin(kubeconfig, api_client):
     """KubeRay's default of one RayCluster at a time queued heads for minutes at 1,000 jobs; the test
-    clusters run it with `grpojob_testing.kuberay.RECONCILE_CONCURRENCY`, as its own metrics say."""
+    clusters run it with `grpojob_testing.kuberay.RECONCILE_CONCURRENCY`: on the loopback cluster its own
+    metrics say so, on kind (its metrics port inside a pod) its Deployment's arguments do."""
     import os
     import urllib.request
 
     from grpojob_testing import kuberay
     from grpojob_testing.cluster import Cluster
+    from grpojob_testing.kind import KUBERAY_NAMESPACE
 
     if os.environ.get("GRPOJOB_TEST_KUBECONFIG"):
-        pytest.skip("KubeRay's metrics port is the loopback cluster's (kind runs it in a pod)")
+        deployment = client.AppsV1Api(api_client).read_namespaced_deployment("kuberay-operator", KUBERAY_NAMESPACE)
+        args = deployment.spec.template.spec.containers[0].args
+        assert f"--reconcile-concurrency={kuberay.RECONCILE_CONCURRENCY}" in args, args
+        return
     cluster = Cluster(kubeconfig.parent)
     cluster.load()
     port = cluster.ports["kuberay-metrics"]
