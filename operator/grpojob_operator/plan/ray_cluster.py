@@ -1,6 +1,6 @@
 """Stages: the Ray cluster and the children that need no address (`<job>-config`, `<job>-generation`, the
-trainer's progress ConfigMap and RBAC), then the wait for its head: the RayCluster's HeadPodReady condition
-and a head pod with an IP."""
+trainer's progress ConfigMap and RBAC), then the wait for its head: a head pod that is Ready (KubeRay's
+probe of the raylet and the GCS) with an IP."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def ray_head(pass_: Pass) -> bool:
     status, observed, now = pass_.status, pass_.observed, pass_.now
     cluster: RayClusterInfo | None = observed.get("RayCluster", pass_.child.raycluster)
     head = observed.head_pod()
-    if cluster is None or cluster.deleting or not cluster.head_pod_ready or head is None:
+    if cluster is None or cluster.deleting or head is None:
         # One reason from the RayCluster's creation to its ready head, so that its progress through KubeRay's
         # states costs no status write; only what the user must see (a pod that cannot be placed) does.
         message = "waiting for the Ray head pod"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -45,11 +46,13 @@ def body() -> dict:
 
 def children_up_to_the_head(job: api.GRPOJob, head: PodInfo, head_ready: bool = True) -> dict:
     """The observed children of job ``demo`` before `<demo>-endpoints` is written: the NetworkPolicy, the
-    RayCluster (head ready or not), its config and progress ConfigMaps, the generation Service, the
-    trainer's RBAC, and the head pod ``head``."""
+    RayCluster, its config and progress ConfigMaps, the generation Service, the trainer's RBAC, and the head
+    pod ``head`` (made not Ready unless ``head_ready``)."""
+    if not head_ready:
+        head = dataclasses.replace(head, ready=False)
     return {
         "NetworkPolicy": {"demo-network": OtherInfo("demo-network", False)},
-        "RayCluster": {"demo": RayClusterInfo("demo", head_ready, False)},
+        "RayCluster": {"demo": RayClusterInfo("demo", False)},
         "ConfigMap": {
             "demo-config": ConfigMapInfo("demo-config", tuple(build_config_map(job)["data"].items())),
             "demo-progress": ConfigMapInfo("demo-progress", ()),

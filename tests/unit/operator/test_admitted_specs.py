@@ -279,7 +279,7 @@ def running(job: api.GRPOJob, config: dict[str, Any]) -> Observed:
     trainer = PodInfo(f"{name}-trainer-x", "trainer", 1, "Running", True, "10.0.0.3", False, since, None)
     return Observed(
         {
-            "RayCluster": {name: RayClusterInfo(name, True, False)},
+            "RayCluster": {name: RayClusterInfo(name, False)},
             "ConfigMap": {
                 config["metadata"]["name"]: ConfigMapInfo(config["metadata"]["name"], tuple(config["data"].items())),
                 f"{name}-progress": ConfigMapInfo(f"{name}-progress", (("step", "3"),)),

@@ -31,7 +31,7 @@ def test_a_new_job_gets_its_raycluster_and_config_but_no_endpoints_before_the_he
     assert ready is not None and ready.status == "False"
 
 
-def test_head_pod_ready_condition_alone_is_not_enough_without_a_head_pod_ip():
+def test_a_ready_head_pod_without_an_ip_is_not_published():
     children = base_children()
     children["Pod"] = {"demo-head": pod("demo-head", "ray-head", ip=None)}  # type: ignore[arg-type]
     assert not any(a for a in kinds_and_names(run(job_body(), children)) if a[2] == "demo-endpoints")
@@ -39,7 +39,7 @@ def test_head_pod_ready_condition_alone_is_not_enough_without_a_head_pod_ip():
 
 def test_a_raycluster_being_deleted_is_not_a_ready_head():
     children = base_children()
-    children["RayCluster"]["demo"] = RayClusterInfo("demo", True, deleting=True)
+    children["RayCluster"]["demo"] = RayClusterInfo("demo", deleting=True)
     plan = run(job_body(), children)
     assert not any(name == "demo-endpoints" for _, _, name in kinds_and_names(plan))
     assert plan.status.phase == "Initializing"
