@@ -8,9 +8,11 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from grpojob_api import nemo_gym
+
 DEFAULT_RAY_IMAGE = "ghcr.io/grpojob/trainer:0.1.0"
 DEFAULT_ENVIRONMENT_IMAGE = "ghcr.io/grpojob/environments:0.1.0"
-DEFAULT_NEMO_GYM_IMAGE = "ghcr.io/grpojob/nemo-gym:0.1.0"
+DEFAULT_NEMO_GYM_IMAGE = nemo_gym.DEFAULT_IMAGE
 RAY_VERSION = "2.60.0"
 
 

@@ -18,8 +18,9 @@ from types import ModuleType
 import pytest
 
 from grpojob_api import endpoints
+from grpojob_api.nemo_gym import config_yaml
 from grpojob_api.v1alpha1 import ConditionType
-from grpojob_operator.children.nemo_gym import config_yaml, render_config
+from grpojob_operator.children.nemo_gym import render_config
 from grpojob_operator.observe import DeploymentInfo, summarize
 from grpojob_operator.plan.conditions import condition
 

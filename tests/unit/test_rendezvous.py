@@ -15,9 +15,10 @@ import pytest
 from grpojob_api import endpoints
 from grpojob_api.admission import parse_job
 from grpojob_api.endpoints import ContractError
+from grpojob_api.nemo_gym import CONFIG_DIR, CONFIG_FILE, IMAGE_SERVERS_DIR
 from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.children.environments import build_environment_deployment
-from grpojob_operator.children.nemo_gym import CONFIG_DIR, CONFIG_FILE, IMAGE_SERVERS_DIR, LAUNCH_SCRIPT
+from grpojob_operator.children.nemo_gym import LAUNCH_SCRIPT
 from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.settings import OperatorSettings
 from grpojob_trainer.ray_runtime.rendezvous import StaleEndpoints, current_endpoints

@@ -4,7 +4,7 @@ it (as environment variables, and as files the kubelet keeps current)."""
 
 from __future__ import annotations
 
-from grpojob_api import endpoints
+from grpojob_api import endpoints, nemo_gym
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import names
 from grpojob_operator.children.meta import Manifest, job_ref, metadata, service_dns
@@ -16,13 +16,11 @@ def environment_urls(job: api.GRPOJob, settings: OperatorSettings) -> dict[str, 
     under its agent's name, which NeMo Gym's dataset rows carry in `agent_ref.name`."""
     job_name, namespace = job_ref(job)
     child = names.ChildNames(job_name)
-    urls = {}
-    for env in job.spec.environments:
-        url = f"http://{service_dns(child.environment(env.name), namespace, settings)}:{env.port}"
-        urls[env.name] = url
-        if env.nemo_gym is not None:
-            urls.setdefault(env.nemo_gym.agent, url)
-    return urls
+    urls = {
+        env.name: f"http://{service_dns(child.environment(env.name), namespace, settings)}:{env.port}"
+        for env in job.spec.environments
+    }
+    return nemo_gym.with_agent_names(job.spec.environments, urls)
 
 
 def gcs_address(job: api.GRPOJob, settings: OperatorSettings) -> str:

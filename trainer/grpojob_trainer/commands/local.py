@@ -1,32 +1,23 @@
-"""`grpojob run`: a GRPOJob on this machine, with a local Ray head, the environment servers as processes and
-the policy and engine on this machine's GPUs or its CPU."""
+"""`grpojob run`: a GRPOJob on this machine, with a local Ray head, the environment servers as processes (NeMo
+Gym environments as containers of their image, under podman) and the policy and engine on this machine's GPUs
+or its CPU."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
-from grpojob_api import hub, paths
+from grpojob_api import hub, nemo_gym, paths
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.algorithm.data import Prompts
 from grpojob_trainer.commands.job import load_job, new_evaluation_token, read_evaluation_rows, read_training_prompts
 from grpojob_trainer.errors import UsageError
 from grpojob_trainer.nemo_gym.protocol import Row
+from grpojob_trainer.ray_runtime import local_nemo_gym
 
 log = logging.getLogger("grpojob")
-
-
-def no_nemo_gym_environments(spec: api.GRPOJobSpec) -> None:
-    """`grpojob run` starts environments as processes of this Python; NeMo Gym's servers need their own."""
-    for index, env in enumerate(spec.environments):
-        if env.nemo_gym is not None:
-            raise UsageError(
-                f"spec.environments[{index}].nemoGym: `grpojob run` cannot start NeMo Gym environments: nemo-gym "
-                "needs Python >= 3.12 and its servers' virtual environments, and its Ray must be the job's "
-                "(same Python and Ray versions); they run in the NeMo Gym image on Kubernetes (README: "
-                "NeMo Gym environments)"
-            )
 
 
 def local_gpus(spec: api.GRPOJobSpec) -> int:
@@ -144,7 +135,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
 
     job = load_job(job_path)
     spec = job.spec
-    no_nemo_gym_environments(spec)
+    local_nemo_gym.check_can_run(spec)
     dataset, evaluation_rows = local_data(spec)
     model = local_model(spec.model)
     out = out or Path("runs") / job.metadata.name
@@ -168,15 +159,19 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
         )
         policy = connection.place_policy(world, policy_gpus, spec_json, str(model), spec.grpo.seed)
         base_url = ray.get(engines[0].base_url.remote())
-        environments = EnvironmentProcesses(
-            spec.environments,
+        processes = EnvironmentProcesses(
+            [env for env in spec.environments if env.nemo_gym is None],
             policy_base_url=base_url,
             policy_model_name=spec.model.served_model_name,
             gcs_address=gcs,
             log_dir=out / "environments",
         )
+        containers = local_nemo_gym.NemoGymContainers(job, policy_base_url=base_url, run_dir=out / "environments")
         sinks = tracking.tracking_sinks(job, attempt=1, run_dir=out)
-        with environments as env_urls, MetricsLogger(out, tensorboard=tensorboard, sinks=sinks) as logger:
+        with contextlib.ExitStack() as started:
+            env_urls = started.enter_context(processes) | started.enter_context(containers)
+            env_urls = nemo_gym.with_agent_names(spec.environments, env_urls)
+            logger = started.enter_context(MetricsLogger(out, tensorboard=tensorboard, sinks=sinks))
             bar = tqdm(total=spec.grpo.max_steps, desc=job.metadata.name, unit="step", disable=not show_progress)
 
             def on_step(step: int, metrics: dict[str, float]) -> None:

@@ -39,6 +39,9 @@ def rollout_metrics(samples: Sequence[TrainingSample], failed: int, prefix: str 
     """Flat metrics: ``rollout/<quantity>/<statistic>`` for each quantity, plus counts of (failed) rollouts.
 
     ``natural_termination`` and ``truncation`` are 0/1 per sample, so their mean is the rate.
+    ``groups_with_varied_reward`` counts the groups (rollouts of one row) whose rewards are not all equal: only
+    those have non-zero advantages, so only they teach the policy anything (TRL's `frac_reward_zero_std` is
+    the rest).
     """
     total = len(samples) + failed
     metrics: dict[str, float] = {
@@ -49,6 +52,12 @@ def rollout_metrics(samples: Sequence[TrainingSample], failed: int, prefix: str 
     for quantity, values in per_sample_values(samples).items():
         for statistic, value in summarize(values).items():
             metrics[f"{prefix}{quantity}/{statistic}"] = value
+    if samples:
+        rewards_by_group: dict[int, set[float]] = {}
+        for sample in samples:
+            rewards_by_group.setdefault(sample.group_index, set()).add(sample.reward)
+        metrics[f"{prefix}groups"] = float(len(rewards_by_group))
+        metrics[f"{prefix}groups_with_varied_reward"] = float(sum(len(r) > 1 for r in rewards_by_group.values()))
     return metrics
 
 

@@ -47,6 +47,8 @@ REWARD = "rollout/reward/mean"
 FAILED_ROLLOUTS = "rollout/failed"
 ROLLOUTS = "rollout/count"
 PROMPTS_TOO_LONG = "rollout/prompt_too_long"
+GROUPS = "rollout/groups"
+VARIED_GROUPS = "rollout/groups_with_varied_reward"
 EVALUATION_REWARD = "eval/reward/mean"
 EVALUATION_PASS_PREFIX = "eval/pass@"
 EVALUATION_ROWS = "eval/rows"
@@ -176,7 +178,7 @@ def step_line(step: int, max_steps: int, metrics: Mapping[str, Any]) -> str:
     """The trainer's log line of one step: step, mean reward, step time (and its phases), failed rollouts.
 
     ``step 3/16 reward 0.412 time 12.3s (generation 8.1s, prepare 0.2s, training 3.0s, weight_sync 0.4s)
-    failed rollouts 0/64 generated 1.2e+03 tokens/s``, with ``(N prompts too long for
+    failed rollouts 0/64 groups with varied rewards 5/8 generated 1.2e+03 tokens/s``, with ``(N prompts too long for
     spec.generation.maxModelLen)`` after the failures when rows were skipped for that; what a step did not
     measure is left out.
     """
@@ -195,6 +197,9 @@ def step_line(step: int, max_steps: int, metrics: Mapping[str, Any]) -> str:
         parts.append(f"failed rollouts {int(failed)}" + (f"/{int(total)}" if isinstance(total, int | float) else ""))
         if too_long := metrics.get(PROMPTS_TOO_LONG):
             parts.append(f"({int(too_long)} prompts too long for spec.generation.maxModelLen)")
+    varied, groups = metrics.get(VARIED_GROUPS), metrics.get(GROUPS)
+    if isinstance(varied, int | float) and isinstance(groups, int | float):
+        parts.append(f"groups with varied rewards {int(varied)}/{int(groups)}")
     throughput = metrics.get(GENERATED_TOKENS_PER_S)
     if isinstance(throughput, int | float):
         parts.append(f"generated {throughput:.3g} tokens/s")

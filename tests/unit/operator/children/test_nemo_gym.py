@@ -10,10 +10,11 @@ from pydantic import ValidationError
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.admission import parse_job
+from grpojob_api.nemo_gym import CONFIG_FILE
 from grpojob_operator import names
 from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.children.environments import build_environment_service
-from grpojob_operator.children.nemo_gym import CONFIG_FILE, build_nemo_gym_config_map, build_nemo_gym_deployment
+from grpojob_operator.children.nemo_gym import build_nemo_gym_config_map, build_nemo_gym_deployment
 
 from ..conftest import job_body
 from .jobs import AGENT, GYM_ENV, GYM_JOB, GYM_SETTINGS, TOOL_CALL, gym_body, gym_endpoints

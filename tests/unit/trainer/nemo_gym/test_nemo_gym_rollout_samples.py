@@ -87,6 +87,18 @@ def test_rollout_metrics_cover_turns_tokens_reward_and_termination_rates():
     assert metrics["rollout/truncation/min"] == 0.0
 
 
+def test_only_groups_whose_rewards_differ_count_as_varied():
+    def sample(group: int, reward: float) -> TrainingSample:
+        return TrainingSample((1, 2), (False, True), (0.0, -0.5), reward, group)
+
+    samples = [sample(0, 1.0), sample(0, 0.0), sample(1, 1.0), sample(1, 1.0), sample(2, 0.0), sample(2, 0.25)]
+
+    metrics = rollout_metrics(samples, failed=0)
+
+    assert (metrics["rollout/groups"], metrics["rollout/groups_with_varied_reward"]) == (3, 2)
+    assert "rollout/groups" not in rollout_metrics([], failed=4)
+
+
 def test_policy_sampling_overwrites_temperature_and_top_p_and_caps_output_tokens():
     row = Row.model_validate({"responses_create_params": {"input": "x", "temperature": 0.1, "max_output_tokens": 500}})
 

@@ -114,6 +114,8 @@ STEP_METRICS = {
     "rollout/reward/mean": 0.4125,
     "rollout/count": 64.0,
     "rollout/failed": 2.0,
+    "rollout/groups": 8.0,
+    "rollout/groups_with_varied_reward": 5.0,
     "time/step": 12.34,
     "time/generation": 8.1,
     "time/training": 3.02,
@@ -123,10 +125,10 @@ STEP_METRICS = {
 }
 
 
-def test_the_log_line_of_a_step_has_its_reward_time_phases_and_failed_rollouts():
+def test_the_log_line_of_a_step_has_its_reward_time_phases_failed_rollouts_and_groups_that_teach():
     assert step_line(3, 16, STEP_METRICS) == (
         "step 3/16 reward 0.4125 time 12.3s (generation 8.1s, training 3.0s, weight_sync 0.4s) "
-        "failed rollouts 2/64 generated 1.83e+03 tokens/s"
+        "failed rollouts 2/64 groups with varied rewards 5/8 generated 1.83e+03 tokens/s"
     )
     # A step whose every rollout failed has no reward.
     assert (

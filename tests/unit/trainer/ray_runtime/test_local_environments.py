@@ -36,13 +36,20 @@ def test_other_programs_run_as_given():
     assert environment_command(env(command=["/opt/env/serve", "--fast"])) == ["/opt/env/serve", "--fast"]
 
 
-def test_grpojob_run_refuses_a_nemo_gym_environment_naming_it_before_starting_anything(tmp_path, capsys):
+def test_without_podman_grpojob_run_says_what_a_nemo_gym_environment_needs_before_starting_anything(
+    tmp_path, capsys, monkeypatch
+):
     example = Path(__file__).resolve().parents[4] / "examples" / "nemo-gym-tool-call.yaml"
     job = tmp_path / "job.yaml"
     job.write_text(example.read_text().replace("configMap: {name: gym-tool-call-rows, key: train.jsonl}", "path: x"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # a machine without podman
+
     assert main(["run", str(job), "--no-progress"]) == 2
+
     error = capsys.readouterr().err
-    assert "spec.environments[0].nemoGym: `grpojob run` cannot start NeMo Gym environments" in error
+    assert error.startswith("grpojob: spec.environments[0].nemoGym: `grpojob run` starts NeMo Gym environments in ")
+    assert "podman, which is not on PATH: install it" in error
+    assert "podman pull ghcr.io/grpojob/nemo-gym:0.1.0" in error
 
 
 def test_the_trainer_names_the_environment_whose_service_accepts_connections_but_never_answers():
