@@ -1,13 +1,15 @@
-"""A GRPOJob whose environment is NeMo Gym's own `example_single_tool_call` (its resources server, its
-`simple_agent` and the `vllm_model` model server, from the NeMo Gym image) trains to Succeeded on the
-real node. NeMo Gym's servers join the job's Ray cluster at the GCS address of `<job>-endpoints`: the
-head's dashboard lists the environment pod as a node of the cluster and NeMo Gym's servers as its
-drivers; the rewards NeMo Gym's `/verify` gives reach the job's progress."""
+"""A GRPOJob whose environment is NeMo Gym's own `format_verification` (its `freeform_formatting` resources
+server, a `simple_agent` and the `vllm_model` model server, from the NeMo Gym image) trains to Succeeded
+with the rows of examples/nemo-gym-format.jsonl. NeMo Gym's servers join the job's Ray cluster at the GCS
+address of `<job>-endpoints`: the head's dashboard lists the environment pod as a node of the cluster and
+NeMo Gym's servers as its drivers. The rewards NeMo Gym's `/verify` gives differ between rollouts of a row
+(so the groups have non-zero advantages) and reach the job's progress."""
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,20 +21,22 @@ from kubernetes import client
 
 from grpojob_api import endpoints as contract
 from grpojob_operator import names
-from tests.e2e.test_grpojob import GROUP, PLURAL, VERSION, tiny_job, watch_job
+from tests.e2e.test_grpojob import GROUP, PLURAL, VERSION, tiny_job, trainer_log, watch_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
-AGENT = "example_single_tool_call_simple_agent"
-TOOL_CALL = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
+EXAMPLE = yaml.safe_load((REPO / "examples" / "nemo-gym-format.yaml").read_text())
+(FORMAT_ENV,) = EXAMPLE["spec"]["environments"]
+AGENT = FORMAT_ENV["nemoGym"]["agent"]
+ENV_NAME = FORMAT_ENV["name"]
+GENERATIONS = 4
 
 
 def gym_rows() -> str:
-    """NeMo Gym's example rows of examples/nemo-gym-tool-call-rows.yaml (each names the agent in agent_ref),
-    with the job's sampling parameters set, as NeMo-RL sets them on every row."""
-    rows_config_map = yaml.safe_load((REPO / "examples" / "nemo-gym-tool-call-rows.yaml").read_text())
-    rows = [json.loads(line) for line in rows_config_map["data"]["train.jsonl"].splitlines()]
+    """The rows of examples/nemo-gym-format.jsonl (each names the agent in agent_ref and carries its regex check
+    in `verifier`), with the job's sampling parameters set, as NeMo-RL sets them on every row."""
+    rows = [json.loads(line) for line in (REPO / "examples" / "nemo-gym-format.jsonl").read_text().splitlines()]
     for row in rows:
         assert row["agent_ref"]["name"] == AGENT
         row["responses_create_params"].update(temperature=1.0, top_p=1.0)
@@ -40,15 +44,15 @@ def gym_rows() -> str:
 
 
 def gym_job(name: str, claim: str, max_steps: int) -> dict[str, Any]:
-    """The e2e suite's tiny job with NeMo Gym's example environment and rows instead of ours, without
+    """The e2e suite's tiny job with the example's NeMo Gym environment and rows instead of ours, without
     checkpoints or retries."""
     job = tiny_job(name, claim, max_steps, backoff_limit=0)
     spec = job["spec"]
     del spec["checkpointing"]
     spec["dataset"] = {"configMap": {"name": "gym-rows", "key": "train.jsonl"}}
-    spec["environments"] = [{"name": "weather", "nemoGym": {"configPaths": [TOOL_CALL], "agent": AGENT}}]
+    spec["environments"] = [FORMAT_ENV]
     spec["generation"]["maxModelLen"] = 1024
-    spec["grpo"] |= {"promptsPerStep": 5, "generationsPerPrompt": 2}
+    spec["grpo"] |= {"promptsPerStep": 5, "generationsPerPrompt": GENERATIONS}
     return job
 
 
@@ -64,7 +68,7 @@ def ray_state(head_ip: str, resource: str, token: str) -> list[dict[str, Any]]:
     return response.json()["data"]["result"]["result"]
 
 
-def test_a_grpojob_with_a_nemo_gym_environment_trains_its_servers_joined_to_the_jobs_ray_cluster(
+def test_a_grpojob_with_a_nemo_gym_environment_trains_on_rewards_that_vary_its_servers_joined_to_the_jobs_ray_cluster(
     api_client, namespace, grpo_data
 ):
     core = client.CoreV1Api(api_client)
@@ -81,11 +85,11 @@ def test_a_grpojob_with_a_nemo_gym_environment_trains_its_servers_joined_to_the_
     child = names.ChildNames("gym")
     endpoints = core.read_namespaced_config_map(child.endpoints, namespace).data
     config = yaml.safe_load(
-        core.read_namespaced_config_map(child.nemo_gym_config("weather"), namespace).data["env.yaml"]
+        core.read_namespaced_config_map(child.nemo_gym_config(ENV_NAME), namespace).data["env.yaml"]
     )
     assert config["ray_head_node_address"] == endpoints["RAY_GCS_ADDRESS"]
     assert endpoints["RAY_GCS_ADDRESS"] == f"gym-head-svc.{namespace}.svc.cluster.local:{contract.GCS_PORT}"
-    (gym_pod,) = core.list_namespaced_pod(namespace, label_selector="grpo.dev/environment=weather").items
+    (gym_pod,) = core.list_namespaced_pod(namespace, label_selector=f"grpo.dev/environment={ENV_NAME}").items
     secret = core.read_namespaced_secret(child.ray_token_secret, namespace)
     token = base64.b64decode(secret.data["auth_token"]).decode()
     nodes = ray_state(endpoints["RAY_HEAD_POD_IP"], "nodes", token)
@@ -103,5 +107,9 @@ def test_a_grpojob_with_a_nemo_gym_environment_trains_its_servers_joined_to_the_
     print(f"GRPOJob gym: {watched.phases} in {time.monotonic() - started:.0f}s; rewards by step {watched.rewards}")
     assert watched.status["phase"] == "Succeeded", watched.status
     assert watched.status["step"] == 4
-    # example_single_tool_call's /verify gives every episode reward 1.0.
-    assert watched.rewards and all(reward == pytest.approx(1.0) for reward in watched.rewards.values())
+    # format_verification's /verify scores each rollout by its row's regex: rollouts of one row differ.
+    log = trainer_log(core, namespace, "gym", 1)
+    varied = [int(v) for v in re.findall(r"step \d+/4 .* groups with varied rewards (\d)/5", log)]
+    print(f"groups with varied rewards by step: {varied}")
+    assert len(varied) == 4 and sum(varied) > 0, log[-3000:]
+    assert watched.rewards and all(0.0 <= reward <= 1.0 for reward in watched.rewards.values())
