@@ -66,4 +66,6 @@ def test_merged_weights_are_full_weights_an_engine_without_lora_loads_as_they_ar
     backend = TransformersBackend(model_dir)
     policy = trained_policy(model_dir, 3)
     backend.update_weights(lora.merged_weights(policy, lora.adapter_config(policy, str(model_dir))))
-    torch.testing.assert_close(logits(backend.model), logits(policy), atol=1e-5, rtol=1e-4)
+    # Merging reorders float32 sums (W + BA against Wx + B(Ax)); the difference depends on the threads torch
+    # uses (it failed at 1e-5 once in the full suite), a wrong merge is off by orders of magnitude more.
+    torch.testing.assert_close(logits(backend.model), logits(policy), atol=1e-4, rtol=1e-4)
