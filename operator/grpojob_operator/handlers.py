@@ -409,12 +409,16 @@ def wake_job(memo: kopf.Memo, namespace: str, job: str) -> None:
 
 def _register_index(registry: kopf.OperatorRegistry, kind: kinds.Kind) -> None:
     async def index(
-        body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+        body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
     ) -> dict[tuple[str, str, str], Any]:
         job = labels[names.JOB_LABEL]
-        # The index is updated when this returns, before the daemon's task runs again.
-        wake_job(memo, namespace, job)
-        return {(namespace, job, labels.get(names.JOB_UID_LABEL, "")): summarize(kind.kind, dict(body))}
+        key = (namespace, job, labels.get(names.JOB_UID_LABEL, ""))
+        summary = summarize(kind.kind, dict(body))
+        # The index is updated when this returns, before the daemon's task runs again. An event that leaves
+        # the summary as it was (KubeRay's status writes, a worker starting) has nothing for the plan to read.
+        if summary not in kwargs[index_id(kind.kind)].get(key, []):
+            wake_job(memo, namespace, job)
+        return {key: summary}
 
     kopf.index(
         kind.group,
