@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,11 +42,11 @@ def example_job(tmp_path: Path, model: Path, image: str) -> Path:
     return path
 
 
-def grpojob_run(job: Path, out: Path, containers_conf: Path) -> subprocess.CompletedProcess[str]:
-    """`grpojob run JOB --out OUT` to the end (killed, and the test failed, after `RUN_TIMEOUT_S`)."""
+def start_grpojob_run(job: Path, out: Path, containers_conf: Path) -> subprocess.Popen[str]:
+    """`grpojob run JOB --out OUT`, in a session of its own, its output piped."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_DISABLE_USAGE_STATS": "1", "CONTAINERS_CONF": str(containers_conf)}
     command = [sys.executable, "-m", "grpojob_trainer.cli", "run", str(job), "--out", str(out), "--no-progress"]
-    process = subprocess.Popen(
+    return subprocess.Popen(
         command,
         cwd=job.parent,
         env=env,
@@ -54,13 +55,18 @@ def grpojob_run(job: Path, out: Path, containers_conf: Path) -> subprocess.Compl
         text=True,
         start_new_session=True,
     )
+
+
+def grpojob_run(job: Path, out: Path, containers_conf: Path) -> subprocess.CompletedProcess[str]:
+    """`grpojob run JOB --out OUT` to the end (killed, and the test failed, after `RUN_TIMEOUT_S`)."""
+    process = start_grpojob_run(job, out, containers_conf)
     try:
         output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGINT)  # its cleanup stops the NeMo Gym container
         output, _ = process.communicate(timeout=60)
         pytest.fail(f"grpojob run did not finish in {RUN_TIMEOUT_S}s:\n{output[-4000:]}")
-    return subprocess.CompletedProcess(command, process.returncode, output)
+    return subprocess.CompletedProcess(process.args, process.returncode, output)
 
 
 @pytest.fixture
@@ -71,11 +77,37 @@ def containers_conf(tmp_path: Path) -> Path:
     return images.containers_conf(tmp_path / "containers.conf")
 
 
-def containers_named(prefix: str) -> list[str]:
-    listed = subprocess.run(
-        ["podman", "ps", "--all", "--format", "{{.Names}}"], capture_output=True, text=True, check=True
-    ).stdout
+def containers_named(prefix: str, owner: int | None = None) -> list[str]:
+    """The containers (running or not) whose name starts with ``prefix``, of one `grpojob run` if ``owner``."""
+    from grpojob_trainer.ray_runtime.local_nemo_gym import OWNER_LABEL
+
+    command = ["podman", "ps", "--all", "--format", "{{.Names}}"]
+    if owner is not None:
+        command.append(f"--filter=label={OWNER_LABEL}={owner}")
+    listed = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return [name for name in listed.split() if name.startswith(prefix)]
+
+
+def test_a_killed_grpojob_run_leaves_no_nemo_gym_container_behind(
+    nemo_gym_image: str, tiny_model_dir: Path, tmp_path: Path, containers_conf: Path
+):
+    """podman's containers are not the run's descendants; its reaper removes them by their owner label."""
+    job = example_job(tmp_path, tiny_model_dir, nemo_gym_image)
+    process = start_grpojob_run(job, tmp_path / "out", containers_conf)
+    try:
+        deadline = time.monotonic() + 300
+        while not containers_named("grpojob-gym-format-", process.pid):
+            assert process.poll() is None, process.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no NeMo Gym container within 300 s"
+            time.sleep(1)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # as when the machine's OOM killer or `kill -9` ends it
+        process.communicate()
+
+    deadline = time.monotonic() + 120
+    while containers_named("grpojob-gym-format-", process.pid) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert containers_named("grpojob-gym-format-", process.pid) == []
 
 
 def test_grpojob_run_trains_on_nemo_gyms_format_verification_and_the_reward_rises(

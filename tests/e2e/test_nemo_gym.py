@@ -109,7 +109,7 @@ def test_a_grpojob_with_a_nemo_gym_environment_trains_on_rewards_that_vary_its_s
     assert watched.status["step"] == 4
     # format_verification's /verify scores each rollout by its row's regex: rollouts of one row differ.
     log = trainer_log(core, namespace, "gym", 1)
-    varied = [int(v) for v in re.findall(r"step \d+/4 .* groups with varied rewards (\d)/5", log)]
+    varied = [int(v) for v in re.findall(r"step \d+/4 .* groups with varied rewards (\d+)/\d+", log)]
     print(f"groups with varied rewards by step: {varied}")
     assert len(varied) == 4 and sum(varied) > 0, log[-3000:]
     assert watched.rewards and all(0.0 <= reward <= 1.0 for reward in watched.rewards.values())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from pathlib import Path
 
 from grpojob_api import hub, nemo_gym, paths
@@ -147,7 +148,9 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
 
     gpus = local_gpus(spec)
     world, policy_gpus = local_policy(spec, gpus)
-    reaper.reap_children_at_exit()  # Ray's processes and the environment servers end with this one
+    # Ray's processes and the environment servers end with this one, and its NeMo Gym containers are removed.
+    gym_containers = local_nemo_gym.remove_command(os.getpid()) if local_nemo_gym.nemo_gym_environments(spec) else []
+    reaper.reap_children_at_exit(then=gym_containers)
     gcs = connection.start_local(generation_replicas=1, policy_replicas=world, num_gpus=gpus)
     print(f"Ray is up (GCS {gcs}, {gpus} GPUs); loading the model from {model}", flush=True)
     try:

@@ -15,6 +15,7 @@ command that gets what is missing.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import uuid
@@ -32,6 +33,9 @@ START_TIMEOUT_S = 300.0
 minute on 2 cores."""
 STOP_SECONDS = 30
 USER = "1000:100"
+OWNER_LABEL = "grpo.dev/grpojob-run"
+"""Every container `grpojob run` starts carries the run's process id here, so that whatever is left of them
+when it dies (SIGKILL included) is removed by its reaper (`remove_command`)."""
 SHM_SIZE = "2g"
 LOG_TAIL_CHARACTERS = 3000
 
@@ -71,16 +75,22 @@ def check_can_run(spec: api.GRPOJobSpec, podman: str | None = None) -> None:
             )
 
 
-def container_command(
-    podman: str, name: str, image: str, config_dir: Path, extra_flags: list[str] | None = None
-) -> list[str]:
-    """`podman run` of one NeMo Gym container, as the environment's pod runs it, on the host network."""
+def remove_command(owner: int, podman: str | None = None) -> list[str]:
+    """`podman rm` of every container of the `grpojob run` whose process id is ``owner``, stopped first."""
+    podman = podman or shutil.which(PODMAN) or PODMAN
+    return [podman, "rm", "--force", f"--time={STOP_SECONDS}", f"--filter=label={OWNER_LABEL}={owner}"]
+
+
+def container_command(podman: str, name: str, image: str, config_dir: Path, owner: int) -> list[str]:
+    """`podman run` of one NeMo Gym container, as the environment's pod runs it, on the host network. The
+    container is not removed when it exits (its log says why); `grpojob run` removes it."""
     return [
         podman,
         "run",
         "--detach",
-        "--rm",
+        "--pull=never",
         f"--name={name}",
+        f"--label={OWNER_LABEL}={owner}",
         "--network=host",
         f"--user={USER}",
         "--read-only",
@@ -88,8 +98,7 @@ def container_command(
         f"--shm-size={SHM_SIZE}",
         f"--workdir={gym.WORK_DIR}",
         f"--env=HOME={gym.WORK_DIR}",
-        f"--volume={config_dir}:{gym.CONFIG_DIR}:ro",
-        *(extra_flags or []),
+        f"--volume={config_dir.resolve()}:{gym.CONFIG_DIR}:ro,z",
         f"--entrypoint={gym.launch_command()[0]}",
         image,
         *gym.launch_command()[1:],
@@ -113,7 +122,7 @@ class NemoGymContainers:
     ) -> None:
         self.job = job
         self.policy_base_url = policy_base_url
-        self.run_dir = run_dir
+        self.run_dir = run_dir.resolve()  # podman takes a relative volume source for a named volume
         self.podman = podman or shutil.which(PODMAN) or PODMAN
         self.start_timeout_s = start_timeout_s
         self.containers: dict[str, str] = {}
@@ -154,13 +163,13 @@ class NemoGymContainers:
         config_dir.chmod(0o755)  # read by the container's UID 1000
         config_file.chmod(0o644)
         name = f"grpojob-{self.job.metadata.name}-{replica}-{self.suffix}"
-        command = container_command(self.podman, name, image_of(env), config_dir)
-        started = subprocess.run(command, capture_output=True, text=True, check=False)
+        command = container_command(self.podman, name, image_of(env), config_dir, os.getpid())
+        self.containers[replica] = name  # before it exists: an interrupted `podman run` may still create it
+        started = subprocess.run(command, capture_output=True, text=True, check=False, start_new_session=True)
         if started.returncode != 0:
             raise EnvironmentNotReady(
                 f"environment {replica}: podman could not start {image_of(env)}: {started.stderr.strip()}"
             )
-        self.containers[replica] = name
         self.urls[replica] = f"http://127.0.0.1:{port}"
 
     def logs(self, replica: str, tail: int | None = LOG_TAIL_CHARACTERS) -> str:
@@ -188,10 +197,15 @@ class NemoGymContainers:
             raise EnvironmentNotReady(f"{what}: {error}; end of its log:\n{self.logs(replica)}") from None
 
     def __exit__(self, *_: object) -> None:
-        for replica, name in self.containers.items():
-            # The log first: `--rm` removes it with the container.
+        if not self.containers:
+            return
+        names = list(self.containers.values())
+        # Stopped together (SIGTERM: the image's supervisor stops every server), their logs kept, then removed;
+        # in sessions of their own, so that a second Ctrl-C does not cut the clean-up short.
+        stop = [self.podman, "stop", "--ignore", f"--time={STOP_SECONDS}", *names]
+        subprocess.run(stop, capture_output=True, check=False, start_new_session=True)
+        for replica in self.containers:
             (self.run_dir / f"{replica}.log").write_text(self.logs(replica, tail=None))
-            stop = [self.podman, "stop", f"--time={STOP_SECONDS}", name]
-            subprocess.run(stop, capture_output=True, check=False)
-            subprocess.run([self.podman, "rm", "--force", name], capture_output=True, check=False)
+        remove = [self.podman, "rm", "--force", "--ignore", *names]
+        subprocess.run(remove, capture_output=True, check=False, start_new_session=True)
         self.containers.clear()

@@ -20,16 +20,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 SNAPSHOT_INTERVAL_S = 1.0
+THEN_TIMEOUT_S = 120.0
 
 
-def reap_children_at_exit() -> None:
-    """Have every process this one starts (and their children) killed when this process ends."""
+def reap_children_at_exit(then: Sequence[str] = ()) -> None:
+    """Have every process this one starts (and their children) killed when this process ends, and then run the
+    command ``then`` if one is given (for what is not a descendant: a container that podman's conmon runs)."""
     read_end, _write_end = os.pipe()  # not inheritable: only this process holds the write end
     subprocess.Popen(
-        [sys.executable, "-m", __name__, str(os.getpid())],
+        [sys.executable, "-m", __name__, str(os.getpid()), *then],
         stdin=read_end,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -75,14 +78,18 @@ def kill_recorded(recorded: dict[int, int], rounds: int = 20) -> None:
         time.sleep(0.05)
 
 
-def main(parent: int) -> None:
-    """The watcher: record ``parent``'s descendants until the pipe on stdin closes, then kill them."""
+def main(parent: int, then: Sequence[str] = ()) -> None:
+    """The watcher: record ``parent``'s descendants until the pipe on stdin closes, then kill them and run
+    ``then``."""
     recorded: dict[int, int] = {}
     while not select.select([sys.stdin], [], [], SNAPSHOT_INTERVAL_S)[0]:
         recorded |= descendants({parent})
     recorded.pop(os.getpid(), None)
     kill_recorded(recorded)
+    if then:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(then, capture_output=True, timeout=THEN_TIMEOUT_S, check=False)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), sys.argv[2:])

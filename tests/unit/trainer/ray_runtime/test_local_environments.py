@@ -57,3 +57,21 @@ def test_the_trainer_names_the_environment_whose_service_accepts_connections_but
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
         with pytest.raises(EnvironmentNotReady, match=rf"^environment math: GET {url}/ did not answer 200 within \ds$"):
             wait_for_environments({"math": url}, timeout_s=0.5, interval_s=0.1)
+
+
+def test_a_nemo_gym_container_runs_as_its_pod_with_the_config_by_absolute_path(tmp_path, monkeypatch):
+    from grpojob_api import nemo_gym
+    from grpojob_trainer.ray_runtime.local_nemo_gym import OWNER_LABEL, container_command
+
+    monkeypatch.chdir(tmp_path)
+    command = container_command("podman", "grpojob-demo-format-1a2b3c", "example/gym:1", Path("runs/demo/format"), 42)
+
+    # A relative volume source would be a named volume to podman, which refuses the name.
+    assert f"--volume={tmp_path}/runs/demo/format:{nemo_gym.CONFIG_DIR}:ro,z" in command
+    assert {"--network=host", "--user=1000:100", "--read-only", "--pull=never", f"--label={OWNER_LABEL}=42"} <= set(
+        command
+    )
+    assert "--rm" not in command, "the log of a container that stopped must outlive it"
+    image = command.index("example/gym:1")
+    assert command[image - 1] == "--entrypoint=grpojob-supervise"
+    assert command[image + 1 : image + 3] == ["/bin/bash", "-c"] and "exec gym env start" in command[image + 3]
