@@ -88,7 +88,9 @@ def wanted_podman_images() -> set[str]:
 
 def prune(log=sys.stdout) -> int:
     """Remove the archives and podman images this tree does not use, stopped containers, unused
-    volumes and dangling layers; return the bytes freed."""
+    volumes, dangling layers and the working containers of interrupted buildah builds (each holds the
+    layer it was writing: a killed GPU image build left 20 GB and filled the disk of the next one); return
+    the bytes freed."""
     before = free_bytes()
     directory = build.cache_root() / "images"
     with images.build_lock():  # a build in progress owns its scratch directory and partial archive
@@ -100,6 +102,8 @@ def prune(log=sys.stdout) -> int:
             if stale:
                 print(f"removing podman images {' '.join(i[:12] for i in stale)}", file=log, flush=True)
                 subprocess.run(["podman", "rmi", "--force", *stale], stdout=subprocess.DEVNULL, check=False)
+            if shutil.which("buildah"):  # no build of ours runs while we hold the lock
+                subprocess.run(["buildah", "rm", "--all"], stdout=subprocess.DEVNULL, check=False)
             for what in (["container", "prune"], ["volume", "prune"], ["image", "prune"]):
                 subprocess.run(["podman", *what, "--force"], stdout=subprocess.DEVNULL, check=False)
     trim_go_build_cache(log)
