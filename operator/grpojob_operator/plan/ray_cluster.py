@@ -27,16 +27,19 @@ def ray_cluster(pass_: Pass) -> bool:
 
 
 def ray_head(pass_: Pass) -> bool:
-    """Go on (with ``pass_.head`` set) once the head is ready; a RayCluster being deleted (after a suspend)
-    does not count."""
+    """Go on (with ``pass_.head`` set) once the head is ready and, until the endpoints are published, no pod of
+    the job is one the scheduler cannot place; a RayCluster being deleted (after a suspend) does not count."""
     status, observed, now = pass_.status, pass_.observed, pass_.now
     cluster: RayClusterInfo | None = observed.get("RayCluster", pass_.child.raycluster)
     head = observed.head_pod()
-    if cluster is None or cluster.deleting or head is None:
+    unplaced = [p for p in observed.pods() if p.unschedulable and not p.deleting]
+    # Before the endpoints are published, a pod the scheduler refused holds the gate even behind a ready head:
+    # the trainer could not place its workers, and the job says why instead of starting a trainer that waits.
+    gate_open = observed.has("ConfigMap", pass_.child.endpoints)
+    if cluster is None or cluster.deleting or head is None or (unplaced and not gate_open):
         # One reason from the RayCluster's creation to its ready head, so that its progress through KubeRay's
         # states costs no status write; only what the user must see (a pod that cannot be placed) does.
-        message = "waiting for the Ray head pod"
-        unplaced = [p for p in observed.pods() if p.unschedulable and not p.deleting]
+        message = "waiting for the Ray head pod" if head is None else "waiting for the Ray cluster's pods"
         if unplaced:
             # Not a failure (capacity may come: an autoscaler, a queue), but the user should see why.
             message += f"; pod {unplaced[0].name} cannot be scheduled: {unplaced[0].unschedulable}"

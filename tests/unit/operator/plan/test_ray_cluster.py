@@ -10,7 +10,7 @@ from grpojob_operator.plan.context import GO_ON, STOP
 from grpojob_operator.plan.ray_cluster import ray_head
 
 from ..conftest import job_body
-from .conftest import NOW, base_children, kinds_and_names, one_pass, pod, run
+from .conftest import NOW, base_children, kinds_and_names, one_pass, pod, run, with_endpoints
 
 
 def test_a_new_job_gets_its_raycluster_and_config_but_no_endpoints_before_the_head_is_ready():
@@ -69,6 +69,21 @@ def test_a_pod_the_scheduler_cannot_place_is_explained_without_failing_the_job()
     ready = condition(plan.status, api.ConditionType.RAY_CLUSTER_READY)
     assert plan.status.phase == "Initializing"
     assert ready is not None and ready.message.endswith("pod demo-head cannot be scheduled: 0/6 nodes")
+
+
+def test_a_worker_the_scheduler_cannot_place_holds_the_gate_behind_a_ready_head_until_the_endpoints_exist():
+    children = base_children()
+    children["Pod"]["demo-worker-0"] = pod(
+        "demo-worker-0", "ray-worker", ip=None, phase="Pending", ready=False, unschedulable="0/6 nodes: nvidia.com/gpu"
+    )
+    waiting = one_pass(job_body(), children)
+    assert ray_head(waiting) is STOP
+    ready = condition(waiting.status, api.ConditionType.RAY_CLUSTER_READY)
+    assert ready is not None and ready.message == (
+        "waiting for the Ray cluster's pods; pod demo-worker-0 cannot be scheduled: 0/6 nodes: nvidia.com/gpu"
+    )
+    # Once published (a worker evicted later, say), the running job is not held back.
+    assert ray_head(one_pass(job_body(), with_endpoints(children))) is GO_ON
 
 
 def test_the_head_stage_hands_the_ready_head_to_the_stages_after_it():
