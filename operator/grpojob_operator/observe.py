@@ -94,6 +94,8 @@ class PodInfo:
     """(container, how its run ended, e.g. "exit code 1, Error", the last lines of its termination message)
     of its regular containers that stopped with an error or were restarted: the same while a crash-looping
     container waits to restart and runs again, so a condition quoting it does not change between crashes."""
+    scheduled: bool = True
+    """Bound to a node (``spec.nodeName`` set)."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,7 @@ def summarize(kind: str, body: dict[str, Any]) -> Summary:
             termination_message=messages[0] if messages else "",
             environment=labels.get(names.ENVIRONMENT_LABEL, ""),
             crashed=tuple(crashed),
+            scheduled=bool((body.get("spec") or {}).get("nodeName")),
         )
     if kind == "Job":
         conditions = status.get("conditions")

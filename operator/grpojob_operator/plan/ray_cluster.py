@@ -4,6 +4,7 @@ probe of the raylet and the GCS) with an IP."""
 
 from __future__ import annotations
 
+from grpojob_api import endpoints
 from grpojob_api.v1alpha1 import ConditionType, Phase
 from grpojob_operator.children.raycluster import build_generation_service, build_raycluster
 from grpojob_operator.children.trainer import build_progress, build_trainer_rbac
@@ -12,6 +13,9 @@ from grpojob_operator.plan.actions import Create
 from grpojob_operator.plan.conditions import condition, set_condition
 from grpojob_operator.plan.config_maps import config_map_actions
 from grpojob_operator.plan.context import GO_ON, STOP, Pass
+
+RAY_COMPONENTS = ("ray-head", endpoints.GENERATION_GROUP, endpoints.POLICY_GROUP)
+"""The `grpo.dev/component` of the RayCluster's pods."""
 
 
 def ray_cluster(pass_: Pass) -> bool:
@@ -27,19 +31,24 @@ def ray_cluster(pass_: Pass) -> bool:
 
 
 def ray_head(pass_: Pass) -> bool:
-    """Go on (with ``pass_.head`` set) once the head is ready and, until the endpoints are published, no pod of
-    the job is one the scheduler cannot place; a RayCluster being deleted (after a suspend) does not count."""
-    status, observed, now = pass_.status, pass_.observed, pass_.now
+    """Go on (with ``pass_.head`` set) once the head is ready and, until the endpoints are published, every pod of
+    the Ray cluster is on a node; a RayCluster being deleted (after a suspend) does not count."""
+    job, status, observed, now = pass_.job, pass_.status, pass_.observed, pass_.now
     cluster: RayClusterInfo | None = observed.get("RayCluster", pass_.child.raycluster)
     head = observed.head_pod()
     unplaced = [p for p in observed.pods() if p.unschedulable and not p.deleting]
-    # Before the endpoints are published, a pod the scheduler refused holds the gate even behind a ready head:
-    # the trainer could not place its workers, and the job says why instead of starting a trainer that waits.
+    # Before the endpoints are published, a Ray pod not yet on a node holds the gate even behind a ready head:
+    # the trainer could not place its workers, and a job bigger than the fleet says why instead of starting a
+    # trainer that waits (KubeRay's RayJob waits for every pod to be running).
+    # KubeRay creates the workers once the head runs, so those not created yet count as waiting too.
+    ray_pods = [p for p in observed.pods() if p.component in RAY_COMPONENTS and not p.deleting]
+    expected = 1 + job.spec.generation.replicas + job.spec.training.replicas
+    placed = len(ray_pods) >= expected and all(p.scheduled for p in ray_pods)
     gate_open = observed.has("ConfigMap", pass_.child.endpoints)
-    if cluster is None or cluster.deleting or head is None or (unplaced and not gate_open):
+    if cluster is None or cluster.deleting or head is None or not (placed or gate_open):
         # One reason from the RayCluster's creation to its ready head, so that its progress through KubeRay's
         # states costs no status write; only what the user must see (a pod that cannot be placed) does.
-        message = "waiting for the Ray head pod" if head is None else "waiting for the Ray cluster's pods"
+        message = "waiting for the Ray head pod" if head is None else "waiting for the Ray cluster's pods to be placed"
         if unplaced:
             # Not a failure (capacity may come: an autoscaler, a queue), but the user should see why.
             message += f"; pod {unplaced[0].name} cannot be scheduled: {unplaced[0].unschedulable}"

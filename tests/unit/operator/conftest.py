@@ -46,10 +46,17 @@ def body() -> dict:
 
 def children_up_to_the_head(job: api.GRPOJob, head: PodInfo, head_ready: bool = True) -> dict:
     """The observed children of job ``demo`` before `<demo>-endpoints` is written: the NetworkPolicy, the
-    RayCluster, its config and progress ConfigMaps, the generation Service, the trainer's RBAC, and the head
-    pod ``head`` (made not Ready unless ``head_ready``)."""
+    RayCluster, its config and progress ConfigMaps, the generation Service, the trainer's RBAC, the head pod
+    ``head`` (made not Ready unless ``head_ready``) and the Ray workers, each on a node."""
     if not head_ready:
         head = dataclasses.replace(head, ready=False)
+    workers = {
+        f"demo-{group}-worker-{index}": dataclasses.replace(
+            head, name=f"demo-{group}-worker-{index}", component=group, ip=f"10.0.1.{index + 1}"
+        )
+        for group, replicas in (("generation", job.spec.generation.replicas), ("policy", job.spec.training.replicas))
+        for index in range(replicas)
+    }
     return {
         "NetworkPolicy": {"demo-network": OtherInfo("demo-network", False)},
         "RayCluster": {"demo": RayClusterInfo("demo", False)},
@@ -61,5 +68,5 @@ def children_up_to_the_head(job: api.GRPOJob, head: PodInfo, head_ready: bool = 
         "ServiceAccount": {"demo-trainer": OtherInfo("demo-trainer", False)},
         "Role": {"demo-trainer": OtherInfo("demo-trainer", False)},
         "RoleBinding": {"demo-trainer": OtherInfo("demo-trainer", False)},
-        "Pod": {"demo-head": head},
+        "Pod": {"demo-head": head, **workers},
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from grpojob_api import v1alpha1 as api
 from grpojob_operator.observe import ConfigMapInfo, RayClusterInfo
 from grpojob_operator.plan.actions import Replace
@@ -74,14 +76,24 @@ def test_a_pod_the_scheduler_cannot_place_is_explained_without_failing_the_job()
 def test_a_worker_the_scheduler_cannot_place_holds_the_gate_behind_a_ready_head_until_the_endpoints_exist():
     children = base_children()
     children["Pod"]["demo-worker-0"] = pod(
-        "demo-worker-0", "ray-worker", ip=None, phase="Pending", ready=False, unschedulable="0/6 nodes: nvidia.com/gpu"
+        "demo-worker-0",
+        "generation",
+        ip=None,
+        phase="Pending",
+        ready=False,
+        scheduled=False,
+        unschedulable="0/6 nodes: nvidia.com/gpu",
     )
     waiting = one_pass(job_body(), children)
     assert ray_head(waiting) is STOP
     ready = condition(waiting.status, api.ConditionType.RAY_CLUSTER_READY)
     assert ready is not None and ready.message == (
-        "waiting for the Ray cluster's pods; pod demo-worker-0 cannot be scheduled: 0/6 nodes: nvidia.com/gpu"
+        "waiting for the Ray cluster's pods to be placed; pod demo-worker-0 cannot be scheduled: 0/6 nodes: "
+        "nvidia.com/gpu"
     )
+    # Before the scheduler has tried it, a worker not on a node holds the gate too (no race with its verdict).
+    children["Pod"]["demo-worker-0"] = dataclasses.replace(children["Pod"]["demo-worker-0"], unschedulable="")
+    assert ray_head(one_pass(job_body(), children)) is STOP
     # Once published (a worker evicted later, say), the running job is not held back.
     assert ray_head(one_pass(job_body(), with_endpoints(children))) is GO_ON
 
