@@ -48,7 +48,7 @@ def ray_head(pass_: Pass) -> bool:
     if cluster is None or cluster.deleting or head is None or not (placed or gate_open):
         # One reason from the RayCluster's creation to its ready head, so that its progress through KubeRay's
         # states costs no status write; only what the user must see (a pod that cannot be placed) does.
-        message = "waiting for the Ray head pod" if head is None else "waiting for the Ray cluster's pods to be placed"
+        message = "waiting for the Ray head pod and its workers"
         if unplaced:
             # Not a failure (capacity may come: an autoscaler, a queue), but the user should see why.
             message += f"; pod {unplaced[0].name} cannot be scheduled: {unplaced[0].unschedulable}"

@@ -88,8 +88,7 @@ def test_a_worker_the_scheduler_cannot_place_holds_the_gate_behind_a_ready_head_
     assert ray_head(waiting) is STOP
     ready = condition(waiting.status, api.ConditionType.RAY_CLUSTER_READY)
     assert ready is not None and ready.message == (
-        "waiting for the Ray cluster's pods to be placed; pod demo-worker-0 cannot be scheduled: 0/6 nodes: "
-        "nvidia.com/gpu"
+        "waiting for the Ray head pod and its workers; pod demo-worker-0 cannot be scheduled: 0/6 nodes: nvidia.com/gpu"
     )
     # Before the scheduler has tried it, a worker not on a node holds the gate too (no race with its verdict).
     children["Pod"]["demo-worker-0"] = dataclasses.replace(children["Pod"]["demo-worker-0"], unschedulable="")
