@@ -1,6 +1,7 @@
 """Stages: the Ray cluster and the children that need no address (`<job>-config`, `<job>-generation`, the
 trainer's progress ConfigMap and RBAC), then the wait for its head: a head pod that is Ready (KubeRay's
-probe of the raylet and the GCS) with an IP."""
+probe of the raylet and the GCS) with an IP, and, until the endpoints are first written, every Ray pod on a
+node."""
 
 from __future__ import annotations
 
@@ -36,12 +37,12 @@ def ray_head(pass_: Pass) -> bool:
     job, status, observed, now = pass_.job, pass_.status, pass_.observed, pass_.now
     cluster: RayClusterInfo | None = observed.get("RayCluster", pass_.child.raycluster)
     head = observed.head_pod()
-    unplaced = [p for p in observed.pods() if p.unschedulable and not p.deleting]
-    # Before the endpoints are published, a Ray pod not yet on a node holds the gate even behind a ready head:
-    # the trainer could not place its workers, and a job bigger than the fleet says why instead of starting a
-    # trainer that waits (KubeRay's RayJob waits for every pod to be running).
-    # KubeRay creates the workers once the head runs, so those not created yet count as waiting too.
-    ray_pods = [p for p in observed.pods() if p.component in RAY_COMPONENTS and not p.deleting]
+    live = [p for p in observed.pods() if not p.deleting]
+    unplaced = [p for p in live if p.unschedulable]
+    # Before the endpoints are published, a Ray pod not on a node (or not created yet: KubeRay creates the
+    # workers once the head runs) holds the gate even behind a ready head, so that a job bigger than the fleet
+    # says why instead of starting a trainer that cannot place its workers (RayJob waits for every pod too).
+    ray_pods = [p for p in live if p.component in RAY_COMPONENTS]
     expected = 1 + job.spec.generation.replicas + job.spec.training.replicas
     placed = len(ray_pods) >= expected and all(p.scheduled for p in ray_pods)
     gate_open = observed.has("ConfigMap", pass_.child.endpoints)
