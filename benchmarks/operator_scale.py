@@ -78,6 +78,13 @@ MILESTONES = {
         ("job", "submitter Job created"),
     ),
 }
+RAY_PODS_PER_JOB = 3  # head, one `generation` and one `policy` worker: both manifests below
+TRACE = (
+    ("headpod", "head pod Ready with an IP (kwok, as the pod watch sees it)"),
+    ("placed", f"all {RAY_PODS_PER_JOB} Ray pods bound to a node"),
+)
+"""Milestones of the pods themselves, the same for both kinds: where the time between the head and the gate
+goes. Not waited for (a batch ends on `MILESTONES`)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -338,6 +345,7 @@ class Batch:
     kind: str
     count: int
     latencies: dict[str, list[float]] = field(default_factory=dict)
+    trace: dict[str, list[float]] = field(default_factory=dict)  # the pods' milestones (`TRACE`)
     missing: dict[str, int] = field(default_factory=dict)
     window_s: float = 0.0
     create_s: float = 0.0
@@ -347,6 +355,7 @@ class Batch:
     apiserver_writes: Counter = field(default_factory=Counter)  # (resource, verb)
     memory_kib: dict[str, int] = field(default_factory=dict)  # VmHWM / peak sampled VmRSS
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of each process over the window
+    passes: float = 0.0  # the operator's reconcile passes over the window (`grpojob_reconcile_duration_seconds`)
     load: tuple[float, float] = (0.0, 0.0)  # the machine's 1-minute load average at the start and the end
 
 
@@ -524,6 +533,7 @@ class Bench:
             for name, pid in pids.items():
                 result.memory_kib[f"{name} VmHWM"] = proc_memory(pid)["VmHWM"]
             result.latencies = {key: marks.latencies(key) for key in keys}
+            result.trace = {key: marks.latencies(key) for key, _ in TRACE}
             result.missing = {key: count - len(result.latencies[key]) for key in keys}
             if any(result.missing.values()):
                 print(f"  {kind} x{count}: timed out after {finished - started:.0f}s: missing {result.missing}")
@@ -562,6 +572,24 @@ class Bench:
             if job is not None and name == (f"{job}-trainer" if kind == GRPOJOB else job):
                 marks.mark(job, "job", at)
 
+        placed: dict[str, set[str]] = defaultdict(set)
+
+        def on_pod(obj: dict, at: float) -> None:
+            meta, status = obj["metadata"], obj.get("status") or {}
+            labels = meta.get("labels") or {}
+            node_type, cluster = labels.get("ray.io/node-type"), labels.get("ray.io/cluster", "")
+            if node_type is None:
+                return  # not a Ray pod (environment, trainer)
+            # A GRPOJob's RayCluster is named like the job; a RayJob's like the RayJob plus "-<suffix>".
+            job = cluster if kind == GRPOJOB else cluster.rpartition("-")[0]
+            if (obj.get("spec") or {}).get("nodeName"):
+                placed[job].add(meta["name"])
+                if len(placed[job]) >= RAY_PODS_PER_JOB:
+                    marks.mark(job, "placed", at)
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
+            if node_type == "head" and ready and status.get("podIP"):
+                marks.mark(job, "headpod", at)
+
         def on_config_map(obj: dict, at: float) -> None:
             job = owner(obj)
             if job is not None and obj["metadata"]["name"] == f"{job}-endpoints":
@@ -569,6 +597,7 @@ class Bench:
 
         watches.start(custom.list_namespaced_custom_object, ("ray.io", "v1", namespace, "rayclusters"), on_cluster)
         watches.start(batch_api.list_namespaced_job, (namespace,), on_job)
+        watches.start(core.list_namespaced_pod, (namespace,), on_pod)
         if kind == GRPOJOB:
             watches.start(core.list_namespaced_config_map, (namespace,), on_config_map)
 
@@ -586,6 +615,7 @@ class Bench:
             ops = after["operator"]
             for labels, value in select(ops, "grpojob_api_writes_total").items():
                 result.operator_writes[dict(labels)["verb"]] += value
+            result.passes = sum(select(ops, "grpojob_reconcile_duration_seconds_count").values())
             for labels, value in select(ops, "bench_operator_writes_total").items():
                 values = dict(labels)
                 result.process_writes[(values["client"], values["verb"], values["resource"])] += value
@@ -685,6 +715,19 @@ def report(batches: list[Batch]) -> str:
             )
     lines += [
         "",
+        "Where the pods are (same watch, same kinds; p50 / p95 seconds from the create):",
+        "",
+        "| N | pod milestone | GRPOJob p50 | GRPOJob p95 | RayJob p50 | RayJob p95 |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for n in counts:
+        g, r = by.get((GRPOJOB, n)), by.get((RAYJOB, n))
+        for key, label in TRACE:
+            gt = g.trace.get(key, []) if g else []
+            rt = r.trace.get(key, []) if r else []
+            lines.append(f"| {n} | {label} | {fmt_s(gt, 50)} | {fmt_s(gt, 95)} | {fmt_s(rt, 50)} | {fmt_s(rt, 95)} |")
+    lines += [
+        "",
         "API write requests per job (window: first create → last milestone + settle):",
         "",
         "| N | grpojob own (`grpojob_api_writes_total`) | + Kopf's | grpojob operator process | "
@@ -729,9 +772,9 @@ def report(batches: list[Batch]) -> str:
         "",
         "CPU seconds per job (user + system, over the batch's window) and the machine's load average:",
         "",
-        "| N | grpojob operator | KubeRay during GRPOJob batch | KubeRay during RayJob batch | ratio grpojob / "
-        "KubeRay (RayJob batch) | load at start → end (GRPOJob · RayJob batch) |",
-        "| ---: | ---: | ---: | ---: | ---: | --- |",
+        "| N | grpojob operator | its reconcile passes per job | KubeRay during GRPOJob batch | KubeRay during "
+        "RayJob batch | ratio grpojob / KubeRay (RayJob batch) | load at start → end (GRPOJob · RayJob batch) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for n in counts:
         g, r = by.get((GRPOJOB, n)), by.get((RAYJOB, n))
@@ -739,7 +782,7 @@ def report(batches: list[Batch]) -> str:
             continue
         op, kg, kr = g.cpu_s.get("operator", 0) / n, g.cpu_s.get("kuberay", 0) / n, r.cpu_s.get("kuberay", 0) / n
         lines.append(
-            f"| {n} | {op:.3f} | {kg:.3f} | {kr:.3f} | {ratio(op, kr)} "
+            f"| {n} | {op:.3f} | {g.passes / n:.1f} | {kg:.3f} | {kr:.3f} | {ratio(op, kr)} "
             f"| {g.load[0]:.1f} → {g.load[1]:.1f} · {r.load[0]:.1f} → {r.load[1]:.1f} |"
         )
     lines += ["", "Write requests by resource and verb (per batch, totals, not per job):", ""]
