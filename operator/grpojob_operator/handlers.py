@@ -275,6 +275,9 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         if worker is None:
             worker = memo.workers[key] = JobWorker(uid, raw)
             worker.task = asyncio.create_task(_run_worker(memo, namespace, name, worker))
+        elif worker.unseen.echoes_status(raw):
+            worker.body = raw  # our own status write coming back: a pass would plan from the same inputs
+            return
         worker.body = raw
         worker.wake.set()
 
@@ -407,6 +410,14 @@ def wake_job(memo: kopf.Memo, namespace: str, job: str) -> None:
         worker.wake.set()
 
 
+def _echoes_own_write(memo: kopf.Memo, key: tuple[str, str, str], kind: kinds.Kind, summary: Any) -> bool:
+    """Whether a child's new summary is what the job's own pass just wrote (the watch echoing a create): at a
+    burst of creates, those echoes were a third of all passes, each queued behind other jobs' real work."""
+    namespace, job, uid = key
+    worker = memo.workers.get((namespace, job))
+    return worker is not None and worker.uid == uid and worker.unseen.echoes_child(kind.kind, summary)
+
+
 def _register_index(registry: kopf.OperatorRegistry, kind: kinds.Kind) -> None:
     async def index(
         body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
@@ -416,7 +427,7 @@ def _register_index(registry: kopf.OperatorRegistry, kind: kinds.Kind) -> None:
         summary = summarize(kind.kind, dict(body))
         # The index is updated when this returns, before the daemon's task runs again. An event that leaves
         # the summary as it was (KubeRay's status writes, a worker starting) has nothing for the plan to read.
-        if summary not in kwargs[index_id(kind.kind)].get(key, []):
+        if summary not in kwargs[index_id(kind.kind)].get(key, []) and not _echoes_own_write(memo, key, kind, summary):
             wake_job(memo, namespace, job)
         return {key: summary}
 

@@ -57,6 +57,18 @@ class Unseen:
         self.own_versions.add(new_version)
         self.status, self.status_version = status, new_version
 
+    def echoes_status(self, body: dict[str, Any]) -> bool:
+        """Whether ``body`` is the job exactly as our last status write left it: the watch echoing that
+        write, which tells a pass nothing it did not already plan from."""
+        version = body.get("metadata", {}).get("resourceVersion")
+        return self.status is not None and bool(version) and version == self.status_version
+
+    def echoes_child(self, kind: str, summary: Summary) -> bool:
+        """Whether ``summary`` is what our own unseen write made of that child (the watch echoing a create
+        or an update): nothing new for a pass."""
+        write = self.children.get((kind, summary.name))
+        return write is not None and write.after == summary
+
     def observed(self, cached: Observed) -> Observed:
         """The cached children with this operator's unseen writes in place."""
         now = time.monotonic()

@@ -52,3 +52,21 @@ def test_a_version_of_the_job_not_ours_wins_over_the_status_written():
     unseen.wrote_status("7", {"phase": "Initializing"}, "8")
     edited = {"metadata": {"resourceVersion": "12"}, "spec": {"suspend": True}, "status": {"phase": "Initializing"}}
     assert unseen.job(edited) is edited
+
+
+def test_the_watch_echoing_our_own_create_is_nothing_new_but_a_changed_child_is():
+    unseen = Unseen()
+    written = ConfigMapInfo("demo-endpoints", (("RAY_HEAD_POD_IP", "10.0.0.7"),))
+    unseen.wrote_child("ConfigMap", "demo-endpoints", None, written)
+    assert unseen.echoes_child("ConfigMap", ConfigMapInfo("demo-endpoints", (("RAY_HEAD_POD_IP", "10.0.0.7"),)))
+    assert not unseen.echoes_child("ConfigMap", ConfigMapInfo("demo-endpoints", (("RAY_HEAD_POD_IP", "10.0.0.8"),)))
+    assert not unseen.echoes_child("ConfigMap", ConfigMapInfo("demo-progress", ())), "a child we did not write"
+
+
+def test_the_watch_echoing_our_own_status_write_is_nothing_new_but_any_later_version_is():
+    unseen = Unseen()
+    assert not unseen.echoes_status({"metadata": {"resourceVersion": "8"}}), "nothing written yet"
+    unseen.wrote_status("7", {"phase": "Initializing"}, "8")
+    assert unseen.echoes_status({"metadata": {"resourceVersion": "8"}, "status": {"phase": "Initializing"}})
+    assert not unseen.echoes_status({"metadata": {"resourceVersion": "9"}}), "someone changed the job since"
+    assert not unseen.echoes_status({"metadata": {"resourceVersion": "7"}}), "the version before our write"
