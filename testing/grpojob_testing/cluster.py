@@ -61,6 +61,24 @@ PROCESS_ORDER = (
 # and renew their lease, as kwokctl configures them); pod lifecycles are ours (see the file).
 KWOK_NODE_STAGES = ("kustomize/stage/node/fast", "kustomize/stage/node/heartbeat-with-lease")
 KWOK_POD_STAGES = Path(__file__).resolve().parent.parent / "kwok" / "pod-stages.yaml"
+KWOK_POD_PARALLELISM = 16
+"""Pods whose stages kwok plays at once (its default: 4). A real cluster starts pods on each node's kubelet in
+parallel; at 4, kwok's fake kubelets for all nodes turned 100 jobs' pods Ready one after the other (heads 6 s
+late at 100 jobs in `benchmarks/operator_scale.py`), whichever controller had created them."""
+KWOK_CONFIGURATION = """\
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  podPlayStageParallelism: {pod_parallelism}
+  nodePlayStageParallelism: 4
+  nodeLeaseParallelism: 4
+  podsOnNodeSyncParallelism: 1
+  enablePodsOnNodeSyncListPager: true
+  enableDebuggingHandlers: true
+  enableProfilingHandler: true
+"""
+"""kwok's options: its defaults (v0.8.0, `zz_generated.defaults.go`), which a configuration given in a file
+replaces rather than fills in, but for the pods' parallelism."""
 OPTIONAL_COMPONENTS = ("kueue",)
 """Programs a cluster runs without when they could not be built here (the tests that need them skip);
 `make cluster-binaries` (CI) builds every program and fails on any."""
@@ -446,6 +464,7 @@ class Cluster:
             if path.name != "kustomization.yaml"
         ]
         documents.append(KWOK_POD_STAGES.read_text())
+        documents.append(KWOK_CONFIGURATION.format(pod_parallelism=KWOK_POD_PARALLELISM))
         config = self.state_dir / "kwok-stages.yaml"
         config.write_text("\n---\n".join(documents))
         self.ports["kwok"] = free_port()
