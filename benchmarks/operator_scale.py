@@ -355,6 +355,9 @@ class Batch:
     apiserver_writes: Counter = field(default_factory=Counter)  # (resource, verb)
     memory_kib: dict[str, int] = field(default_factory=dict)  # VmHWM / peak sampled VmRSS
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of each process over the window
+    idle_s: float = 0.0  # how long the jobs were left alone after the window (`--idle-seconds`)
+    idle_cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of each process over that time
+    idle_writes: float = 0.0  # the operator's API writes over that time
     passes: float = 0.0  # the operator's reconcile passes over the window (`grpojob_reconcile_duration_seconds`)
     load: tuple[float, float] = (0.0, 0.0)  # the machine's 1-minute load average at the start and the end
 
@@ -530,6 +533,8 @@ class Bench:
                 result.load = (load_before, os.getloadavg()[0])
                 result.window_s = time.monotonic() - started
                 result.memory_kib = {f"{name} peak sampled VmRSS": peak for name, peak in sampler.peak.items()}
+                if self.args.idle_seconds:
+                    self._measure_idle(result, pids)
             for name, pid in pids.items():
                 result.memory_kib[f"{name} VmHWM"] = proc_memory(pid)["VmHWM"]
             result.latencies = {key: marks.latencies(key) for key in keys}
@@ -544,6 +549,17 @@ class Bench:
             self._delete_namespace(core, namespace)
             self.stop_operator()
         return result
+
+    def _measure_idle(self, result: Batch, pids: dict[str, int]) -> None:
+        """The batch's jobs left alone for `--idle-seconds` once the window closed: the controllers' CPU seconds
+        and the operator's API writes over that time (a Running job with nothing due should write nothing)."""
+        writes_before = self.snapshot().get("operator", Counter())
+        cpu_before = {name: proc_cpu_seconds(pid) for name, pid in pids.items()}
+        time.sleep(self.args.idle_seconds)
+        writes_after = self.snapshot().get("operator", Counter())
+        result.idle_s = self.args.idle_seconds
+        result.idle_cpu_s = {name: proc_cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+        result.idle_writes = sum(select(delta(writes_after, writes_before), "grpojob_api_writes_total").values())
 
     def _watch(self, kind: str, namespace: str, watches: Watches, marks: Milestones) -> None:
         from kubernetes import client
@@ -801,6 +817,24 @@ def report(batches: list[Batch]) -> str:
             f"{b.window_s:.0f}s): {system / b.count:.1f} per job without node heartbeats and leases; "
             + ", ".join(f"{v} {res} {n:g}" for (res, v), n in top)
         )
+    idle = [b for b in batches if b.idle_s]
+    if idle:
+        lines += [
+            "",
+            "Left alone after the window (every job at its trainer Job or submitter, nothing due): CPU seconds per "
+            "job per minute, and the grpojob operator's API writes:",
+            "",
+            "| N | kind | seconds | grpojob operator CPU s / job / min | KubeRay CPU s / job / min | "
+            "grpojob operator writes |",
+            "| ---: | --- | ---: | ---: | ---: | ---: |",
+        ]
+        for b in idle:
+            per = {name: cpu / b.count / (b.idle_s / 60) for name, cpu in b.idle_cpu_s.items()}
+            operator = f"{per['operator']:.4f}" if "operator" in per else "—"
+            writes = f"{b.idle_writes:g}" if b.kind == GRPOJOB else "—"
+            lines.append(
+                f"| {b.count} | {b.kind} | {b.idle_s:.0f} | {operator} | {per.get('kuberay', 0):.4f} | {writes} |"
+            )
     missing = [f"{b.kind} x{b.count}: {b.missing}" for b in batches if any(b.missing.values())]
     if missing:
         lines += ["", "**Jobs that did not reach a milestone before the batch timed out:** " + "; ".join(missing)]
@@ -892,8 +926,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpu-nodes", type=int, help="kwok GPU nodes (8 GPUs each; default fits the largest N)")
     parser.add_argument("--warmup-seconds", type=float, default=30.0, help="quiet time after the cluster starts")
     parser.add_argument("--settle-seconds", type=float, default=10.0, help="writes counted this long after")
+    parser.add_argument("--idle-seconds", type=float, default=60.0, help="jobs left alone after the window")
     parser.add_argument("--batch-timeout-base", type=float, default=120.0)
-    parser.add_argument("--batch-timeout-per-job", type=float, default=6.0)
+    parser.add_argument(
+        "--batch-timeout-per-job", type=float, default=1.5, help="1,000 jobs: 27 minutes a batch, both in an hour"
+    )
     parser.add_argument("--doc", type=Path, help=f"write the section into this file (default {DOC} unless --quick)")
     parser.add_argument("--no-doc", action="store_true")
     parser.add_argument("--cluster-name", default=CLUSTER_NAME, help="of the fresh test cluster (two runs at once)")
