@@ -9,6 +9,7 @@ receiving end of every weight path (object store, CUDA IPC, NCCL broadcast: `grp
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -17,6 +18,12 @@ from grpojob_api import v1alpha1 as api
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 log = logging.getLogger(__name__)
+
+MERGED_SYNC_ENV = "GRPOJOB_LORA_MERGED_SYNC"
+"""Set to ``1`` in the trainer's environment: a LoRA policy's vLLM engines start without LoRA and take the
+adapter merged into the base each step, as when vLLM cannot serve LoRA for the model. For comparing the
+two syncs (`benchmarks/gpu_grpo.py`), or for a model whose LoRA kernels cost more in generation than the
+full weights' sync does."""
 
 
 class GenerationWorker:
@@ -127,6 +134,9 @@ def start_vllm(
         )
 
     if lora_rank is None:
+        return start(None)
+    if os.environ.get(MERGED_SYNC_ENV) == "1":
+        log.warning("%s=1: the engine serves no LoRA adapters; the policy sends merged weights", MERGED_SYNC_ENV)
         return start(None)
     try:
         return start(lora_rank)
