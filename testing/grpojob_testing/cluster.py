@@ -65,13 +65,17 @@ KWOK_POD_PARALLELISM = 16
 """Pods whose stages kwok plays at once (its default: 4). A real cluster starts pods on each node's kubelet in
 parallel; at 4, kwok's fake kubelets for all nodes turned 100 jobs' pods Ready one after the other (heads 6 s
 late at 100 jobs in `benchmarks/operator_scale.py`), whichever controller had created them."""
+KWOK_LEASE_PARALLELISM = 16
+"""Node leases kwok renews at once (its default: 4). At 4, with 728 fake nodes on 2 loaded cores, renewals fell
+behind the node controller's grace period: 273 nodes went NotReady for a while in the 1,000-job benchmark and
+their 400 pods were marked not Ready."""
 KWOK_CONFIGURATION = """\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
 options:
   podPlayStageParallelism: {pod_parallelism}
   nodePlayStageParallelism: 4
-  nodeLeaseParallelism: 4
+  nodeLeaseParallelism: {lease_parallelism}
   podsOnNodeSyncParallelism: 1
   enablePodsOnNodeSyncListPager: true
   enableDebuggingHandlers: true
@@ -464,7 +468,9 @@ class Cluster:
             if path.name != "kustomization.yaml"
         ]
         documents.append(KWOK_POD_STAGES.read_text())
-        documents.append(KWOK_CONFIGURATION.format(pod_parallelism=KWOK_POD_PARALLELISM))
+        documents.append(
+            KWOK_CONFIGURATION.format(pod_parallelism=KWOK_POD_PARALLELISM, lease_parallelism=KWOK_LEASE_PARALLELISM)
+        )
         config = self.state_dir / "kwok-stages.yaml"
         config.write_text("\n---\n".join(documents))
         self.ports["kwok"] = free_port()

@@ -136,3 +136,31 @@ def test_kuberay_reconciles_as_many_rayclusters_at_once_as_the_test_clusters_pin
     }
     raycluster = [value for labels, value in limits.items() if 'controller="raycluster' in labels]
     assert raycluster == [kuberay.RECONCILE_CONCURRENCY], limits
+
+
+def test_a_pod_the_node_controller_marked_not_ready_is_ready_again_as_its_kubelet_reports(
+    api_client, namespace, fake_gpu_nodes
+):
+    """kube-controller-manager marks a node's pods NotReady when the node's lease is late (kwok's leases on a
+    loaded machine); a real kubelet reports them Ready again once it is back, and so do kwok's fake ones."""
+    core = client.CoreV1Api(api_client)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "marked"},
+        "spec": {"containers": [{"name": "main", "image": RAY_IMAGE}], "tolerations": [{"operator": "Exists"}]},
+    }
+    core.create_namespaced_pod(namespace, pod)
+
+    def ready() -> str:
+        conditions = core.read_namespaced_pod_status("marked", namespace).status.conditions or []
+        return next((c.status for c in conditions if c.type == "Ready"), "")
+
+    wait_until(lambda: ready() == "True", "the pod to be Ready", 60)
+    status = core.read_namespaced_pod_status("marked", namespace).status
+    marked = [{"type": c.type, "status": "False" if c.type == "Ready" else c.status} for c in status.conditions or []]
+    patched = core.patch_namespaced_pod_status("marked", namespace, {"status": {"conditions": marked}})
+    assert [c.status for c in patched.status.conditions if c.type == "Ready"] == ["False"], "marked NotReady"
+    wait_until(lambda: ready() == "True", "kwok to report the pod Ready again", 60)
+    conditions = {c.type: c.status for c in core.read_namespaced_pod_status("marked", namespace).status.conditions}
+    assert conditions == {"PodScheduled": "True", "Initialized": "True", "ContainersReady": "True", "Ready": "True"}
