@@ -355,7 +355,8 @@ class Batch:
     apiserver_writes: Counter = field(default_factory=Counter)  # (resource, verb)
     memory_kib: dict[str, int] = field(default_factory=dict)  # VmHWM / peak sampled VmRSS
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of each process over the window
-    idle_s: float = 0.0  # how long the jobs were left alone after the window (`--idle-seconds`)
+    idle_wait_s: float = 0.0  # from the window's end until every job ran (at most 120 s)
+    idle_s: float = 0.0  # how long the jobs were left alone after that (`--idle-seconds`)
     idle_cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of each process over that time
     idle_writes: float = 0.0  # the operator's API writes over that time
     passes: float = 0.0  # the operator's reconcile passes over the window (`grpojob_reconcile_duration_seconds`)
@@ -534,7 +535,7 @@ class Bench:
                 result.window_s = time.monotonic() - started
                 result.memory_kib = {f"{name} peak sampled VmRSS": peak for name, peak in sampler.peak.items()}
                 if self.args.idle_seconds:
-                    self._measure_idle(result, pids)
+                    self._measure_idle(result, pids, kind, namespace, count)
             for name, pid in pids.items():
                 result.memory_kib[f"{name} VmHWM"] = proc_memory(pid)["VmHWM"]
             result.latencies = {key: marks.latencies(key) for key in keys}
@@ -550,9 +551,28 @@ class Bench:
             self.stop_operator()
         return result
 
-    def _measure_idle(self, result: Batch, pids: dict[str, int]) -> None:
-        """The batch's jobs left alone for `--idle-seconds` once the window closed: the controllers' CPU seconds
-        and the operator's API writes over that time (a Running job with nothing due should write nothing)."""
+    def _measure_idle(self, result: Batch, pids: dict[str, int], kind: str, namespace: str, count: int) -> None:
+        """The batch's jobs left alone for `--idle-seconds` once every one of them runs (GRPOJob phase Running,
+        RayJob deployment status Running; at most 2 minutes more): the controllers' CPU seconds and the
+        operator's API writes over that time (a Running job with nothing due should write nothing). In the
+        first 1,000-job run the idle minute began when the last trainer Job was created, and its writes were
+        the last jobs' own way to Running."""
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(self.api_client)
+        group, version, plural = ("grpo.dev", "v1alpha1", "grpojobs")
+        if kind == RAYJOB:
+            group, version, plural = "ray.io", "v1", "rayjobs"
+
+        def running() -> int:
+            items = custom.list_namespaced_custom_object(group, version, namespace, plural)["items"]
+            key = "phase" if kind == GRPOJOB else "jobDeploymentStatus"
+            return sum(1 for item in items if (item.get("status") or {}).get(key) == "Running")
+
+        waited = time.monotonic()
+        while running() < count and time.monotonic() - waited < 120:
+            time.sleep(2)
+        result.idle_wait_s = time.monotonic() - waited
         writes_before = self.snapshot().get("operator", Counter())
         cpu_before = {name: proc_cpu_seconds(pid) for name, pid in pids.items()}
         time.sleep(self.args.idle_seconds)
@@ -821,19 +841,20 @@ def report(batches: list[Batch]) -> str:
     if idle:
         lines += [
             "",
-            "Left alone after the window (every job at its trainer Job or submitter, nothing due): CPU seconds per "
-            "job per minute, and the grpojob operator's API writes:",
+            "Left alone once every job runs (GRPOJob phase Running, RayJob deployment status Running; nothing due): "
+            "CPU seconds per job per minute, and the grpojob operator's API writes:",
             "",
-            "| N | kind | seconds | grpojob operator CPU s / job / min | KubeRay CPU s / job / min | "
-            "grpojob operator writes |",
-            "| ---: | --- | ---: | ---: | ---: | ---: |",
+            "| N | kind | waited for Running, s | seconds | grpojob operator CPU s / job / min | "
+            "KubeRay CPU s / job / min | grpojob operator writes |",
+            "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         for b in idle:
             per = {name: cpu / b.count / (b.idle_s / 60) for name, cpu in b.idle_cpu_s.items()}
             operator = f"{per['operator']:.4f}" if "operator" in per else "—"
             writes = f"{b.idle_writes:g}" if b.kind == GRPOJOB else "—"
             lines.append(
-                f"| {b.count} | {b.kind} | {b.idle_s:.0f} | {operator} | {per.get('kuberay', 0):.4f} | {writes} |"
+                f"| {b.count} | {b.kind} | {b.idle_wait_s:.0f} | {b.idle_s:.0f} | {operator} "
+                f"| {per.get('kuberay', 0):.4f} | {writes} |"
             )
     missing = [f"{b.kind} x{b.count}: {b.missing}" for b in batches if any(b.missing.values())]
     if missing:
