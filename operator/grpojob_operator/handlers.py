@@ -412,7 +412,7 @@ def wake_job(memo: kopf.Memo, namespace: str, job: str) -> None:
 
 def _echoes_own_write(memo: kopf.Memo, key: tuple[str, str, str], kind: kinds.Kind, summary: Any) -> bool:
     """Whether a child's new summary is what the job's own pass just wrote (the watch echoing a create): at a
-    burst of creates, those echoes were a third of all passes, each queued behind other jobs' real work."""
+    burst of 100 jobs, those echoes were a quarter of all passes, each queued behind other jobs' real work."""
     namespace, job, uid = key
     worker = memo.workers.get((namespace, job))
     return worker is not None and worker.uid == uid and worker.unseen.echoes_child(kind.kind, summary)

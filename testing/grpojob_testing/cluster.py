@@ -82,7 +82,7 @@ options:
   enableProfilingHandler: true
 """
 """kwok's options: its defaults (v0.8.0, `zz_generated.defaults.go`), which a configuration given in a file
-replaces rather than fills in, but for the pods' parallelism."""
+replaces rather than fills in, but for the pods' and the node leases' parallelism."""
 OPTIONAL_COMPONENTS = ("kueue",)
 """Programs a cluster runs without when they could not be built here (the tests that need them skip);
 `make cluster-binaries` (CI) builds every program and fails on any."""

@@ -8,8 +8,7 @@ RECONCILE_CONCURRENCY = 16
 default 1). One worker turned heads ready at 0.1-1.4 a second in the 1,000-job benchmark and left 297
 RayClusters without a state once every head pod was Ready. At 64 (our operator's `reconcile_workers`) KubeRay
 was slower here, not faster: 100 RayJobs reached their submitter Job at p50 18.9 s against 12.1 s at 16, with
-2.5 times its status writes (conflicts of concurrent reconciles). So the benchmark's anchor runs KubeRay at
-the faster of the two."""
+2.5 times as many status writes. So the benchmark's anchor runs KubeRay at the faster of the two."""
 
 
 def operator_args(health_address: str, metrics_address: str) -> list[str]:
