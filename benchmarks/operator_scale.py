@@ -4,16 +4,17 @@
     .venv/bin/python benchmarks/operator_scale.py --quick    # 1 and 3 jobs; prints the table only
 
 One fresh control plane (`grpojob_testing.cluster`, name `bench`: etcd, kube-apiserver, controller-manager,
-scheduler, KubeRay v1.5.0, kwok with fake 8-GPU nodes). For each count N, two batches, each in its own
-namespace, deleted (and waited for) before the next:
+scheduler, KubeRay at the version `testing/versions.toml` pins, kwok with fake 8-GPU nodes). For each count N,
+two batches, each in its own namespace, deleted (and waited for) before the next:
 
 * GRPOJob: a fresh `python -m grpojob_operator --namespace NS` (production settings) and N GRPOJobs created
   at once. Milestones: the RayCluster's HeadPodReady condition, ConfigMap `J-endpoints` created, Job
   `J-trainer` created.
 * RayJob (the anchor): KubeRay restarted (so its memory high-water mark is this batch's) and N RayJobs in
-  K8sJobMode with the same RayCluster shape, created at once. KubeRay v1.5.0 waits for the RayCluster's
-  `.status.state == ready` (head *and* workers running), then creates the submitter Job (named like the
-  RayJob) and only then writes `JobDeploymentStatus: Running` (rayjob_controller.go, Initializing case).
+  K8sJobMode with the same RayCluster shape, created at once. KubeRay (v1.5.0 when this was read; the tests
+  run v1.6.1) waits for the RayCluster's `.status.state == ready` (head *and* workers running), then creates
+  the submitter Job (named like the RayJob) and only then writes `JobDeploymentStatus: Running`
+  (rayjob_controller.go, Initializing case).
   Milestones: HeadPodReady, state ready, submitter Job created.
 
 Times are client-side: `time.monotonic()` just before each create request, and when this process's watch
