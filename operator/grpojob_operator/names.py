@@ -13,6 +13,8 @@ JOB_LABEL = "grpo.dev/job"
 # job's (pods carry labels, not owner references to the GRPOJob, so the label is what can tell).
 JOB_UID_LABEL = "grpo.dev/job-uid"
 COMPONENT_LABEL = "grpo.dev/component"
+HEAD_COMPONENT = "ray-head"
+"""The `COMPONENT_LABEL` of the Ray head pod (its workers carry their group's name)."""
 ENVIRONMENT_LABEL = "grpo.dev/environment"
 ATTEMPT_LABEL = "grpo.dev/attempt"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"

@@ -304,6 +304,6 @@ class Observed:
         heads = [
             p
             for p in self.pods()
-            if p.component == "ray-head" and p.phase == "Running" and p.ready and p.ip and not p.deleting
+            if p.component == names.HEAD_COMPONENT and p.phase == "Running" and p.ready and p.ip and not p.deleting
         ]
         return heads[0] if heads else None

@@ -120,7 +120,7 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
                 "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
                 # Ray pods need no Kubernetes API token (no autoscaler): the hardened pod mounts none.
                 "template": pod.hardened_pod(
-                    labels(job, "ray-head"), [head], _ray_scratch_volumes(), job.spec.scheduling.head
+                    labels(job, names.HEAD_COMPONENT), [head], _ray_scratch_volumes(), job.spec.scheduling.head
                 ),
             },
             "workerGroupSpecs": [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from grpojob_api import endpoints
 from grpojob_api.v1alpha1 import ConditionType, Phase
+from grpojob_operator import names
 from grpojob_operator.children.raycluster import build_generation_service, build_raycluster
 from grpojob_operator.children.trainer import build_progress, build_trainer_rbac
 from grpojob_operator.observe import RayClusterInfo
@@ -15,7 +16,7 @@ from grpojob_operator.plan.conditions import condition, set_condition
 from grpojob_operator.plan.config_maps import config_map_actions
 from grpojob_operator.plan.context import GO_ON, STOP, Pass
 
-RAY_COMPONENTS = ("ray-head", endpoints.GENERATION_GROUP, endpoints.POLICY_GROUP)
+RAY_COMPONENTS = (names.HEAD_COMPONENT, endpoints.GENERATION_GROUP, endpoints.POLICY_GROUP)
 """The `grpo.dev/component` of the RayCluster's pods."""
 
 
