@@ -473,8 +473,14 @@ class Bench:
             "kuberay": scrape(f"http://127.0.0.1:{self.cluster.ports['kuberay-metrics']}/metrics"),
         }
         if self.operator is not None:
-            shots["operator"] = scrape(f"http://127.0.0.1:{self.operator_metrics_port}/metrics")
+            shots["operator"] = self.operator_metrics()
         return shots
+
+    def operator_metrics(self) -> Counter:
+        """The grpojob operator's own samples (none in a RayJob batch, which runs no operator)."""
+        if self.operator is None:
+            return Counter()
+        return scrape(f"http://127.0.0.1:{self.operator_metrics_port}/metrics")
 
     # -- one batch ----------------------------------------------------------------------------
 
@@ -574,10 +580,10 @@ class Bench:
         while running() < count and time.monotonic() - waited < 120:
             time.sleep(2)
         result.idle_wait_s = time.monotonic() - waited
-        writes_before = self.snapshot().get("operator", Counter())
+        writes_before = self.operator_metrics()
         cpu_before = {name: proc_cpu_seconds(pid) for name, pid in pids.items()}
         time.sleep(self.args.idle_seconds)
-        writes_after = self.snapshot().get("operator", Counter())
+        writes_after = self.operator_metrics()
         result.idle_s = self.args.idle_seconds
         result.idle_cpu_s = {name: proc_cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
         result.idle_writes = sum(select(delta(writes_after, writes_before), "grpojob_api_writes_total").values())
