@@ -96,7 +96,9 @@ CMD ["arithmetic"]
 # (getpass) find it.
 #
 # CPU (WITH_VLLM=false; generation uses the transformers backend): the `trainer` extra as pinned in
-# pyproject.toml. This is the variant the tests run (`python -m grpojob_testing.images build`).
+# pyproject.toml. This is the variant the tests run (`python -m grpojob_testing.images build`). Less
+# triton, which torch's Linux wheel requires for compiling GPU kernels: nothing compiles on a CPU
+# (spec.training.torchCompile is GPU only), and it is 1 GB of every node's image load.
 #
 # GPU (default): vLLM, which pins its own torch and transformers, older than the `trainer` extra's.
 # images/vllm-requirements.txt locks every package of that environment at the versions measured on
@@ -129,7 +131,8 @@ COPY --from=requirements --chown=1000:100 /requirements /tmp/requirements
 RUN if [ "${WITH_VLLM}" = "true" ]; then \
       pip install --no-cache-dir --no-deps --requirement /tmp/requirements/trainer-with-vllm.txt; \
     else \
-      pip install --no-cache-dir --requirement /tmp/requirements/trainer.txt; \
+      pip install --no-cache-dir --requirement /tmp/requirements/trainer.txt \
+      && pip uninstall --yes --quiet triton; \
     fi \
     && rm -rf /tmp/requirements
 COPY --from=wheel --chown=1000:100 /dist /tmp/dist
