@@ -1,18 +1,22 @@
 """How training progress travels from the trainer to `kubectl get grpojobs`.
 
-The trainer writes `{"step": "12", "meanReward": "0.41"}` into the ConfigMap `<job>-progress` after
-every step; the operator copies it into `status.step` and `status.meanReward` on its next pass. After
-exporting the model it adds `{"outputModel": "models/demo/final", "outputModelStep": "100"}` (the path
-inside the output claim), which the operator copies into `status.outputModel`. After an evaluation
-(`spec.evaluation`) it adds `{"lastEvaluation": "10 0.52", "bestEvaluation": "5 0.61"}` (step and mean
-reward), which become `status.lastEvaluation` and `status.bestEvaluation`.
+The trainer writes `{"step": "12", "meanReward": "0.41"}` into its config's ConfigMap `<job>-config`,
+beside the config (`grpojob.yaml`), after every step; the operator copies it into `status.step` and
+`status.meanReward` on its next pass. After exporting the model it adds `{"outputModel":
+"models/demo/final", "outputModelStep": "100"}` (the path inside the output claim), which the operator
+copies into `status.outputModel`. After an evaluation (`spec.evaluation`) it adds `{"lastEvaluation":
+"10 0.52", "bestEvaluation": "5 0.61"}` (step and mean reward), which become
+`status.lastEvaluation` and `status.bestEvaluation`.
 
 Why a ConfigMap, and not the trainer patching the GRPOJob status or the operator scraping the
 trainer's metrics:
 - the status keeps one writer (the operator's reconcile), so a trainer can never race the operator
   or write a phase;
 - the trainer's rights are as narrow as Kubernetes RBAC allows: `get`/`update`/`patch` on one
-  ConfigMap by name (`resourceNames`), which the operator creates empty for it;
+  ConfigMap by name (`resourceNames`), which the operator creates for it (a Role cannot grant
+  `create` of one name). It is the config's: the trainer alone reads it, the operator keeps the
+  config's key and leaves the report's (`REPORT_KEYS`), and a ConfigMap of its own would be one more
+  create per job for the API server;
 - the operator already watches the job's ConfigMaps, so it learns of a report without polling and
   without reaching into the pod network (which it may not be allowed to, and which a fake node in
   the tests does not have).
@@ -29,6 +33,10 @@ OUTPUT_MODEL_KEY = "outputModel"
 OUTPUT_MODEL_STEP_KEY = "outputModelStep"
 LAST_EVALUATION_KEY = "lastEvaluation"
 BEST_EVALUATION_KEY = "bestEvaluation"
+REPORT_KEYS = frozenset(
+    {STEP_KEY, MEAN_REWARD_KEY, OUTPUT_MODEL_KEY, OUTPUT_MODEL_STEP_KEY, LAST_EVALUATION_KEY, BEST_EVALUATION_KEY}
+)
+"""The keys of `<job>-config` that the trainer writes."""
 
 
 @dataclass(frozen=True)
@@ -49,12 +57,12 @@ class ProgressReport:
 
 
 def output_model_data(path: str, step: int) -> dict[str, str]:
-    """What the trainer writes into `<job>-progress` after exporting the model of ``step`` to ``path``."""
+    """What the trainer writes into `<job>-config` after exporting the model of ``step`` to ``path``."""
     return {OUTPUT_MODEL_KEY: path, OUTPUT_MODEL_STEP_KEY: str(step)}
 
 
 def evaluation_data(last: EvaluationReport, best: EvaluationReport | None) -> dict[str, str]:
-    """What the trainer writes into `<job>-progress` after an evaluation: the newest and the best (none yet
+    """What the trainer writes into `<job>-config` after an evaluation: the newest and the best (none yet
     after the baseline, which is never the best)."""
     data = {LAST_EVALUATION_KEY: _evaluation_text(last)}
     if best is not None:
@@ -79,7 +87,7 @@ def _parse_evaluation(text: str | None) -> EvaluationReport | None:
 
 
 def progress_data(step: int, mean_reward: float | None) -> dict[str, str]:
-    """What the trainer writes into `<job>-progress` after a step."""
+    """What the trainer writes into `<job>-config` after a step."""
     data = {STEP_KEY: str(step)}
     if mean_reward is not None and math.isfinite(mean_reward):
         data[MEAN_REWARD_KEY] = f"{mean_reward:.6g}"

@@ -66,6 +66,7 @@ class ChildNames:
 
     @property
     def config(self) -> str:
+        """The trainer's config, and the progress it reports (`grpojob_api.progress`)."""
         return f"{self.job}-config"
 
     @property
@@ -75,11 +76,6 @@ class ChildNames:
     @property
     def endpoints(self) -> str:
         return f"{self.job}-endpoints"
-
-    @property
-    def progress(self) -> str:
-        """ConfigMap the trainer writes its progress to (see `grpojob_api.progress`)."""
-        return f"{self.job}-progress"
 
     @property
     def trainer(self) -> str:

@@ -1,4 +1,4 @@
-"""The trainer reports progress with its pod's ServiceAccount, which may touch its progress ConfigMap
+"""The trainer reports progress with its pod's ServiceAccount, which may touch its config's ConfigMap
 and nothing else (the Role the operator creates for it), against the real API server."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from kubernetes import client
 from grpojob_api import v1alpha1 as api
 from grpojob_api.admission import parse_job
 from grpojob_api.progress import EvaluationReport
-from grpojob_operator.children.trainer import build_progress, build_trainer_rbac
+from grpojob_operator.children.trainer import CONFIG_FILE, build_config_map, build_trainer_rbac, render_job_config
 from grpojob_trainer.observability.progress import ConfigMapProgressPublisher
 
 pytestmark = pytest.mark.integration
@@ -49,7 +49,7 @@ def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubec
         }
     )
     core, rbac = client.CoreV1Api(api_client), client.RbacAuthorizationV1Api(api_client)
-    core.create_namespaced_config_map(namespace, without_owner(build_progress(job)))
+    core.create_namespaced_config_map(namespace, without_owner(build_config_map(job)))
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "someone-else"}, "data": {"a": "1"}})
     account, role, binding = (without_owner(m) for m in build_trainer_rbac(job))
     core.create_namespaced_service_account(namespace, account)
@@ -60,21 +60,28 @@ def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubec
     ).status.token
     server, ca = cluster_endpoint(kubeconfig, tmp_path)
 
-    publisher = ConfigMapProgressPublisher(server, token, ca, namespace, "demo-progress")
+    publisher = ConfigMapProgressPublisher(server, token, ca, namespace, "demo-config")
+
+    def report() -> dict[str, str]:
+        """What the trainer reported, beside its config, which stays as the operator wrote it."""
+        data = core.read_namespaced_config_map("demo-config", namespace).data
+        assert data[CONFIG_FILE] == render_job_config(job)
+        return {key: value for key, value in data.items() if key != CONFIG_FILE}
+
     publisher.publish(5, 0.75)
-    assert core.read_namespaced_config_map("demo-progress", namespace).data == {"step": "5", "meanReward": "0.75"}
+    assert report() == {"step": "5", "meanReward": "0.75"}
     publisher.publish(6, float("nan"))  # no reward this step: the old one must not linger beside it
-    assert core.read_namespaced_config_map("demo-progress", namespace).data == {"step": "6"}
+    assert report() == {"step": "6"}
     publisher.publish_output_model("models/demo/final", 6)
     publisher.publish(7, 0.5)  # the exported model's report stays beside later steps
     expected = {"step": "7", "meanReward": "0.5", "outputModel": "models/demo/final", "outputModelStep": "6"}
-    assert core.read_namespaced_config_map("demo-progress", namespace).data == expected
+    assert report() == expected
     publisher.publish_evaluation(EvaluationReport(0, 0.25), None)  # the baseline: no best yet
-    assert core.read_namespaced_config_map("demo-progress", namespace).data == expected | {"lastEvaluation": "0 0.25"}
+    assert report() == expected | {"lastEvaluation": "0 0.25"}
     publisher.publish_evaluation(EvaluationReport(8, 0.5), EvaluationReport(8, 0.5))
     publisher.publish(9, 0.625)  # the evaluations' report stays beside later steps
     evaluated = {"lastEvaluation": "8 0.5", "bestEvaluation": "8 0.5"}
-    assert core.read_namespaced_config_map("demo-progress", namespace).data == expected | evaluated | {
+    assert report() == expected | evaluated | {
         "step": "9",
         "meanReward": "0.625",
     }

@@ -82,10 +82,10 @@ Each verb is one the operator (grpojob_operator.kube, .handlers, and Kopf) reall
 - events (core v1): create (the operator's one Event per ended, failed, retried or suspended run; it
   never patches them, and it posts core v1 events, not events.k8s.io).
 - pods: list/watch only (read, to see the head pod's IP and stuck or finished containers).
-- configmaps: list/watch/create/patch/delete for its children (`<job>-config`, `-endpoints`,
-  `-progress`; `-endpoints` is rewritten by a merge patch), plus get and update, which the operator
-  itself never calls but must hold: the Role it creates for each trainer grants get/update/patch on
-  that job's progress ConfigMap, and RBAC lets nobody grant a verb it does not hold (no `escalate`
+- configmaps: list/watch/create/patch/delete for its children (`<job>-config`, `-endpoints`; each is
+  rewritten by a merge patch), plus get and update, which the operator itself never calls but must
+  hold: the Role it creates for each trainer grants get/update/patch on that job's `<job>-config`,
+  where the trainer reports its progress, and RBAC lets nobody grant a verb it does not hold (no `escalate`
   or `bind` needed that way).
 - services, jobs (batch), rayclusters (ray.io): list/watch/create/delete.
 - deployments (apps): list/watch/create/delete, and patch (a NeMo Gym environment's pod template gets

@@ -10,7 +10,7 @@ comes from `pod.hardened_pod` and every claim's volume and mount from `claims.mo
 - `raycluster`: the RayCluster and the generation Service.
 - `endpoints`: the `<job>-endpoints` ConfigMap and how pods read it.
 - `environments`: an environment's Deployment and Service; `nemo_gym`: the NeMo Gym variant.
-- `trainer`: the trainer Job, its RBAC, its config and progress ConfigMaps.
+- `trainer`: the trainer Job, its RBAC, its config ConfigMap (where it also reports its progress).
 - `model`: a hub model's cache claim and download Job.
 - `network`: the NetworkPolicy. `tensorboard`: TensorBoard's Deployment and Service.
 """

@@ -1,5 +1,5 @@
 """The trainer: the Job of each attempt (the Ray driver that runs the GRPO loop), its ServiceAccount, Role and
-RoleBinding, the ConfigMap of its config (the job itself) and the one it reports progress into."""
+RoleBinding, and the ConfigMap of its config (the job itself), which it also reports its progress into."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def render_job_config(job: api.GRPOJob) -> str:
 
 
 def build_config_map(job: api.GRPOJob) -> Manifest:
-    """`<job>-config`: the trainer's config (`render_job_config`)."""
+    """`<job>-config`: the trainer's config (`render_job_config`). The trainer adds its progress reports
+    (`grpojob_api.progress.REPORT_KEYS`), which the operator leaves there."""
     job_name, _ = job_ref(job)
     return {
         "apiVersion": "v1",
@@ -43,21 +44,9 @@ def build_config_map(job: api.GRPOJob) -> Manifest:
     }
 
 
-def build_progress(job: api.GRPOJob) -> Manifest:
-    """The ConfigMap the trainer reports progress into (created empty by the operator, since a Role
-    can grant `update` on one named object but not `create`)."""
-    job_name, _ = job_ref(job)
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata(job, names.ChildNames(job_name).progress, "progress"),
-        "data": {},
-    }
-
-
 def build_trainer_rbac(job: api.GRPOJob) -> list[Manifest]:
-    """ServiceAccount, Role and RoleBinding of the trainer: it may read and update its own progress
-    ConfigMap, and nothing else."""
+    """ServiceAccount, Role and RoleBinding of the trainer: it may read and update `<job>-config`, where it
+    reports its progress, and nothing else."""
     job_name, _ = job_ref(job)
     child = names.ChildNames(job_name)
     return [
@@ -74,7 +63,7 @@ def build_trainer_rbac(job: api.GRPOJob) -> list[Manifest]:
                 {
                     "apiGroups": [""],
                     "resources": ["configmaps"],
-                    "resourceNames": [child.progress],
+                    "resourceNames": [child.config],
                     "verbs": ["get", "update", "patch"],
                 }
             ],
@@ -149,9 +138,13 @@ def build_trainer_job(
     evaluation = claims.evaluation_dataset_mount(job, dataset_commits) or claims.Mounted("")
     logs = claims.log_mount(job, read_only=False)
     endpoints_vol, endpoints_mount = endpoints_volume(job)
+    config_volume = {  # the config's file only, not the progress the trainer writes beside it
+        "name": "config",
+        "configMap": {"name": child.config, "items": [{"key": CONFIG_FILE, "path": CONFIG_FILE}]},
+    }
     volumes, mounts = claims.share_claims(
         [
-            {"name": "config", "configMap": {"name": child.config}},
+            config_volume,
             endpoints_vol,
             {"name": "tmp", "emptyDir": {}},
             *model.volumes,
@@ -172,7 +165,7 @@ def build_trainer_job(
         ],
     )
     trainer_env = endpoints.TrainerEnv(
-        progress_config_map=child.progress,
+        progress_config_map=child.config,
         model_path=claims.model_path(job, model_commit),
         dataset_paths=[dataset.path for dataset in datasets],
         evaluation_dataset_path=evaluation.path or None,

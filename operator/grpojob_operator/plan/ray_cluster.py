@@ -1,15 +1,16 @@
 """Stages: the Ray cluster and the children that need no address (`<job>-config`, `<job>-generation`, the
-trainer's progress ConfigMap and RBAC), then the wait for its head: a head pod that is Ready (KubeRay's
+trainer's RBAC), then the wait for its head: a head pod that is Ready (KubeRay's
 probe of the raylet and the GCS) with an IP, and, until the endpoints are first written, every Ray pod on a
 node."""
 
 from __future__ import annotations
 
 from grpojob_api import endpoints
+from grpojob_api.progress import REPORT_KEYS
 from grpojob_api.v1alpha1 import ConditionType, Phase
 from grpojob_operator import names
 from grpojob_operator.children.raycluster import build_generation_service, build_raycluster
-from grpojob_operator.children.trainer import build_progress, build_trainer_rbac
+from grpojob_operator.children.trainer import build_trainer_rbac
 from grpojob_operator.observe import RayClusterInfo
 from grpojob_operator.plan.actions import Create
 from grpojob_operator.plan.conditions import condition, set_condition
@@ -26,8 +27,8 @@ def ray_cluster(pass_: Pass) -> bool:
     job, plan, observed = pass_.job, pass_.plan, pass_.observed
     if not observed.has("RayCluster", pass_.child.raycluster):
         plan.actions.append(Create(pass_.place(build_raycluster(job, pass_.settings))))
-    plan.actions += config_map_actions(pass_.config_map(job), observed)
-    rest = [build_generation_service(job), build_progress(job), *build_trainer_rbac(job)]
+    plan.actions += config_map_actions(pass_.config_map(job), observed, kept=REPORT_KEYS)
+    rest = [build_generation_service(job), *build_trainer_rbac(job)]
     plan.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
     return GO_ON
 

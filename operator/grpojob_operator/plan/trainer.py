@@ -27,7 +27,7 @@ def reported(pass_: Pass) -> bool:
     scratch). A trainer whose attempt has ended is judged at once, even with the Ray head gone: the pass
     stops there."""
     status = pass_.status
-    read_progress(pass_.job, status, pass_.observed.get("ConfigMap", pass_.child.progress), pass_.now)
+    read_progress(pass_.job, status, pass_.observed.get("ConfigMap", pass_.child.config), pass_.now)
     job: TrainerJobInfo | None = pass_.observed.get("Job", pass_.child.trainer)
     if job is None:
         return GO_ON

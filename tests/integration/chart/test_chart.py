@@ -153,7 +153,7 @@ def _run_a_job_to_success_and_deletion(
         # The trainer's rights, created by the operator (which must hold get/update/patch on configmaps).
         rbac = client.RbacAuthorizationV1Api(api_client)
         role = rbac.read_namespaced_role("rbac-trainer", namespace)
-        assert role.rules[0].resource_names == ["rbac-progress"]
+        assert role.rules[0].resource_names == ["rbac-config"]
         assert rbac.read_namespaced_role_binding("rbac-trainer", namespace).role_ref.name == "rbac-trainer"
         (pod,) = jobs.trainer_pods("rbac")
         jobs.exit_pod(pod.metadata.name, 0)

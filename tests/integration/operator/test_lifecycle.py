@@ -65,7 +65,7 @@ def test_a_job_runs_publishes_endpoints_after_the_head_is_ready_and_succeeds(ope
         assert conditions()[kind]["reason"] and conditions()[kind]["lastTransitionTime"]
 
     # Progress reported by the trainer reaches the status (and `kubectl get grpojobs`).
-    jobs.core.patch_namespaced_config_map("tiny-progress", namespace, {"data": {"step": "7", "meanReward": "0.625"}})
+    jobs.core.patch_namespaced_config_map("tiny-config", namespace, {"data": {"step": "7", "meanReward": "0.625"}})
     eventually(lambda: jobs.status("tiny").get("step") == 7, "the step to reach the status", 30)
     assert jobs.status("tiny")["meanReward"] == pytest.approx(0.625)
 

@@ -39,11 +39,7 @@ def test_an_operator_killed_after_every_single_write_never_duplicates_or_orphans
     assert children["RayCluster"] == ["crashy-operator"]
     assert children["Job"] == ["crashy-operator-trainer"]
     assert children["Deployment"] == ["crashy-operator-env-arithmetic"]
-    assert children["ConfigMap"] == [
-        "crashy-operator-config",
-        "crashy-operator-endpoints",
-        "crashy-operator-progress",
-    ]
+    assert children["ConfigMap"] == ["crashy-operator-config", "crashy-operator-endpoints"]
     assert len(jobs.trainer_pods("crashy-operator")) == 1
     assert jobs.status("crashy-operator")["attempt"] == 1
 

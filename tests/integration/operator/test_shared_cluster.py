@@ -137,7 +137,7 @@ def test_a_role_label_the_operator_owns_is_refused_by_kubectl_apply(operator, jo
 def test_a_trainer_that_stops_making_progress_is_retried_as_stalled_then_the_job_fails(operator, jobs, namespace):
     jobs.create(job_manifest("quiet", progressDeadlineSeconds=4, backoffLimit=1))
     jobs.wait_trainer_pod("quiet", 1)
-    jobs.core.patch_namespaced_config_map("quiet-progress", namespace, {"data": {"step": "2"}})
+    jobs.core.patch_namespaced_config_map("quiet-config", namespace, {"data": {"step": "2"}})
     # The step never advances again while the trainer pod keeps running: attempt 1 is stalled.
     second = jobs.wait_trainer_pod("quiet", 2, timeout=90)
     stalled = jobs.condition("quiet", "Stalled")

@@ -46,7 +46,7 @@ def test_the_trainer_pod_finds_everything_it_reads_in_its_environment():
     environ = pod_environment(job, container, attempt=2)
     assert Endpoints.from_data(environ).attempt == 2
     trainer = TrainerEnv.from_env(environ)
-    assert trainer.progress_config_map == "demo-progress"
+    assert trainer.progress_config_map == "demo-config"
     assert trainer.model_path == model_path(job) == "/models/qwen"
     assert trainer.dataset_paths == ["/data/dataset/train.jsonl"]
     assert any(var["name"] == endpoints.POD_NAMESPACE for var in container["env"])
@@ -82,7 +82,7 @@ def test_malformed_values_are_refused_by_name():
 
 def test_a_trainer_without_its_paths_says_which_are_missing():
     with pytest.raises(ContractError, match=r"GRPOJOB_MODEL_PATH is missing; GRPOJOB_DATASET_PATH is missing"):
-        TrainerEnv.from_env({endpoints.GRPOJOB_PROGRESS_CONFIGMAP: "demo-progress", "GRPOJOB_CHECKPOINT_DIR": "/c"})
+        TrainerEnv.from_env({endpoints.GRPOJOB_PROGRESS_CONFIGMAP: "demo-config", "GRPOJOB_CHECKPOINT_DIR": "/c"})
 
 
 def test_grpojob_train_without_the_endpoints_exits_2_naming_them(

@@ -1,4 +1,4 @@
-"""The trainer's progress report (`<job>-progress`), as the operator reads it back."""
+"""The trainer's progress report (in `<job>-config`), as the operator reads it back."""
 
 from __future__ import annotations
 

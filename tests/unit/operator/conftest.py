@@ -46,7 +46,7 @@ def body() -> dict:
 
 def children_up_to_the_head(job: api.GRPOJob, head: PodInfo, head_ready: bool = True) -> dict:
     """The observed children of job ``demo`` before `<demo>-endpoints` is written: the NetworkPolicy, the
-    RayCluster, its config and progress ConfigMaps, the generation Service, the trainer's RBAC, the head pod
+    RayCluster, its config ConfigMap, the generation Service, the trainer's RBAC, the head pod
     ``head`` (made not Ready unless ``head_ready``) and the Ray workers, each on a node."""
     if not head_ready:
         head = dataclasses.replace(head, ready=False)
@@ -62,7 +62,6 @@ def children_up_to_the_head(job: api.GRPOJob, head: PodInfo, head_ready: bool = 
         "RayCluster": {"demo": RayClusterInfo("demo", False)},
         "ConfigMap": {
             "demo-config": ConfigMapInfo("demo-config", tuple(build_config_map(job)["data"].items())),
-            "demo-progress": ConfigMapInfo("demo-progress", ()),
         },
         "Service": {"demo-generation": OtherInfo("demo-generation", False)},
         "ServiceAccount": {"demo-trainer": OtherInfo("demo-trainer", False)},

@@ -280,9 +280,10 @@ def running(job: api.GRPOJob, config: dict[str, Any]) -> Observed:
     return Observed(
         {
             "RayCluster": {name: RayClusterInfo(name, False)},
-            "ConfigMap": {
-                config["metadata"]["name"]: ConfigMapInfo(config["metadata"]["name"], tuple(config["data"].items())),
-                f"{name}-progress": ConfigMapInfo(f"{name}-progress", (("step", "3"),)),
+            "ConfigMap": {  # the trainer's report beside the config
+                config["metadata"]["name"]: ConfigMapInfo(
+                    config["metadata"]["name"], tuple({**config["data"], "step": "3"}.items())
+                ),
             },
             "Service": {f"{name}-generation": OtherInfo(f"{name}-generation", False)},
             "Job": {f"{name}-trainer": TrainerJobInfo(f"{name}-trainer", 1, False, False, "", False)},

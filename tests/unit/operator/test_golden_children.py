@@ -27,7 +27,7 @@ from grpojob_operator.children.nemo_gym import build_nemo_gym_config_map, build_
 from grpojob_operator.children.network import build_network_policy
 from grpojob_operator.children.raycluster import build_generation_service, build_raycluster
 from grpojob_operator.children.tensorboard import build_tensorboard_deployment, build_tensorboard_service
-from grpojob_operator.children.trainer import build_config_map, build_progress, build_trainer_job, build_trainer_rbac
+from grpojob_operator.children.trainer import build_config_map, build_trainer_job, build_trainer_rbac
 from grpojob_operator.settings import OperatorSettings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -88,7 +88,6 @@ def render_children(job: api.GRPOJob, settings: OperatorSettings) -> list[dict[s
         build_raycluster(job, settings),
         build_config_map(job),
         build_generation_service(job),
-        build_progress(job),
         *build_trainer_rbac(job),
     ]
     if job.spec.logging.tensorboard:

@@ -48,11 +48,10 @@ def test_independent_writes_are_grouped_and_a_config_map_or_claim_is_written_bef
         create("RayCluster", "demo"),
         create("ConfigMap", "demo-config"),
         create("Service", "demo-generation"),
-        create("ConfigMap", "demo-progress"),
         create("ServiceAccount", "demo-trainer"),
         create("Role", "demo-trainer"),
     ]
-    assert write_groups(first_pass) == [first_pass[:2], first_pass[2:4], first_pass[4:]]
+    assert write_groups(first_pass) == [first_pass[:2], first_pass[2:]]
     head_ready = [create("ConfigMap", "demo-endpoints"), create("Deployment", "demo-env-a"), create("Job", "demo-t")]
     assert write_groups(head_ready) == [head_ready[:1], head_ready[1:]]
     delete = Delete("Job", "demo-trainer", "Foreground")

@@ -243,7 +243,7 @@ def test_the_exported_model_goes_to_the_output_claim_on_the_policy_workers():
 def test_the_trainers_report_of_its_exported_model_becomes_status_output_model():
     spec = {**JOB_SPEC, "checkpointing": {"pvc": {"claimName": "ckpt", "path": "runs"}}}
     progress = {"step": "7", "meanReward": "0.5", "outputModel": "models/demo/final", "outputModelStep": "7"}
-    children = {"ConfigMap": {"demo-progress": ConfigMapInfo("demo-progress", tuple(sorted(progress.items())))}}
+    children = {"ConfigMap": {"demo-config": ConfigMapInfo("demo-config", tuple(sorted(progress.items())))}}
     result = plan(job_body(spec=spec), children)
 
     assert result.status.output_model == api.OutputModelStatus(

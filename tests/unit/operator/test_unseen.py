@@ -60,7 +60,7 @@ def test_the_watch_echoing_our_own_create_is_nothing_new_but_a_changed_child_is(
     unseen.wrote_child("ConfigMap", "demo-endpoints", None, written)
     assert unseen.echoes_child("ConfigMap", ConfigMapInfo("demo-endpoints", (("RAY_HEAD_POD_IP", "10.0.0.7"),)))
     assert not unseen.echoes_child("ConfigMap", ConfigMapInfo("demo-endpoints", (("RAY_HEAD_POD_IP", "10.0.0.8"),)))
-    assert not unseen.echoes_child("ConfigMap", ConfigMapInfo("demo-progress", ())), "a child we did not write"
+    assert not unseen.echoes_child("ConfigMap", ConfigMapInfo("demo-config", ())), "a child we did not write"
 
 
 def test_the_watch_echoing_our_own_status_write_is_nothing_new_but_any_later_version_is():

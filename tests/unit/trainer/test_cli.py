@@ -44,7 +44,7 @@ def trainer_pod_environment(monkeypatch: pytest.MonkeyPatch, metrics_port: int) 
     for name, value in endpoints_data(JOB, OperatorSettings(), "10.0.0.7", 1).items():
         monkeypatch.setenv(name, value)
     own = TrainerEnv(
-        progress_config_map="demo-progress",
+        progress_config_map="demo-config",
         model_path="/models/qwen",
         dataset_paths=["/data/train.jsonl"],
         checkpoint_dir="/checkpoints",

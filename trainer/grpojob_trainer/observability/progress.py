@@ -1,4 +1,5 @@
-"""Publishing training progress to the GRPOJob's `<job>-progress` ConfigMap (see `grpojob_api.progress`).
+"""Publishing training progress to the GRPOJob's `<job>-config` ConfigMap, beside the config (see
+`grpojob_api.progress`).
 
 The trainer pod's ServiceAccount may get, update and patch that one ConfigMap and nothing else, so this
 talks to the API server directly with the pod's token: one merge patch per step.

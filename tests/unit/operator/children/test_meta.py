@@ -6,7 +6,7 @@ from grpojob_operator.children.endpoints import build_endpoints
 from grpojob_operator.children.environments import build_environment_deployment, build_environment_service
 from grpojob_operator.children.network import build_network_policy
 from grpojob_operator.children.raycluster import build_generation_service, build_raycluster
-from grpojob_operator.children.trainer import build_config_map, build_progress, build_trainer_job, build_trainer_rbac
+from grpojob_operator.children.trainer import build_config_map, build_trainer_job, build_trainer_rbac
 
 from .jobs import SETTINGS, job
 
@@ -19,7 +19,6 @@ def test_every_child_is_owned_by_the_job_as_its_controller():
         build_generation_service(j),
         build_network_policy(j),
         build_endpoints(j, SETTINGS, "10.0.0.7", 1),
-        build_progress(j),
         build_environment_deployment(j, j.spec.environments[0], SETTINGS, 1),
         build_environment_service(j, j.spec.environments[0]),
         build_trainer_job(j, SETTINGS, 1),
@@ -36,7 +35,6 @@ def test_every_child_is_owned_by_the_job_as_its_controller():
         "demo-generation",
         "demo-network",
         "demo-endpoints",
-        "demo-progress",
         "demo-env-math",
         "demo-env-math",
         "demo-trainer",

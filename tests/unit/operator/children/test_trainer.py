@@ -8,11 +8,17 @@ from grpojob_operator.children.trainer import build_trainer_job, build_trainer_r
 from .jobs import SETTINGS, env_of, job
 
 
-def test_trainer_may_only_touch_its_own_progress_config_map():
+def test_trainer_may_only_touch_its_own_config_map_where_it_reports_progress():
     role = next(m for m in build_trainer_rbac(job()) if m["kind"] == "Role")
     (rule,) = role["rules"]
-    assert rule["resources"] == ["configmaps"] and rule["resourceNames"] == ["demo-progress"]
+    assert rule["resources"] == ["configmaps"] and rule["resourceNames"] == ["demo-config"]
     assert rule["verbs"] == ["get", "update", "patch"]
+
+
+def test_the_trainer_mounts_the_config_file_alone_not_the_progress_it_reports_beside_it():
+    volumes = build_trainer_job(job(), SETTINGS, 1)["spec"]["template"]["spec"]["volumes"]
+    config = next(v for v in volumes if v["name"] == "config")
+    assert config["configMap"] == {"name": "demo-config", "items": [{"key": "grpojob.yaml", "path": "grpojob.yaml"}]}
 
 
 def test_job_config_renders_the_spec_the_trainer_parses_back():

@@ -42,6 +42,15 @@ def with_endpoints(children: dict, ip: str = "10.0.0.2", attempt: int = 1) -> di
     return children
 
 
+def with_report(children: dict, **report: str) -> dict:
+    """``children`` with the trainer's ``report`` in `demo-config`, beside the config."""
+    config = children["ConfigMap"]["demo-config"]
+    children["ConfigMap"]["demo-config"] = ConfigMapInfo(
+        config.name, tuple(sorted({**config.as_dict(), **report}.items()))
+    )
+    return children
+
+
 def kinds_and_names(plan: Plan) -> list[tuple[str, str, str]]:
     out = []
     for action in plan.actions:
@@ -69,8 +78,7 @@ def running_attempt(step: str, attempt: int = 1) -> dict:
     children = with_endpoints(base_children(), attempt=attempt)
     children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", attempt, False, False, "", False)}
     children["Pod"]["demo-trainer-x"] = pod("demo-trainer-x", "trainer", attempt=attempt)
-    children["ConfigMap"]["demo-progress"] = ConfigMapInfo("demo-progress", (("step", step),))
-    return children
+    return with_report(children, step=step)
 
 
 def stalling_job(**status) -> dict:

@@ -12,7 +12,7 @@ from grpojob_operator.plan.context import GO_ON, STOP
 from grpojob_operator.plan.ray_cluster import ray_head
 
 from ..conftest import job_body
-from .conftest import NOW, base_children, kinds_and_names, one_pass, pod, run, with_endpoints
+from .conftest import NOW, base_children, kinds_and_names, one_pass, pod, run, with_endpoints, with_report
 
 
 def test_a_new_job_gets_its_raycluster_and_config_but_no_endpoints_before_the_head_is_ready():
@@ -22,7 +22,6 @@ def test_a_new_job_gets_its_raycluster_and_config_but_no_endpoints_before_the_he
         ("Create", "RayCluster", "demo"),
         ("Create", "ConfigMap", "demo-config"),
         ("Create", "Service", "demo-generation"),
-        ("Create", "ConfigMap", "demo-progress"),
         ("Create", "ServiceAccount", "demo-trainer"),
         ("Create", "Role", "demo-trainer"),
         ("Create", "RoleBinding", "demo-trainer"),
@@ -53,13 +52,19 @@ def test_a_head_pod_that_is_not_ready_is_not_published():
     assert not any(name == "demo-endpoints" for _, _, name in kinds_and_names(run(job_body(), children)))
 
 
-def test_the_config_follows_a_spec_changed_while_suspended():
+def test_the_config_follows_a_spec_changed_while_suspended_and_keeps_the_trainers_report():
     children = base_children(head_ready=False)
-    children["ConfigMap"]["demo-config"] = ConfigMapInfo("demo-config", (("grpojob.yaml", "old"), ("extra", "x")))
+    kept = (("grpojob.yaml", "old"), ("extra", "x"), ("step", "7"), ("meanReward", "0.5"))
+    children["ConfigMap"]["demo-config"] = ConfigMapInfo("demo-config", kept)
     plan = run(job_body(), children)
     (replace,) = [a for a in plan.actions if isinstance(a, Replace)]
     assert replace.manifest["metadata"]["name"] == "demo-config"
-    assert replace.stale_keys == ("extra",)
+    assert replace.stale_keys == ("extra",), "the step and reward are the trainer's, not stale"
+
+
+def test_the_trainers_report_beside_an_unchanged_config_changes_nothing():
+    plan = run(job_body(), with_report(base_children(head_ready=False), step="7", meanReward="0.5"))
+    assert not [a for a in plan.actions if isinstance(a, Replace)]
 
 
 def test_a_pod_the_scheduler_cannot_place_is_explained_without_failing_the_job():

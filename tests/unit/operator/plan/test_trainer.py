@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from grpojob_api import v1alpha1 as api
-from grpojob_operator.observe import ConfigMapInfo, TrainerJobInfo
+from grpojob_operator.observe import TrainerJobInfo
 from grpojob_operator.plan.actions import Delete
 from grpojob_operator.plan.conditions import condition
 from grpojob_operator.plan.context import GO_ON, STOP
@@ -23,6 +23,7 @@ from .conftest import (
     stalling_job,
     status_of,
     with_endpoints,
+    with_report,
 )
 
 
@@ -30,8 +31,7 @@ def test_a_running_trainer_pod_makes_the_job_running_and_progress_reaches_the_st
     children = with_endpoints(base_children())
     children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, False, False, "", False)}
     children["Pod"]["demo-trainer-x"] = pod("demo-trainer-x", "trainer", attempt=1)
-    children["ConfigMap"]["demo-progress"] = ConfigMapInfo("demo-progress", (("meanReward", "0.5"), ("step", "4")))
-    plan = run(job_body(status={"attempt": 1}), children)
+    plan = run(job_body(status={"attempt": 1}), with_report(children, meanReward="0.5", step="4"))
     assert plan.actions == []
     assert plan.status.phase == "Running"
     assert (plan.status.step, plan.status.mean_reward) == (4, 0.5)
@@ -42,8 +42,7 @@ def test_the_trainers_evaluations_reach_the_status():
     children = with_endpoints(base_children())
     children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, False, False, "", False)}
     children["Pod"]["demo-trainer-x"] = pod("demo-trainer-x", "trainer", attempt=1)
-    reported = (("bestEvaluation", "5 0.61"), ("lastEvaluation", "10 0.52"), ("meanReward", "0.5"), ("step", "11"))
-    children["ConfigMap"]["demo-progress"] = ConfigMapInfo("demo-progress", reported)
+    with_report(children, bestEvaluation="5 0.61", lastEvaluation="10 0.52", meanReward="0.5", step="11")
 
     plan = run(job_body(status={"attempt": 1}), children)
 
