@@ -455,6 +455,9 @@ def configure(kopf_settings: kopf.OperatorSettings, *, namespaced: bool) -> None
     kopf_settings.posting.enabled = False
     kopf_settings.watching.server_timeout = 300
     kopf_settings.networking.request_timeout = 60
+    # Kopf's worker for an object keeps the object's last event (its whole body) until it has been idle this
+    # long (5 s by default): at 100 jobs' start, 155 MiB at the peak against 133 MiB with 0.5 s.
+    kopf_settings.queueing.idle_timeout = 0.5
 
 
 def new_memo(settings: OperatorSettings, leading: asyncio.Event | None = None) -> kopf.Memo:
