@@ -441,6 +441,22 @@ def _register_index(registry: kopf.OperatorRegistry, kind: kinds.Kind) -> None:
     )(index)
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """Keeps no diff base. Kopf keeps each object's last handled state to hand on.create and on.update
+    handlers their diffs; the operator has no such handler (its indexes and `track` see every event), yet Kopf
+    builds that state, a deep copy of the whole body, on every event of every watched kind: a quarter of
+    the operator's CPU while 1,000 jobs start (py-spy)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return {}
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def configure(kopf_settings: kopf.OperatorSettings, *, namespaced: bool) -> None:
     """Kopf's own settings: standalone (no peering CRDs; a Lease elects the active replica, see
     `leader`), no Events of its own (the operator posts one per phase change itself).
@@ -452,6 +468,7 @@ def configure(kopf_settings: kopf.OperatorSettings, *, namespaced: bool) -> None
     kopf_settings.peering.standalone = True
     kopf_settings.scanning.disabled = namespaced
     kopf_settings.persistence.finalizer = "grpo.dev/operator"
+    kopf_settings.persistence.diffbase_storage = NoDiffBase()
     kopf_settings.posting.enabled = False
     kopf_settings.watching.server_timeout = 300
     kopf_settings.networking.request_timeout = 60

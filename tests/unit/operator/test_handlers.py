@@ -200,3 +200,14 @@ def test_the_loop_of_a_job_whose_children_cannot_be_built_fails_it_after_build_t
     asyncio.run(until_a_status_is_written())
     assert builder.calls == 4, "four passes, the last of which fails the job"
     assert [(s["phase"], s["reason"]) for s in kube.statuses] == [("Failed", "BuildFailed")]
+
+
+def test_kopf_keeps_no_copy_of_each_object_to_diff_since_no_handler_asks_for_diffs():
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, OperatorSettings())
+    changing = registry._changing.get_all_handlers()
+    assert not list(changing), "an on.create/on.update handler needs Kopf's diff base, which NoDiffBase drops"
+    kopf_settings = kopf.OperatorSettings()
+    handlers.configure(kopf_settings, namespaced=False)
+    body = kopf.Body({"metadata": {"name": "demo"}, "spec": {"big": list(range(100))}})
+    assert kopf_settings.persistence.diffbase_storage.build(body=body) == {}
