@@ -22,8 +22,8 @@ A pass walks `STAGES` in order, as KubeRay's RayCluster controller walks its rec
 stage adds to the plan and says whether the next one runs. Their order is the order of the children:
 the NetworkPolicy (before any pod of the job exists); for a hub model, its cache claim and download Job
 (nothing else starts before the model is there); then the RayCluster, `<job>-config`, `<job>-generation`
-(and the environments' Services and the trainer's RBAC) → wait for a Ready head pod with an IP (Ready is
-KubeRay's probe of the GCS) and every Ray pod on a node → write `<job>-endpoints` → environment Deployments
+(and the trainer's RBAC) → wait for a Ready head pod with an IP (Ready is KubeRay's
+probe of the GCS) and every Ray pod on a node → write `<job>-endpoints` → environment Deployments/Services
 and the trainer Job, which read the endpoints with envFrom. Each stage's module says the rest of its part.
 """
 

@@ -1,5 +1,4 @@
-"""Stage: the environments' Deployments, started once the endpoints are published (their Services come with
-the RayCluster: `ray_cluster`). A NeMo Gym
+"""Stage: the environments' Deployments and Services, started once the endpoints are published. A NeMo Gym
 environment's config (`<job>-env-<name>-nemo-gym`) is written from the endpoints before its Deployment,
 and a new head rolls its pods.
 
@@ -18,7 +17,7 @@ from datetime import UTC, datetime
 from grpojob_api import v1alpha1 as api
 from grpojob_api.v1alpha1 import ConditionType
 from grpojob_operator import names
-from grpojob_operator.children.environments import build_environment_deployment
+from grpojob_operator.children.environments import build_environment_deployment, build_environment_service
 from grpojob_operator.children.nemo_gym import build_nemo_gym_config_map, build_nemo_gym_deployment
 from grpojob_operator.observe import DeploymentInfo, PodInfo, last_line
 from grpojob_operator.plan.actions import Action, Create, Patch
@@ -28,7 +27,7 @@ from grpojob_operator.plan.context import GO_ON, Pass
 
 
 def environments(pass_: Pass) -> bool:
-    """Create each environment's Deployment; EnvironmentsReady says which are not ready yet and,
+    """Create each environment's Deployment and Service; EnvironmentsReady says which are not ready yet and,
     for each whose pods are in trouble, what keeps them from being ready (`environment_problem`)."""
     job, plan, status, observed = pass_.job, pass_.plan, pass_.status, pass_.observed
     not_ready, failing = [], []
@@ -39,6 +38,8 @@ def environments(pass_: Pass) -> bool:
         elif not observed.has("Deployment", name):
             deployment = build_environment_deployment(job, env, pass_.settings, status.attempt)
             plan.actions.append(Create(pass_.place(deployment)))
+        if not observed.has("Service", name):
+            plan.actions.append(Create(build_environment_service(job, env)))
         current: DeploymentInfo | None = observed.get("Deployment", name)
         if current is None or current.ready_replicas < env.replicas:
             ready = current.ready_replicas if current else 0

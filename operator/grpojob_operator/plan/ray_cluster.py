@@ -1,5 +1,5 @@
-"""Stages: the Ray cluster and the children that need no address (`<job>-config`, `<job>-generation`, each
-environment's Service, the trainer's RBAC), then the wait for its head: a head pod that is Ready (KubeRay's
+"""Stages: the Ray cluster and the children that need no address (`<job>-config`, `<job>-generation`, the
+trainer's RBAC), then the wait for its head: a head pod that is Ready (KubeRay's
 probe of the raylet and the GCS) with an IP, and, until the endpoints are first written, every Ray pod on a
 node."""
 
@@ -9,7 +9,6 @@ from grpojob_api import endpoints
 from grpojob_api.progress import REPORT_KEYS
 from grpojob_api.v1alpha1 import ConditionType, Phase
 from grpojob_operator import names
-from grpojob_operator.children.environments import build_environment_service
 from grpojob_operator.children.raycluster import build_generation_service, build_raycluster
 from grpojob_operator.children.trainer import build_trainer_rbac
 from grpojob_operator.observe import RayClusterInfo
@@ -29,10 +28,7 @@ def ray_cluster(pass_: Pass) -> bool:
     if not observed.has("RayCluster", pass_.child.raycluster):
         plan.actions.append(Create(pass_.place(build_raycluster(job, pass_.settings))))
     plan.actions += config_map_actions(pass_.config_map(job), observed, kept=REPORT_KEYS)
-    # An environment's Service reads no endpoints: created now, its ClusterIP (the slowest create when 1,000 jobs
-    # start) is allocated while the head starts, not between the head and the trainer.
-    services = [build_environment_service(job, env) for env in job.spec.environments]
-    rest = [build_generation_service(job), *services, *build_trainer_rbac(job)]
+    rest = [build_generation_service(job), *build_trainer_rbac(job)]
     plan.actions += [Create(m) for m in rest if not observed.has(m["kind"], m["metadata"]["name"])]
     return GO_ON
 

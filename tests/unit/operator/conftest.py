@@ -46,7 +46,7 @@ def body() -> dict:
 
 def children_up_to_the_head(job: api.GRPOJob, head: PodInfo, head_ready: bool = True) -> dict:
     """The observed children of job ``demo`` before `<demo>-endpoints` is written: the NetworkPolicy, the
-    RayCluster, its config ConfigMap, the generation and environments' Services, the trainer's RBAC, the head pod
+    RayCluster, its config ConfigMap, the generation Service, the trainer's RBAC, the head pod
     ``head`` (made not Ready unless ``head_ready``) and the Ray workers, each on a node."""
     if not head_ready:
         head = dataclasses.replace(head, ready=False)
@@ -63,10 +63,7 @@ def children_up_to_the_head(job: api.GRPOJob, head: PodInfo, head_ready: bool = 
         "ConfigMap": {
             "demo-config": ConfigMapInfo("demo-config", tuple(build_config_map(job)["data"].items())),
         },
-        "Service": {
-            "demo-generation": OtherInfo("demo-generation", False),
-            **{f"demo-env-{e.name}": OtherInfo(f"demo-env-{e.name}", False) for e in job.spec.environments},
-        },
+        "Service": {"demo-generation": OtherInfo("demo-generation", False)},
         "ServiceAccount": {"demo-trainer": OtherInfo("demo-trainer", False)},
         "Role": {"demo-trainer": OtherInfo("demo-trainer", False)},
         "RoleBinding": {"demo-trainer": OtherInfo("demo-trainer", False)},

@@ -16,6 +16,7 @@ def test_a_ready_head_publishes_endpoints_before_environments_and_the_trainer():
     assert kinds_and_names(plan) == [
         ("Create", "ConfigMap", "demo-endpoints"),
         ("Create", "Deployment", "demo-env-math"),
+        ("Create", "Service", "demo-env-math"),
         ("Create", "Job", "demo-trainer"),
     ]
     endpoints = plan.actions[0].manifest

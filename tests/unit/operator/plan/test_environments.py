@@ -20,7 +20,10 @@ from .conftest import NOW, base_children, kinds_and_names, one_pass, pod, run, s
 def test_missing_environments_are_created_and_reported_not_ready():
     pass_ = one_pass(job_body(), {})
     assert environments(pass_) is GO_ON
-    assert kinds_and_names(pass_.plan) == [("Create", "Deployment", "demo-env-math")], "its Service came earlier"
+    assert kinds_and_names(pass_.plan) == [
+        ("Create", "Deployment", "demo-env-math"),
+        ("Create", "Service", "demo-env-math"),
+    ]
     ready = condition(pass_.status, api.ConditionType.ENVIRONMENTS_READY)
     assert ready is not None and (ready.status, ready.message) == ("False", "ready: math 0/1")
 

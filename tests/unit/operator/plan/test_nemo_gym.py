@@ -58,11 +58,13 @@ def plan(kids: dict, status: dict | None = None) -> Plan:
 
 def test_the_nemo_gym_config_is_written_before_its_deployment_after_the_endpoints():
     actions = [(type(a).__name__, a.manifest["kind"], a.manifest["metadata"]["name"]) for a in plan(children()).actions]
-    assert actions[:4] == [
+    assert actions[:6] == [
         ("Create", "ConfigMap", "demo-endpoints"),
         ("Create", "Deployment", "demo-env-math"),
+        ("Create", "Service", "demo-env-math"),
         ("Create", "ConfigMap", "demo-env-tools-nemo-gym"),
         ("Create", "Deployment", "demo-env-tools"),
+        ("Create", "Service", "demo-env-tools"),
     ]
 
 

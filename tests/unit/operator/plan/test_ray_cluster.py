@@ -22,7 +22,6 @@ def test_a_new_job_gets_its_raycluster_and_config_but_no_endpoints_before_the_he
         ("Create", "RayCluster", "demo"),
         ("Create", "ConfigMap", "demo-config"),
         ("Create", "Service", "demo-generation"),
-        ("Create", "Service", "demo-env-math"),  # needs no address: its ClusterIP comes while the head starts
         ("Create", "ServiceAccount", "demo-trainer"),
         ("Create", "Role", "demo-trainer"),
         ("Create", "RoleBinding", "demo-trainer"),
