@@ -559,11 +559,12 @@ class Bench:
         return result
 
     def _measure_idle(self, result: Batch, pids: dict[str, int], kind: str, namespace: str, count: int) -> None:
-        """The batch's jobs left alone for `--idle-seconds` once every one of them runs (GRPOJob phase Running,
-        RayJob deployment status Running; at most 2 minutes more): the controllers' CPU seconds and the
-        operator's API writes over that time (a Running job with nothing due should write nothing). In the
-        first 1,000-job run the idle minute began when the last trainer Job was created, and its writes were
-        the last jobs' own way to Running."""
+        """The batch's jobs left alone for `--idle-seconds` once every one of them has settled (GRPOJob phase
+        Running with its environments ready, RayJob deployment status Running; at most 2 minutes more): the
+        controllers' CPU seconds and the operator's API writes over that time (a Running job with nothing due
+        should write nothing). The idle minute began earlier in session 15's 1,000-job run (last trainer Job
+        created: 91 writes, the last jobs' way to Running) and in session 16's runs (every job Running: 35-46
+        writes, environments turning ready after their trainer ran)."""
         from kubernetes import client
 
         custom = client.CustomObjectsApi(self.api_client)
@@ -573,8 +574,13 @@ class Bench:
 
         def running() -> int:
             items = custom.list_namespaced_custom_object(group, version, namespace, plural)["items"]
-            key = "phase" if kind == GRPOJOB else "jobDeploymentStatus"
-            return sum(1 for item in items if (item.get("status") or {}).get(key) == "Running")
+            if kind == RAYJOB:
+                return sum(1 for item in items if (item.get("status") or {}).get("jobDeploymentStatus") == "Running")
+            return sum(
+                1
+                for item in items
+                if (item.get("status") or {}).get("phase") == "Running" and condition_true(item, "EnvironmentsReady")
+            )
 
         waited = time.monotonic()
         while running() < count and time.monotonic() - waited < 120:
@@ -848,10 +854,10 @@ def report(batches: list[Batch]) -> str:
     if idle:
         lines += [
             "",
-            "Left alone once every job runs (GRPOJob phase Running, RayJob deployment status Running; nothing due): "
-            "CPU seconds per job per minute, and the grpojob operator's API writes:",
+            "Left alone once every job has settled (GRPOJob phase Running and EnvironmentsReady, RayJob deployment "
+            "status Running; nothing due): CPU seconds per job per minute, and the grpojob operator's API writes:",
             "",
-            "| N | kind | waited for Running, s | seconds | grpojob operator CPU s / job / min | "
+            "| N | kind | waited to settle, s | seconds | grpojob operator CPU s / job / min | "
             "KubeRay CPU s / job / min | grpojob operator writes |",
             "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
         ]
