@@ -210,6 +210,15 @@ def gpu_image_built() -> bool:
     return base_image.image_inputs(image.name) == inputs_hash(image, base_image.inputs_hash())
 
 
+PODMAN_STORAGE = Path("/var/lib/containers/storage")
+"""Where podman keeps images, build layers and containers (kind's node's ``/var`` volume too)."""
+
+
+def podman_free_bytes() -> int:
+    """Bytes free where podman writes (the root filesystem when podman has not made its storage yet)."""
+    return shutil.disk_usage(PODMAN_STORAGE if PODMAN_STORAGE.exists() else Path("/")).free
+
+
 GPU_BUILD_BYTES = 32 * 2**30
 """Free space a GPU image build may need when its pip layer is not cached: the ~9 GB the build container
 writes, the layer committed from it, and the diff between them (one build failed with 27 GB free)."""
@@ -222,14 +231,14 @@ def build_gpu_image() -> bool:
     disk has less than `GPU_BUILD_BYTES` free: then it goes first."""
     image = gpu_image()
     with build_lock():
-        base_digest = base_image.ensure()
-        if gpu_image_built():
+        wanted = inputs_hash(image, base_image.ensure())
+        held = base_image.image_inputs(image.name)
+        if held == wanted:
             return False
-        free = shutil.disk_usage("/var/lib/containers" if Path("/var/lib/containers").exists() else "/").free
-        if base_image.image_inputs(image.name) is not None and free < GPU_BUILD_BYTES:
+        if held is not None and (free := podman_free_bytes()) < GPU_BUILD_BYTES:
             print(f"{free / 2**30:.1f} GiB free: removing the earlier tree's {image.name} first", flush=True)
             subprocess.run(["podman", "rmi", "--force", image.name], stdout=subprocess.DEVNULL, check=False)
-        _buildah(image, inputs_hash(image, base_digest), wheelhouse.build_volumes(gpu=True))
+        _buildah(image, wanted, wheelhouse.build_volumes(gpu=True))
         subprocess.run(["podman", "image", "prune", "--force"], stdout=subprocess.DEVNULL, check=False)
         return True
 

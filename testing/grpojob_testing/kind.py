@@ -74,8 +74,6 @@ CHANGES = ("ENV=container=docker", "STOPSIGNAL=SIGRTMIN+3", 'ENTRYPOINT=["/usr/l
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 NODE_PROGRAMS = ("kubernetes", "etcd", "coredns", "local-path-provisioner", "kind")
 DEBIAN_IMAGE = f"{REPOSITORY}/debian:{SUITE}"
-NODE_STORAGE = Path("/var/lib/containers/storage")
-"""Where podman keeps the node's ``/var`` volume, into which the images unpack."""
 
 
 def debian_packages() -> list[str]:
@@ -320,7 +318,7 @@ def load_images(cluster: str) -> None:
     with images.build_lock():
         loading = archives()
         needed = space_needed_to_load([archive.stat().st_size for archive in loading])
-        free = shutil.disk_usage(NODE_STORAGE if NODE_STORAGE.exists() else Path("/")).free
+        free = images.podman_free_bytes()  # the node's /var volume, into which the images unpack
         if free < needed:
             raise RuntimeError(
                 f"loading {len(loading)} images into the kind node needs about {needed / 2**30:.1f} GiB, "
