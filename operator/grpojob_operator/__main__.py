@@ -11,12 +11,14 @@ import uuid
 import kopf
 
 from grpojob_operator import handlers, metrics
+from grpojob_operator.malloc import limit_malloc_arenas
 from grpojob_operator.kube import new_api_client
 from grpojob_operator.leader import LeaseElection
 from grpojob_operator.settings import OperatorSettings, load_settings
 
 
 def main(argv: list[str] | None = None) -> None:
+    limit_malloc_arenas()  # before any thread starts
     settings = load_settings(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.log_level.upper() != "DEBUG":
