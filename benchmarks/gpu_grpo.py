@@ -365,6 +365,7 @@ def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1, ahead: int = 0) 
         "prepare_seconds": median_after_warmup(rows, "time/prepare"),
         "training_seconds": median_after_warmup(rows, "time/training"),
         "weight_sync_seconds": median_after_warmup(rows, "time/weight_sync"),
+        "weight_sync_seconds_each": [r.get("time/weight_sync") for r in rows],
         "engine_sleep_seconds": median_after_warmup(rows, "weight_sync/sleep_seconds"),
         "free_gib_while_training": median_after_warmup(rows, "weight_sync/free_gib_while_training"),
         "rollout_wait_seconds": median_after_warmup(rows, "time/rollout_wait"),

@@ -11,9 +11,9 @@ import uuid
 import kopf
 
 from grpojob_operator import handlers, metrics
-from grpojob_operator.malloc import limit_malloc_arenas
 from grpojob_operator.kube import new_api_client
 from grpojob_operator.leader import LeaseElection
+from grpojob_operator.malloc import limit_malloc_arenas
 from grpojob_operator.settings import OperatorSettings, load_settings
 
 

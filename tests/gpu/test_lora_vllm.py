@@ -131,3 +131,32 @@ def test_adapters_registered_in_memory_are_what_the_engine_samples_from(engine, 
     requests, results = generate(engine)
     now, before = logprob_gap(second, requests, results), logprob_gap(first, requests, results)
     assert now < 0.05 and before > 4 * now
+
+
+def test_later_versions_are_written_in_place_and_sampled_from(engine, model_dir):
+    """Versions 3 and 4 go over the places of versions 1 and 2 (their LoRA ids): each is what the engine
+    samples from next, and the previous one stays served beside it."""
+    from grpojob_trainer.policy.lora import adapter_config, adapter_weights
+    from grpojob_trainer.weight_sync.buckets import plan_buckets, share_buckets
+
+    policies = [lora_policy(model_dir, seed=seed) for seed in (1, 2, 3, 4)]
+    config = adapter_config(policies[0], str(model_dir))
+    written_before, versions_before = engine.adapters_written_in_place, engine.weights_version
+    for index, policy in enumerate(policies):
+        tensors = dict(adapter_weights(policy))
+        layouts = plan_buckets([(n, t.shape) for n, t in tensors.items()], bucket_bytes=1 << 20, dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        payload, _buckets = share_buckets(layouts, tensors, torch.device("cuda", 0))
+        engine.update_adapter_ipc(config, payload)
+        print(f"adapter sync {index + 1} of 4 (CUDA IPC): {1000 * (time.perf_counter() - started):.1f} ms")
+        requests, results = generate(engine)
+        now = logprob_gap(policy, requests, results)
+        if index:
+            before = logprob_gap(policies[index - 1], requests, results)
+            assert now < 0.05 and before > 4 * now, (index, now, before)
+    # The first version each LoRA id serves is registered; every later one is written in place.
+    from grpojob_trainer.generation.vllm_worker import ADAPTERS_KEPT
+
+    registered = max(0, ADAPTERS_KEPT - versions_before)
+    assert engine.adapters_written_in_place - written_before == 4 - registered

@@ -12,8 +12,9 @@ IPC handles of buckets on the same GPU, or buckets broadcast over NCCL from the 
 load the prefix cache is dropped: its keys and values were computed with the old weights.
 
 With ``lora_rank`` the engine serves the base model with LoRA enabled, and a LoRA policy's adapter
-arrives by the same paths (`update_adapter*`): each version is registered in memory and every request
-after it names that version; requests before the first adapter run on the base.
+arrives by the same paths (`update_adapter*`): each version is served from memory (registered, or
+written over the places of the version before the previous one) and every request after it names that
+version; requests before the first adapter run on the base.
 """
 
 from __future__ import annotations
@@ -109,6 +110,9 @@ class VLLMBackend(ContinuousBatchingBackend):
         self.sleeps = enable_sleep_mode
         self._adapter_version: int | None = None
         """The newest adapter version registered (None: the base model's weights, no adapter yet)."""
+        self.adapters_written_in_place = 0
+        """Adapter versions every worker wrote over an older one's places instead of registering them
+        (`vllm_worker.InPlaceAdapter`)."""
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on the engine's loop and wait for it (from any thread but that loop's)."""
@@ -188,8 +192,9 @@ class VLLMBackend(ContinuousBatchingBackend):
         if not self.serves_lora:
             raise RuntimeError("this engine was started without LoRA: it takes merged weights, not adapters")
         version = self._weights_version + 1
-        self._run(self.engine.collective_rpc(method, args=(version, config, payload)))
+        in_place = self._run(self.engine.collective_rpc(method, args=(version, config, payload)))
         self._adapter_version = self._weights_version = version
+        self.adapters_written_in_place += all(in_place)
         return version
 
     def update_adapter(self, config: dict[str, Any], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
