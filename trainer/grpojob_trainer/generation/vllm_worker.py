@@ -299,8 +299,14 @@ class WeightSyncExtension:
         return self._grpojob_add_adapter(version, config, pickle.loads(payload))
 
     def grpojob_add_adapter_ipc(self, version: int, config: dict[str, Any], payload: bytes) -> bool:
-        """Register an adapter whose buckets the policy shares by CUDA IPC (same GPU)."""
-        return self._grpojob_add_adapter(version, config, open_shared_buckets(payload))
+        """Register an adapter whose buckets the policy shares by CUDA IPC (same GPU). The policy refills the
+        same buckets at every push under the same payload: they are opened once, and kept open until
+        another payload comes."""
+        opened = getattr(self, "_grpojob_adapter_buckets", None)
+        if opened is None or opened[0] != payload:
+            self._grpojob_adapter_buckets = None  # let the previous buckets go before mapping others
+            opened = self._grpojob_adapter_buckets = (payload, list(open_shared_buckets(payload)))
+        return self._grpojob_add_adapter(version, config, opened[1])
 
     def grpojob_add_adapter_from_group(self, version: int, config: dict[str, Any], payload: bytes) -> bool:
         """Receive an adapter's buckets (pickled ``[layout, ...]``) from the broadcast group and register it."""

@@ -60,6 +60,8 @@ class PolicyWorker:
         self.model_path, self.seed, self.rank, self.world = model_path, seed, rank, world
         self.trainer: Any = None
         self._shared: list[torch.Tensor] = []
+        self._adapter_buckets: dict[int, tuple[bytes, list[torch.Tensor]]] = {}
+        """By bucket size: the adapter's buckets, shared once and refilled at every push, with their payload."""
         self._group: Any = None
         self._layouts: dict[int, list[Any]] = {}
 
@@ -159,14 +161,27 @@ class PolicyWorker:
     def share_weights_ipc(self, bucket_bytes: int, content: str = "weights") -> bytes | None:
         """Every rank (the gather is a collective); rank 0 packs the tensors of ``content`` into buckets on
         its GPU and shares them by CUDA IPC handles (kept alive until `release_shared_weights`): the payload
-        `grpojob_trainer.weight_sync.buckets.open_shared_buckets` opens. Other ranks return None."""
-        from grpojob_trainer.weight_sync.buckets import share_buckets
+        `grpojob_trainer.weight_sync.buckets.open_shared_buckets` opens. Other ranks return None.
+
+        An adapter's buckets (a few hundred MB at most) are shared once and refilled at every push, under
+        the same payload, so the engine opens them once (`vllm_worker`) rather than mapping new memory at
+        every sync; full weights (GBs) get new buckets each time, freed once the engines have loaded them."""
+        from grpojob_trainer.weight_sync.buckets import fill_bucket, share_buckets
 
         layouts = self.bucket_layouts(bucket_bytes, content)
         tensors = dict(self._sync_tensors(content))
         if self.rank != 0:
             return None
-        payload, self._shared = share_buckets(layouts, tensors, self.trainer.device)
+        if content != SyncContent.ADAPTER:
+            payload, self._shared = share_buckets(layouts, tensors, self.trainer.device)
+            return payload
+        if bucket_bytes not in self._adapter_buckets:
+            self._adapter_buckets[bucket_bytes] = share_buckets(layouts, tensors, self.trainer.device)
+            return self._adapter_buckets[bucket_bytes][0]
+        payload, buckets = self._adapter_buckets[bucket_bytes]
+        for layout, bucket in zip(layouts, buckets, strict=True):
+            fill_bucket(layout, tensors, bucket)
+        torch.cuda.synchronize(self.trainer.device)
         return payload
 
     def release_shared_weights(self) -> None:

@@ -86,9 +86,15 @@ def plan_buckets(
 def pack_bucket(layout: BucketLayout, tensors: Mapping[str, torch.Tensor], device: torch.device | str) -> torch.Tensor:
     """A new flat tensor on ``device`` holding ``layout``'s tensors, cast to its dtype."""
     flat = torch.empty(layout.numel, dtype=layout.torch_dtype, device=device)
-    for slot in layout.slots:
-        flat[slot.offset : slot.offset + slot.numel].view(slot.shape).copy_(tensors[slot.name])
+    fill_bucket(layout, tensors, flat)
     return flat
+
+
+def fill_bucket(layout: BucketLayout, tensors: Mapping[str, torch.Tensor], flat: torch.Tensor) -> None:
+    """Write ``layout``'s tensors into ``flat``, cast to its dtype, by one batched copy rather than a copy
+    (and a kernel launch) per tensor: a 7B model's rank-64 adapter is 392 matrices."""
+    views = [view for _, view in unpack_bucket(layout, flat)]
+    torch._foreach_copy_(views, [tensors[slot.name] for slot in layout.slots])
 
 
 def unpack_bucket(layout: BucketLayout, flat: torch.Tensor) -> list[NamedTensor]:

@@ -9,7 +9,13 @@ import socket
 import pytest
 import torch
 
-from grpojob_trainer.weight_sync.buckets import WeightBroadcastGroup, pack_bucket, plan_buckets, unpack_bucket
+from grpojob_trainer.weight_sync.buckets import (
+    WeightBroadcastGroup,
+    fill_bucket,
+    pack_bucket,
+    plan_buckets,
+    unpack_bucket,
+)
 
 SHAPES = [("embed", (10, 4)), ("layer.0.w", (4, 4)), ("layer.0.b", (4,)), ("big", (64, 4)), ("head.b", (3,))]
 
@@ -45,6 +51,19 @@ def test_unpacked_views_equal_the_packed_tensors_cast_to_the_bucket_dtype():
         for name, view in unpack_bucket(layout, flat):
             assert torch.equal(view, original[name].to(torch.bfloat16))
             assert view.data_ptr() >= flat.data_ptr()  # a view into the bucket, not a copy
+
+
+def test_a_bucket_refilled_in_place_holds_the_new_tensors():
+    """An adapter's bucket is shared once and refilled at every push: the views the engine opened see each
+    new version."""
+    layout = plan_buckets(SHAPES, bucket_bytes=1 << 20, dtype=torch.bfloat16)[0]
+    first = tensors()
+    flat = pack_bucket(layout, first, "cpu")
+    views = dict(unpack_bucket(layout, flat))
+    second = {name: tensor + 1 for name, tensor in first.items()}
+    fill_bucket(layout, second, flat)
+    for name, view in views.items():
+        assert torch.equal(view, second[name].to(torch.bfloat16))
 
 
 def test_a_bucket_of_the_wrong_size_is_refused():
