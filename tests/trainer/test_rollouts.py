@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from grpojob_trainer.environments import get_environment
-from grpojob_trainer.nemo_gym.http import ThreadedServer
+from grpojob_trainer.nemo_gym.http import ThreadedServer, free_port
 from grpojob_trainer.nemo_gym.rollouts import collect_rollouts
 
 
@@ -337,3 +337,46 @@ def test_a_step_line_says_how_many_prompts_were_too_long():
 
     assert "failed rollouts 3/8 (2 prompts too long for spec.generation.maxModelLen)" in step_line(1, 4, metrics)
     assert "too long" not in step_line(1, 4, metrics | {"rollout/prompt_too_long": 0.0})
+
+
+def test_rollouts_to_a_service_name_are_spread_over_the_pods_it_resolves_to(env_urls, policy_sampling):
+    first, second = CountingProxy(env_urls["arithmetic"]), CountingProxy(env_urls["arithmetic"])
+
+    async def headless_service(host: str, port: int) -> list[str]:
+        assert host == "demo-env-arithmetic.rl.svc.cluster.local"
+        return ["127.0.0.2", "127.0.0.1"]
+
+    port = free_port("127.0.0.1")
+    with (
+        ThreadedServer(first.app, host="127.0.0.1", port=port),
+        ThreadedServer(second.app, host="127.0.0.2", port=port),
+    ):
+        batch = asyncio.run(
+            collect_rollouts(
+                rows("arithmetic", 8, seed=9),
+                {"arithmetic": f"http://demo-env-arithmetic.rl.svc.cluster.local:{port}"},
+                concurrency=8,
+                timeout_s=30,
+                retries=0,
+                sampling=policy_sampling,
+                lookup=headless_service,
+            )
+        )
+
+    assert len(batch.samples) == 8 and not batch.failures
+    assert (first.runs, second.runs) == (4, 4)
+
+
+def test_a_service_name_with_no_ready_pod_fails_its_rollouts_naming_the_host():
+    batch = asyncio.run(
+        collect_rollouts(
+            rows("arithmetic", 2),
+            {"arithmetic": "http://demo-env-arithmetic.invalid:8080"},
+            timeout_s=5,
+            retries=1,
+            backoff_s=0.01,
+        )
+    )
+
+    assert not batch.samples and len(batch.failures) == 2
+    assert all("demo-env-arithmetic.invalid" in failure.error for failure in batch.failures)

@@ -31,6 +31,7 @@ from grpojob_trainer.nemo_gym.conversion import RolloutConversionError, result_t
 from grpojob_trainer.nemo_gym.errors import inner_client_error
 from grpojob_trainer.nemo_gym.metrics import rollout_metrics, timing_metrics
 from grpojob_trainer.nemo_gym.protocol import EVALUATION_MARK, Row, RunResult, describe
+from grpojob_trainer.nemo_gym.replicas import EnvironmentURLs, Lookup, replica_urls, resolve_replicas, system_lookup
 
 PROMPT_TOO_LONG = "rollout/prompt_too_long"
 """The step's rows skipped because their prompts do not fit the context."""
@@ -115,19 +116,6 @@ class _Permanent(Exception):
     """A failure that retrying will not fix."""
 
 
-EnvironmentURLs = Mapping[str, str | Sequence[str]]
-"""Each environment's root URL, or the URLs of its replicas (`grpojob run` starts `replicas` processes of an
-environment; in the cluster its replicas are pods behind one Service URL)."""
-
-
-def replica_urls(env_urls: EnvironmentURLs) -> dict[str, tuple[str, ...]]:
-    """Every environment's URLs as a tuple (one for a single URL); raises `ValueError` for an empty list."""
-    urls = {name: (value,) if isinstance(value, str) else tuple(value) for name, value in env_urls.items()}
-    if empty := sorted(name for name, value in urls.items() if not value):
-        raise ValueError(f"environments without a URL: {empty}")
-    return urls
-
-
 def env_name_of(row: Row, env_urls: Mapping[str, tuple[str, ...]]) -> str:
     """The environment a row goes to: ``agent_ref.name``, or the only environment when there is one (a
     NeMo Gym environment's URL is listed under its name and its agent's). ``env_urls``: `replica_urls`'."""
@@ -151,10 +139,13 @@ async def collect_rollouts(
     sampling: PolicySampling | None = None,
     deadline_s: float | None = None,
     generation_url: str | None = None,
+    lookup: Lookup = system_lookup,
 ) -> RolloutBatch:
     """Run every row through its environment's ``/run`` and convert the results to training samples.
 
     An environment with several replica URLs gets row i at replica ``i % replicas``; a retry goes to the next.
+    A URL whose host is a name counts as one replica per address ``lookup`` resolves it to, looked up once per
+    call (`resolve_replicas`): on Kubernetes, each ready pod behind an environment's headless Service.
 
     ``group_indices[i]`` becomes sample i's ``group_index`` (default: i). ``sampling`` overwrites each
     row's temperature/top-p (and caps max_output_tokens). Rollouts not done ``deadline_s`` after the call
@@ -174,6 +165,7 @@ async def collect_rollouts(
     names = [env_name_of(row, urls) for row in parsed]
     bodies = [(sampling.apply(row) if sampling else row).model_dump_json(exclude_unset=True) for row in parsed]
     groups = list(group_indices) if group_indices is not None else list(range(len(rows)))
+    urls = await resolve_replicas(urls, lookup)
     semaphore = asyncio.Semaphore(concurrency)
     began = time.perf_counter()
     session = {
