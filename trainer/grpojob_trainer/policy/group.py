@@ -109,9 +109,11 @@ class PolicyGroup:
         gathering the shapes is a collective)."""
         return self._on_every_rank("bucket_layouts", bucket_bytes, content)
 
-    def share_weights_ipc(self, bucket_bytes: int, content: str = "weights") -> bytes:
-        """Rank 0's CUDA IPC payload of the buckets of ``content`` (kept alive until `release_shared_weights`)."""
-        return self._on_every_rank("share_weights_ipc", bucket_bytes, content)
+    def share_weights_ipc(self, bucket_bytes: int, content: str = "weights") -> list[Any]:
+        """Start every rank packing the buckets of ``content`` (the gather is a collective): their ObjectRefs,
+        rank 0's first, whose value is the CUDA IPC payload (kept alive until `release_shared_weights`). An
+        engine handed rank 0's ref waits for it itself: the payload does not pass through the driver."""
+        return [rank.share_weights_ipc.remote(bucket_bytes, content) for rank in self.ranks]
 
     def release_shared_weights(self) -> None:
         self._on_rank0("release_shared_weights")

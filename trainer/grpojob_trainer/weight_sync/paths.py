@@ -6,7 +6,8 @@ Three paths, picked once per run by `weight_sync_for` from where the actors are:
   every engine reads it). The path of CPU jobs and of the transformers backend.
 - `CudaIpcSync`: policy and vLLM engine on the same GPU (colocated). The policy packs its parameters
   into bfloat16 buckets on the GPU and hands the engine CUDA IPC handles; the engine's workers load
-  straight from the policy's memory. Nothing crosses the host.
+  straight from the policy's memory. Nothing crosses the host, and the handles go from the policy's
+  actor to the engine's without a stop at the driver.
 - `NcclBroadcastSync`: engines on other GPUs. Policy (rank 0) and every engine join an NCCL group once;
   each sync broadcasts the buckets, which the engines load as they arrive.
 
@@ -141,10 +142,12 @@ class CudaIpcSync:
             self.policy.free_cached_memory()
             ray.get([engine.wake_up.remote(["weights"]) for engine in self.engines])
         try:
-            payload = ray.put(self.policy.share_weights_ipc(self.bucket_bytes, self.content.kind))
-            versions = ray.get([self.content.receive(engine, "_ipc", payload) for engine in self.engines])
+            shared = self.policy.share_weights_ipc(self.bucket_bytes, self.content.kind)
+            loads = [self.content.receive(engine, "_ipc", shared[0]) for engine in self.engines]
+            versions = ray.get([*shared, *loads])[len(shared) :]
         finally:
-            self.policy.release_shared_weights()
+            if self.content.kind != ADAPTER:  # an adapter's buckets are kept and refilled at the next push
+                self.policy.release_shared_weights()
         if asleep:
             self.policy.free_cached_memory()  # the shared buckets' memory
             ray.get([engine.wake_up.remote(["kv_cache"]) for engine in self.engines])

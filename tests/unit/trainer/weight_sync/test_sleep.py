@@ -84,9 +84,11 @@ class Policy:
 
         ray.get(self.journal.write.remote(f"policy {entry}"))
 
-    def share_weights_ipc(self, bucket_bytes: int, content: str) -> bytes:
+    def share_weights_ipc(self, bucket_bytes: int, content: str) -> list[Any]:
+        import ray
+
         self._write(f"share {content}")
-        return b"buckets"
+        return [ray.put(b"buckets")]
 
     def release_shared_weights(self) -> None:
         self._write("release buckets")
@@ -168,6 +170,7 @@ def test_an_adapters_engine_keeps_its_base_in_host_memory_while_asleep(ray_journ
     entries = journal_of(ray_journal)
     assert entries[0] == "engine0 sleep level 1"
     assert "engine0 load adapter buckets" in entries
+    assert "policy release buckets" not in entries, "an adapter's buckets are kept for the next push"
     assert [sleep_level(WEIGHTS), sleep_level(ADAPTER)] == [2, 1]
 
 
