@@ -9,13 +9,21 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.3
 
+# uv installs the same pinned versions as pip, from a cache that keeps the unpacked wheels and hard-links
+# them into the environment: seconds instead of minutes for a second clone, and no second copy on disk.
+export UV_CACHE_DIR ?= $(HOME)/.cache/grpojob/uv
+UV_PIP := $(BIN)/uv pip install --quiet --python $(BIN)/python
+
+$(BIN)/uv: | $(BIN)/python
+	$(BIN)/pip install --quiet uv==0.13.9
+
 # Installs (or refreshes) the package with what the tests need, and the test tooling (testing/).
-$(VENV)/.dev-installed: pyproject.toml testing/pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]' -e ./testing
+$(VENV)/.dev-installed: pyproject.toml testing/pyproject.toml | $(BIN)/uv
+	$(UV_PIP) -e '.[dev]' -e ./testing
 	touch $@
 
-$(VENV)/.trainer-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[trainer]'
+$(VENV)/.trainer-installed: pyproject.toml | $(BIN)/uv
+	$(UV_PIP) -e '.[trainer]'
 	touch $@
 
 # The main job: a tiny random-init model learns the example arithmetic task with GRPO on this machine.
@@ -47,6 +55,7 @@ images: image-tools $(VENV)/.dev-installed
 # The GPU trainer image (vLLM, torch for CUDA 13.0; ~9 GB) into podman's storage unless cached: no
 # test node runs it, its smoke test does (tests/integration/test_images.py).
 gpu-image: image-tools $(VENV)/.dev-installed
+	$(BIN)/python -m grpojob_testing.disk room-for-gpu-image
 	$(BIN)/python -m grpojob_testing.images build-gpu
 
 test: lint cluster-binaries

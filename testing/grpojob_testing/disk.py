@@ -2,6 +2,7 @@
 
     python -m grpojob_testing.disk report   # free space, our caches and podman's storage, largest first
     python -m grpojob_testing.disk prune    # remove what this tree does not use, empty Go's build cache
+    python -m grpojob_testing.disk room-for-gpu-image   # free what a GPU image build needs (`make gpu-image`)
 
 CI's machine keeps ``~/.cache/grpojob`` and podman's storage between runs, and earlier trees' archives
 (several GB each: the CPU trainer image is 6.5 GB) add up until a kind node, which unpacks every image
@@ -86,6 +87,47 @@ def wanted_podman_images() -> set[str]:
     return {*(image.name for image in [*images.images(), images.gpu_image()]), base_image.NAME, kind.NODE_IMAGE}
 
 
+def reloadable_podman_images(listing: list[dict], archived: set[str]) -> list[str]:
+    """The names of the podman images in ``listing`` whose every name has an archive from this tree
+    (``archived``): removing them loses nothing, as the next build or test that needs one loads it
+    back from its archive (`images.build_image`, `kind.build_node_image`)."""
+    names = []
+    for image in listing:
+        held = image.get("Names") or []
+        if held and set(held) <= archived:
+            names += held
+    return names
+
+
+def archived_image_names() -> set[str]:
+    """The podman image names that have an archive built from this tree in the cache: our CPU images and
+    the kind node image (not the base, whose root filesystem every build starts from)."""
+    names = {image.name for image in images.images() if images.tree_archive(image) is not None}
+    return names | ({kind.NODE_IMAGE} if kind.node_archive(kind.inputs_hash()).exists() else set())
+
+
+def room_for_gpu_image(log=sys.stdout) -> None:
+    """Free `images.GPU_BUILD_BYTES` for a GPU image build unless podman holds this tree's image already:
+    first the earlier tree's GPU image (the build's layer cache, worth keeping when there is room), then
+    podman's copies of images whose archives are cached (`reloadable_podman_images`). CI's e2e phase
+    leaves those copies; a GPU build with 21 GB free ran out of space."""
+    if images.gpu_image_built() or not shutil.which("podman"):
+        return
+    with images.build_lock():
+        for names in ([images.gpu_image().name], reloadable_podman_images(podman_images(), archived_image_names())):
+            free = images.podman_free_bytes()
+            if free >= images.GPU_BUILD_BYTES or not names:
+                break
+            print(f"{free / GIB:.1f} GiB free for a GPU image build: removing {' '.join(names)}", file=log, flush=True)
+            subprocess.run(["podman", "rmi", "--force", *names], stdout=subprocess.DEVNULL, check=False)
+        subprocess.run(["podman", "image", "prune", "--force"], stdout=subprocess.DEVNULL, check=False)
+    free = images.podman_free_bytes()
+    if free < images.GPU_BUILD_BYTES:
+        needed = images.GPU_BUILD_BYTES / GIB
+        print(f"warning: {free / GIB:.1f} GiB free; a GPU image build may need {needed:.0f} GiB", file=log)
+        report(log)
+
+
 def prune(log=sys.stdout) -> int:
     """Remove the archives and podman images this tree does not use, stopped containers, unused
     volumes, dangling layers and the working containers of interrupted buildah builds (each holds the
@@ -138,11 +180,14 @@ def report(log=sys.stdout) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module's docstring)."""
     parser = argparse.ArgumentParser(prog="python -m grpojob_testing.disk", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=("report", "prune"))
+    parser.add_argument("command", choices=("report", "prune", "room-for-gpu-image"))
     args = parser.parse_args(argv)
     if args.command == "prune":
         prune()
-    report()
+    elif args.command == "room-for-gpu-image":
+        room_for_gpu_image()
+    else:
+        report()  # walking podman's storage takes half a minute: only when asked for
     return 0
 
 

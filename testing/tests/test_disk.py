@@ -43,6 +43,20 @@ def test_prune_takes_only_our_images_this_tree_does_not_name():
     assert disk.unused_podman_images(listing, wanted) == ["trainer-old", "old-node"]
 
 
+def test_room_for_a_gpu_build_takes_only_podman_copies_that_an_archive_of_this_tree_can_restore():
+    listing = [
+        {"Id": "trainer", "Names": ["ghcr.io/grpojob/trainer:0.1.0-cpu"]},
+        {"Id": "node", "Names": [kind.NODE_IMAGE]},
+        {"Id": "gym-two-tags", "Names": ["ghcr.io/grpojob/nemo-gym:0.1.0", "localhost/mine:1"]},
+        {"Id": "base", "Names": ["docker.io/library/python:3.13-slim-trixie"]},
+        {"Id": "gpu", "Names": ["ghcr.io/grpojob/trainer:0.1.0"]},
+        {"Id": "dangling", "Names": []},
+    ]
+    archived = {"ghcr.io/grpojob/trainer:0.1.0-cpu", kind.NODE_IMAGE, "ghcr.io/grpojob/nemo-gym:0.1.0"}
+
+    assert disk.reloadable_podman_images(listing, archived) == ["ghcr.io/grpojob/trainer:0.1.0-cpu", kind.NODE_IMAGE]
+
+
 def test_the_images_this_tree_uses_are_the_ones_ci_builds():
     wanted = disk.wanted_podman_images()
 
