@@ -22,7 +22,10 @@ ARG PYTHON_IMAGE=python:3.13-slim-trixie
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 RUN pip install --no-cache-dir build==1.6.1
-COPY pyproject.toml README.md ./
+# pyproject.toml names README.md as the long description: a one-line stand-in keeps documentation
+# edits from rebuilding every image (the images' inputs are the files copied here).
+COPY pyproject.toml ./
+RUN echo "grpojob: GRPO post-training on Kubernetes (the repository's README.md)." > README.md
 COPY api ./api
 COPY operator ./operator
 COPY trainer ./trainer

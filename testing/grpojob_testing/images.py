@@ -37,7 +37,6 @@ from grpojob_testing import base_image, build, wheelhouse
 REPO = build.TESTING_DIR.parent
 PROJECT_FILES = (
     "pyproject.toml",
-    "README.md",
     "images/extra_requirements.py",
     "images/vllm-requirements.txt",
     "api/grpojob_api",

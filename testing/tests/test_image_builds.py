@@ -79,6 +79,16 @@ def test_no_image_is_made_of_the_test_tooling():
     assert "COPY testing" not in (REPO / "Dockerfile").read_text()
 
 
+def test_every_file_the_dockerfile_copies_is_an_input_of_its_images_and_the_readme_is_not():
+    copies = re.findall(r"^COPY (?!.*--from=)(?:--\S+ )*(.+) \S+$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+    copied = [path.rstrip("/") for line in copies for path in line.split()]
+
+    assert "pyproject.toml" in copied and "trainer" in copied
+    for path in copied:
+        assert any(path == f or f.startswith(path + "/") for f in images.PROJECT_FILES), path
+    assert "README.md" not in images.PROJECT_FILES, "a documentation edit would rebuild every image"
+
+
 def test_an_image_is_rebuilt_when_a_source_file_changes(monkeypatch):
     operator = images.images()[0]
     before = images.inputs_hash(operator, "base")
