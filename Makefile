@@ -10,9 +10,11 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip==25.3
 
 # uv installs the same pinned versions as pip, from a cache that keeps the unpacked wheels and hard-links
-# them into the environment: seconds instead of minutes for a second clone, and no second copy on disk.
+# them into the environment: a minute instead of three for a second clone, and no second copy on disk.
+# --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (CI's machine), every process
+# would otherwise compile torch and transformers again, and `make test` took 2000 s instead of 1400.
 export UV_CACHE_DIR ?= $(HOME)/.cache/grpojob/uv
-UV_PIP := $(BIN)/uv pip install --quiet --python $(BIN)/python
+UV_PIP := $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
 
 $(BIN)/uv: | $(BIN)/python
 	$(BIN)/pip install --quiet uv==0.13.9

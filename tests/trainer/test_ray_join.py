@@ -73,7 +73,7 @@ def test_joining_a_cluster_that_is_not_there_fails_clearly():
     from grpojob_trainer.ray_runtime import connection
 
     with pytest.raises(RuntimeError, match=r"could not join the Ray cluster at 127\.0\.0\.1:"):
-        connection.join(f"127.0.0.1:{free_port()}", timeout_s=20)
+        connection.join(f"127.0.0.1:{free_port()}", timeout_s=5)
 
 
 def test_a_trainer_whose_ray_head_dies_stops_at_the_next_check_and_exits(ray_head: int):
