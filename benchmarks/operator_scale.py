@@ -356,7 +356,8 @@ class Batch:
     apiserver_writes: Counter = field(default_factory=Counter)  # (resource, verb)
     memory_kib: dict[str, int] = field(default_factory=dict)  # VmHWM / peak sampled VmRSS
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of each process over the window
-    idle_wait_s: float = 0.0  # from the window's end until every job ran (at most 120 s)
+    idle_wait_s: float = 0.0  # from the window's end until every job settled (at most `--idle-settle-seconds`)
+    idle_settled: int = 0  # how many jobs had settled when the idle time began
     idle_s: float = 0.0  # how long the jobs were left alone after that (`--idle-seconds`)
     idle_cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of each process over that time
     idle_writes: float = 0.0  # the operator's API writes over that time
@@ -560,11 +561,12 @@ class Bench:
 
     def _measure_idle(self, result: Batch, pids: dict[str, int], kind: str, namespace: str, count: int) -> None:
         """The batch's jobs left alone for `--idle-seconds` once every one of them has settled (GRPOJob phase
-        Running with its environments ready, RayJob deployment status Running; at most 2 minutes more): the
-        controllers' CPU seconds and the operator's API writes over that time (a Running job with nothing due
-        should write nothing). The idle minute began earlier in session 15's 1,000-job run (last trainer Job
-        created: 91 writes, the last jobs' way to Running) and in session 16's runs (every job Running: 35-46
-        writes, environments turning ready after their trainer ran)."""
+        Running with its environments ready, RayJob deployment status Running; at most `--idle-settle-seconds`
+        more): the controllers' CPU seconds and the operator's API writes over that time (a Running job with
+        nothing due should write nothing). The idle minute began earlier in session 15's 1,000-job run (last
+        trainer Job created: 91 writes, the last jobs' way to Running), in session 16's runs (every job Running:
+        35-46 writes, environments turning ready after their trainer ran) and in session 18's (a 2-minute cap:
+        307 writes, each an EnvironmentsReady transition)."""
         from kubernetes import client
 
         custom = client.CustomObjectsApi(self.api_client)
@@ -583,9 +585,9 @@ class Bench:
             )
 
         waited = time.monotonic()
-        while running() < count and time.monotonic() - waited < 120:
+        while (settled := running()) < count and time.monotonic() - waited < self.args.idle_settle_seconds:
             time.sleep(2)
-        result.idle_wait_s = time.monotonic() - waited
+        result.idle_wait_s, result.idle_settled = time.monotonic() - waited, settled
         writes_before = self.operator_metrics()
         cpu_before = {name: proc_cpu_seconds(pid) for name, pid in pids.items()}
         time.sleep(self.args.idle_seconds)
@@ -857,16 +859,16 @@ def report(batches: list[Batch]) -> str:
             "Left alone once every job has settled (GRPOJob phase Running and EnvironmentsReady, RayJob deployment "
             "status Running; nothing due): CPU seconds per job per minute, and the grpojob operator's API writes:",
             "",
-            "| N | kind | waited to settle, s | seconds | grpojob operator CPU s / job / min | "
+            "| N | kind | waited to settle, s | settled | seconds | grpojob operator CPU s / job / min | "
             "KubeRay CPU s / job / min | grpojob operator writes |",
-            "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for b in idle:
             per = {name: cpu / b.count / (b.idle_s / 60) for name, cpu in b.idle_cpu_s.items()}
             operator = f"{per['operator']:.4f}" if "operator" in per else "—"
             writes = f"{b.idle_writes:g}" if b.kind == GRPOJOB else "—"
             lines.append(
-                f"| {b.count} | {b.kind} | {b.idle_wait_s:.0f} | {b.idle_s:.0f} | {operator} "
+                f"| {b.count} | {b.kind} | {b.idle_wait_s:.0f} | {b.idle_settled} | {b.idle_s:.0f} | {operator} "
                 f"| {per.get('kuberay', 0):.4f} | {writes} |"
             )
     missing = [f"{b.kind} x{b.count}: {b.missing}" for b in batches if any(b.missing.values())]
@@ -961,6 +963,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-seconds", type=float, default=30.0, help="quiet time after the cluster starts")
     parser.add_argument("--settle-seconds", type=float, default=10.0, help="writes counted this long after")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="jobs left alone after the window")
+    parser.add_argument(
+        "--idle-settle-seconds", type=float, default=900.0, help="at most this long for every job to settle first"
+    )
     parser.add_argument("--batch-timeout-base", type=float, default=120.0)
     parser.add_argument(
         "--batch-timeout-per-job", type=float, default=1.5, help="1,000 jobs: 27 minutes a batch, both in an hour"
