@@ -964,7 +964,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--settle-seconds", type=float, default=10.0, help="writes counted this long after")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="jobs left alone after the window")
     parser.add_argument(
-        "--idle-settle-seconds", type=float, default=900.0, help="at most this long for every job to settle first"
+        "--idle-settle-seconds", type=float, default=300.0, help="at most this long for every job to settle first"
     )
     parser.add_argument("--batch-timeout-base", type=float, default=120.0)
     parser.add_argument(

@@ -87,6 +87,11 @@ def wanted_podman_images() -> set[str]:
     return {*(image.name for image in [*images.images(), images.gpu_image()]), base_image.NAME, kind.NODE_IMAGE}
 
 
+GPU_BUILD_BYTES = 32 * GIB
+"""Free space a GPU image build may need when its pip layer is not cached: the ~9 GB the build container
+writes, the layer committed from it, and the diff between them (builds failed with 27 GB and 21 GB free)."""
+
+
 def reloadable_podman_images(listing: list[dict], archived: set[str]) -> list[str]:
     """The names of the podman images in ``listing`` whose every name has an archive from this tree
     (``archived``): removing them loses nothing, as the next build or test that needs one loads it
@@ -107,7 +112,7 @@ def archived_image_names() -> set[str]:
 
 
 def room_for_gpu_image(log=sys.stdout) -> None:
-    """Free `images.GPU_BUILD_BYTES` for a GPU image build unless podman holds this tree's image already:
+    """Free `GPU_BUILD_BYTES` for a GPU image build unless podman holds this tree's image already:
     first the earlier tree's GPU image (the build's layer cache, worth keeping when there is room), then
     podman's copies of images whose archives are cached (`reloadable_podman_images`). CI's e2e phase
     leaves those copies; a GPU build with 21 GB free ran out of space."""
@@ -116,14 +121,14 @@ def room_for_gpu_image(log=sys.stdout) -> None:
     with images.build_lock():
         for names in ([images.gpu_image().name], reloadable_podman_images(podman_images(), archived_image_names())):
             free = images.podman_free_bytes()
-            if free >= images.GPU_BUILD_BYTES or not names:
+            if free >= GPU_BUILD_BYTES or not names:
                 break
             print(f"{free / GIB:.1f} GiB free for a GPU image build: removing {' '.join(names)}", file=log, flush=True)
             subprocess.run(["podman", "rmi", "--force", *names], stdout=subprocess.DEVNULL, check=False)
         subprocess.run(["podman", "image", "prune", "--force"], stdout=subprocess.DEVNULL, check=False)
     free = images.podman_free_bytes()
-    if free < images.GPU_BUILD_BYTES:
-        needed = images.GPU_BUILD_BYTES / GIB
+    if free < GPU_BUILD_BYTES:
+        needed = GPU_BUILD_BYTES / GIB
         print(f"warning: {free / GIB:.1f} GiB free; a GPU image build may need {needed:.0f} GiB", file=log)
         report(log)
 

@@ -218,11 +218,6 @@ def podman_free_bytes() -> int:
     return shutil.disk_usage(PODMAN_STORAGE if PODMAN_STORAGE.exists() else Path("/")).free
 
 
-GPU_BUILD_BYTES = 32 * 2**30
-"""Free space a GPU image build may need when its pip layer is not cached: the ~9 GB the build container
-writes, the layer committed from it, and the diff between them (builds failed with 27 GB and 21 GB free)."""
-
-
 def build_gpu_image() -> bool:
     """Build the GPU trainer image into podman's storage unless it holds it from the same inputs;
     return whether it was built. No archive is written: at 9 GB it would double its space on disk,
