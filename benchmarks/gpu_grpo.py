@@ -310,11 +310,15 @@ def parameter_count(model: Path) -> int:
     return total
 
 
-def training_flops_per_token(model: Path, mean_sequence: float) -> float:
+def training_flops_per_token(model: Path, mean_sequence: float, frozen_base: bool = False) -> float:
     """Forward + backward FLOPs per token: 6 per parameter (the tied output layer counted once, as the
-    matmul it is) plus causal attention, 6 · layers · hidden · mean sequence length."""
+    matmul it is) plus causal attention, 6 · layers · hidden · mean sequence length. A frozen base (LoRA)
+    gets no weight gradients: 4 per parameter, its forward and the gradients of its inputs (the adapter's
+    own few percent are left out)."""
     config = json.loads((model / "config.json").read_text())
-    return 6 * parameter_count(model) + 6 * config["num_hidden_layers"] * config["hidden_size"] * mean_sequence
+    per_parameter = 4 if frozen_base else 6
+    attention = 6 * config["num_hidden_layers"] * config["hidden_size"] * mean_sequence
+    return per_parameter * parameter_count(model) + attention
 
 
 def clear_previous_run(out: Path, name: str) -> Path:
@@ -355,7 +359,7 @@ def leg_grpo_ours(out: Path, workload: Workload, gpus: int = 1, ahead: int = 0) 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     sequences = workload.prompts_per_step * workload.generations_per_prompt
     mean_sequence = median_after_warmup(rows, "tokens") / sequences
-    flops = training_flops_per_token(model_dir(out, workload), mean_sequence)
+    flops = training_flops_per_token(model_dir(out, workload), mean_sequence, frozen_base=bool(workload.lora_rank))
     train_tps = median_after_warmup(rows, "train_tokens_per_s")
     return {
         "wall_seconds": wall,

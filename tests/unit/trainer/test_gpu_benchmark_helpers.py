@@ -89,3 +89,16 @@ def test_a_leg_run_again_starts_from_scratch_not_from_the_last_runs_checkpoint(b
     assert not run_dir.exists()
     assert not (tmp_path / "ours-colocated-checkpoints").exists()
     assert (tmp_path / "ours-2gpu").exists()  # another leg's run is left alone
+
+
+def test_training_flops_count_no_weight_gradients_for_a_frozen_lora_base(bench, tmp_path):
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.zeros(10, 100), "b": torch.zeros(1000)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 8}))
+    attention = 6 * 2 * 8 * 50
+    assert bench.training_flops_per_token(tmp_path, 50) == 6 * 2000 + attention
+    assert bench.training_flops_per_token(tmp_path, 50, frozen_base=True) == 4 * 2000 + attention
