@@ -64,6 +64,14 @@ def metrics(out: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def assert_the_reward_rose(rows: list[dict[str, float]]) -> list[float]:
+    """The mean reward of the last six steps beats the first six steps' by more than 0.05; returns the curve."""
+    curve = [r["rollout/reward/mean"] for r in rows]
+    first, last = sum(curve[:6]) / 6, sum(curve[-6:]) / 6
+    assert last > first + 0.05, f"reward did not rise: {curve}"
+    return curve
+
+
 def engine_share_gib(job: Path) -> tuple[float, float]:
     """The GPU's memory and the engine's share of it (`gpuMemoryUtilization`), in GiB."""
     total = torch.cuda.get_device_properties(0).total_memory / 2**30
@@ -87,11 +95,9 @@ def test_grpo_on_one_gpu_raises_the_reward_and_syncs_weights_by_cuda_ipc(tmp_pat
     assert [r["weight_sync/version"] for r in rows] == [float(s + 1) for s in range(1, steps + 1)]
     for key in ("time/generation", "time/prepare", "time/training", "time/weight_sync"):
         assert all(r[key] > 0 for r in rows), key
-    curve = [r["rollout/reward/mean"] for r in rows]
-    first, last = sum(curve[:6]) / 6, sum(curve[-6:]) / 6
+    curve = assert_the_reward_rose(rows)
     sync = sorted(r["time/weight_sync"] for r in rows)[steps // 2]
     print(f"rewards {[round(c, 3) for c in curve]}; weight sync median {sync:.4f} s")
-    assert last > first + 0.05, f"reward did not rise: {curve}"
     assert (tmp_path / "checkpoints" / f"step_{steps:08d}" / "meta.json").exists()
 
 
@@ -108,11 +114,9 @@ def test_a_lora_policy_on_one_gpu_raises_the_reward_sending_its_adapter_to_a_sle
     assert "the engines sleep while the policy trains (level 1)" in log
     rows = metrics(tmp_path / "out")
     assert [r["weight_sync/version"] for r in rows] == [float(s + 1) for s in range(1, steps + 1)]
-    curve = [r["rollout/reward/mean"] for r in rows]
-    first, last = sum(curve[:6]) / 6, sum(curve[-6:]) / 6
+    curve = assert_the_reward_rose(rows)
     sync = sorted(r["time/weight_sync"] for r in rows)[steps // 2]
     print(f"LoRA rewards {[round(c, 3) for c in curve]}; adapter sync median {sync:.4f} s")
-    assert last > first + 0.05, f"reward did not rise: {curve}"
     assert (tmp_path / "models" / "final" / "adapter_config.json").exists()
 
 
@@ -141,8 +145,6 @@ def test_a_lora_policy_on_its_own_gpu_raises_the_reward_broadcasting_only_its_ad
     sent = {r["weight_sync/bytes"] for r in rows}
     model_bytes = sum(f.stat().st_size for f in (tmp_path / "model").glob("*.safetensors"))
     assert len(sent) == 1 and 0 < sent.pop() < model_bytes / 10, (sent, model_bytes)
-    curve = [r["rollout/reward/mean"] for r in rows]
-    first, last = sum(curve[:6]) / 6, sum(curve[-6:]) / 6
+    curve = assert_the_reward_rose(rows)
     syncs = [round(r["time/weight_sync"], 4) for r in rows]
     print(f"LoRA over NCCL: rewards {[round(c, 3) for c in curve]}; adapter sync seconds {syncs}")
-    assert last > first + 0.05, f"reward did not rise: {curve}"

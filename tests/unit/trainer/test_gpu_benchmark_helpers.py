@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -92,8 +93,6 @@ def test_a_leg_run_again_starts_from_scratch_not_from_the_last_runs_checkpoint(b
 
 
 def test_training_flops_count_no_weight_gradients_for_a_frozen_lora_base(bench, tmp_path):
-    import json
-
     import torch
     from safetensors.torch import save_file
 
