@@ -704,7 +704,7 @@ def leg_generation_breakdown(out: Path, workload: Workload) -> dict[str, Any]:
         ThreadedServer(app) as server,
         EnvironmentProcesses(
             [environment],
-            policy_base_url=f"{server.url}/v1",
+            policy_base_urls=[f"{server.url}/v1"],
             policy_model_name="policy",
             gcs_address="unused",
             log_dir=out / "breakdown-environments",

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         with GenerationServer(InstantEngine(tokenizer), config) as server:
             processes = EnvironmentProcesses(
                 [environment],
-                policy_base_url=server.base_url,
+                policy_base_urls=[server.base_url],
                 policy_model_name="policy",
                 gcs_address="",
                 log_dir=Path(scratch) / "logs",

@@ -19,7 +19,18 @@ import yaml
 from grpojob_api import v1alpha1 as api
 
 # Fields that define what is trained; changing them under a running job would silently mix two runs.
-IMMUTABLE_WHILE_ACTIVE = ("model", "dataset", "environments", "generation", "training", "grpo", "checkpointing")
+IMMUTABLE_WHILE_ACTIVE = (
+    "model",
+    "dataset",
+    "environments",
+    "generation",
+    "training",
+    "placement",
+    "grpo",
+    "checkpointing",
+)
+OPTIONAL_FIELDS = ("placement",)
+"""Fields of IMMUTABLE_WHILE_ACTIVE without a default: absent stays absent."""
 ACTIVE_PHASES = ("Initializing", "Running")
 
 _DROP_KEYS = {"title", "$defs"}
@@ -96,13 +107,22 @@ def _schema_of(model: type[api.ApiModel]) -> dict[str, Any]:
     return structural(raw, raw.get("$defs", {}))
 
 
+def _unchanged(field: str) -> str:
+    if field in OPTIONAL_FIELDS:
+        return (
+            f"(has(self.spec.{field}) == has(oldSelf.spec.{field}) && "
+            f"(!has(self.spec.{field}) || self.spec.{field} == oldSelf.spec.{field}))"
+        )
+    return f"self.spec.{field} == oldSelf.spec.{field}"
+
+
 def _immutability_rules() -> list[dict[str, str]]:
     phases = ", ".join(f"'{p}'" for p in ACTIVE_PHASES)
     return [
         {
             "rule": (
                 "!has(oldSelf.status) || !has(oldSelf.status.phase) || "
-                f"!(oldSelf.status.phase in [{phases}]) || self.spec.{field} == oldSelf.spec.{field}"
+                f"!(oldSelf.status.phase in [{phases}]) || {_unchanged(field)}"
             ),
             "message": f"spec.{field} is immutable while the job is Initializing or Running (suspend it first)",
             "fieldPath": f".spec.{field}",
@@ -150,6 +170,7 @@ def crd() -> dict[str, Any]:
         {"name": "Reward", "type": "number", "jsonPath": ".status.meanReward", "format": "float"},
         {"name": "Eval", "type": "number", "jsonPath": ".status.lastEvaluation.meanReward", "format": "float"},
         {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},
+        {"name": "Placement", "type": "string", "jsonPath": ".status.placement"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
     return {

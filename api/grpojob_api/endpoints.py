@@ -50,6 +50,9 @@ GENERATION_GROUP = "generation"
 named after the group, which the trainer asks for to place its actors on them."""
 POLICY_GROUP = "policy"
 """The RayCluster's worker group of policy-training ranks (one unit of its resource per rank)."""
+COLOCATED_GROUP = "colocated"
+"""The RayCluster's one worker group of a colocated job (`spec.placement: colocated`): each pod holds a
+policy rank and an engine beside it on the same GPU, and declares one unit of both groups' resources."""
 
 # ------------------------------------------------------------------------------------------------
 # environment variables

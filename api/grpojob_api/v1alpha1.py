@@ -212,6 +212,51 @@ class ModelSpec(ApiModel):
         return self
 
 
+class WorkerResources(ApiModel):
+    """CPU, memory and shared memory of each Ray worker pod of a group. Each unset field scales with the
+    pod's GPUs, so that a one-GPU pod fits a one-GPU node of 8 vCPUs and 32 GiB (a common cloud shape,
+    about 7.9 CPUs and 27-30 GiB allocatable) beside the node's own daemons: per GPU 4 CPUs, 24Gi of memory
+    and 8Gi of shared memory; a CPU pod gets 2 CPUs, 8Gi and 3Gi."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.sharedMemory) || !has(self.memory) || !isQuantity(self.sharedMemory) || "
+                "!isQuantity(self.memory) || quantity(self.sharedMemory).compareTo(quantity(self.memory)) <= 0",
+                "sharedMemory must not exceed memory (the pod's /dev/shm counts against its memory limit)",
+                ".sharedMemory",
+            ),
+        )
+    )
+
+    cpu: Quantity | None = None
+    """CPUs the pod requests (no CPU limit, so that tokenisation and data loading may use idle cores).
+    Default: 4 per GPU, 2 for a CPU pod."""
+    memory: Quantity | None = None
+    """Memory the pod requests, which is also its limit (Ray sizes its object store from it). Default: 24Gi
+    per GPU, 8Gi for a CPU pod. A model loads through host memory: a 7B model's full fine-tune needs more."""
+    shared_memory: Quantity | None = None
+    """Size of the pod's /dev/shm (memory-backed, counted against `memory`), where Ray keeps its object
+    store. Default: 8Gi per GPU, 3Gi for a CPU pod."""
+
+    @model_validator(mode="after")
+    def _shared_memory_within_memory(self) -> WorkerResources:
+        shm, memory = self.shared_memory, self.memory
+        if shm is not None and memory is not None and parse_quantity(shm) > parse_quantity(memory):
+            raise ValueError(
+                f"sharedMemory must not exceed memory (the pod's /dev/shm counts against its memory limit): "
+                f"{shm} > {memory}"
+            )
+        return self
+
+    def for_gpus(self, gpus: int) -> tuple[str, str, str]:
+        """The pod's CPU request, memory (request and limit) and /dev/shm size with ``gpus`` GPUs: the fields
+        set, and the defaults for the rest."""
+        defaults = ("2", "8Gi", "3Gi") if gpus == 0 else (str(4 * gpus), f"{24 * gpus}Gi", f"{8 * gpus}Gi")
+        asked = (self.cpu, self.memory, self.shared_memory)
+        return tuple(a if a is not None else d for a, d in zip(asked, defaults, strict=True))  # type: ignore[return-value]
+
+
 class GenerationBackend(StrEnum):
     VLLM = "vllm"
     TRANSFORMERS = "transformers"
@@ -248,11 +293,12 @@ class GenerationSpec(ApiModel):
     backend: GenerationBackend = GenerationBackend.TRANSFORMERS
     """Engine behind the OpenAI-compatible server: `transformers` (CPU or GPU) or `vllm` (GPUs only)."""
     replicas: int = Field(default=1, ge=1, le=256)
-    """Number of generation engines (pods of the `generation` worker group)."""
+    """Number of generation engines (pods of the `generation` worker group; colocated, one beside each policy
+    rank, so as many as `spec.training.replicas`)."""
     gpus_per_replica: int = Field(default=1, ge=0, le=8)
     """GPUs per engine, which is also vLLM's tensor-parallel size (0 runs on CPU)."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
-    """Fraction of GPU memory vLLM may use."""
+    """Fraction of GPU memory vLLM may use (colocated: its share of the GPU it shares with the policy)."""
     max_model_len: int = Field(default=4096, ge=16, le=1_048_576)
     """Longest prompt plus generation, in tokens."""
     temperature: float = Field(default=1.0, gt=0.0, le=2.0)
@@ -263,12 +309,15 @@ class GenerationSpec(ApiModel):
     max_new_tokens: int = Field(default=1024, ge=1, le=1_048_576)
     """Most tokens one model call may generate."""
     sleep_while_training: bool | None = None
-    """Whether a vLLM engine that shares its GPU with the policy (`grpojob run` on one GPU) sleeps while the
+    """Whether a vLLM engine that shares its GPU with the policy (`spec.placement: colocated`) sleeps while the
     policy trains (vLLM's sleep mode), so training may use the GPU's memory beyond what the engine leaves;
     it wakes for the weight sync. Unset: it sleeps when the policy sends full weights, which replace its own
     (it drops them with its KV cache: the 1.5B step took 0.86 of the time awake on an H200), and stays awake
     for a LoRA adapter (the base it must keep would go to host memory and back: 1.6 s more per 7B step).
     `true` makes a LoRA policy's engine sleep too. No effect on an engine with GPUs of its own."""
+    resources: WorkerResources = Field(default_factory=WorkerResources)
+    """CPU, memory and shared memory of each `generation` worker pod (split placement; colocated workers
+    take `spec.training.resources`)."""
 
     @model_validator(mode="after")
     def _new_tokens_fit(self) -> GenerationSpec:
@@ -359,6 +408,9 @@ class TrainingSpec(ApiModel):
     needs a C compiler (Triton builds its launchers). Ignored on the CPU."""
     lora: LoraSpec | None = None
     """Train a LoRA adapter instead of every weight (unset: full fine-tuning)."""
+    resources: WorkerResources = Field(default_factory=WorkerResources)
+    """CPU, memory and shared memory of each `policy` worker pod, and of each colocated worker pod (which
+    holds an engine beside each policy rank)."""
 
     @property
     def ranks_per_replica(self) -> int:
@@ -1218,6 +1270,40 @@ def _names_an_environment(mapping: str) -> str:
     )
 
 
+class Placement(StrEnum):
+    """Where the generation engines run relative to the policy's ranks."""
+
+    COLOCATED = "colocated"
+    """Each GPU holds one engine and one policy rank, in one worker group: the new weights (or the adapter)
+    reach the engine by CUDA IPC inside the pod, and the engine sleeps while the policy trains
+    (`spec.generation.sleepWhileTraining`). Half the GPUs of `split` for on-policy GRPO, where engine and
+    policy take turns anyway."""
+    SPLIT = "split"
+    """Engines on GPUs of their own (the `generation` worker group) and the policy on others (`policy`):
+    weights travel by NCCL broadcast. For asynchronous GRPO (`spec.grpo.maxOffPolicySteps` >= 1), which
+    generates while the policy trains, and for engines with more GPUs than a rank (tensor parallel)."""
+
+
+_COLOCATED_ON_POLICY = (
+    "spec.placement: colocated needs spec.grpo.maxOffPolicySteps: 0 (asynchronous GRPO generates while the "
+    "policy trains, so its engines need GPUs of their own): set spec.placement: split"
+)
+_COLOCATED_ONE_GPU_PER_POD = (
+    "spec.placement: colocated puts one engine and one policy rank in each worker pod: "
+    "spec.training.gpusPerReplica must be 0 or 1 (scale with spec.training.replicas)"
+)
+_COLOCATED_SAME_GPUS = (
+    "spec.placement: colocated shares each GPU between an engine and a policy rank: "
+    "spec.generation.gpusPerReplica must equal spec.training.gpusPerReplica (for tensor-parallel engines set "
+    "spec.placement: split)"
+)
+_COLOCATED_SAME_REPLICAS = (
+    "spec.placement: colocated runs one engine beside each policy rank: "
+    "spec.generation.replicas must equal spec.training.replicas"
+)
+_GIVEN_PLACEMENT = "!has(self.placement) || self.placement != 'colocated' || "
+
+
 class GRPOJobSpec(ApiModel):
     """Desired state of a GRPOJob."""
 
@@ -1260,6 +1346,32 @@ class GRPOJobSpec(ApiModel):
                 _unknown_environment("spec.evaluation.dataset.mapping"),
                 ".evaluation.dataset.mapping.environment",
             ),
+            cel(
+                _GIVEN_PLACEMENT + "!has(self.grpo) || !has(self.grpo.maxOffPolicySteps) || "
+                "self.grpo.maxOffPolicySteps == 0",
+                _COLOCATED_ON_POLICY,
+                ".placement",
+            ),
+            cel(
+                _GIVEN_PLACEMENT + "!has(self.training) || !has(self.training.gpusPerReplica) || "
+                "self.training.gpusPerReplica <= 1",
+                _COLOCATED_ONE_GPU_PER_POD,
+                ".placement",
+            ),
+            cel(
+                _GIVEN_PLACEMENT + "(has(self.generation) && has(self.generation.gpusPerReplica) ? "
+                "self.generation.gpusPerReplica : 1) == "
+                "(has(self.training) && has(self.training.gpusPerReplica) ? self.training.gpusPerReplica : 1)",
+                _COLOCATED_SAME_GPUS,
+                ".placement",
+            ),
+            cel(
+                _GIVEN_PLACEMENT + "(has(self.generation) && has(self.generation.replicas) ? "
+                "self.generation.replicas : 1) == "
+                "(has(self.training) && has(self.training.replicas) ? self.training.replicas : 1)",
+                _COLOCATED_SAME_REPLICAS,
+                ".placement",
+            ),
         )
     )
 
@@ -1280,6 +1392,12 @@ class GRPOJobSpec(ApiModel):
     """Generation engines and sampling."""
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     """Policy trainers."""
+    placement: Placement | None = None
+    """Where the generation engines run: `colocated` (each GPU holds an engine and a policy rank, which take
+    turns: half the GPUs, weights by CUDA IPC) or `split` (engines and policy on GPUs of their own, weights by
+    NCCL: what asynchronous GRPO and tensor-parallel engines need). Unset: colocated for an on-policy job
+    whose engines match its policy's ranks one to one (`generation.replicas` = `training.replicas`, the same
+    `gpusPerReplica`, at most 1), split otherwise. The chosen placement is in `status.placement`."""
     grpo: GrpoSpec = Field(default_factory=GrpoSpec)
     """The algorithm."""
     checkpointing: CheckpointSpec = Field(default_factory=CheckpointSpec)
@@ -1306,6 +1424,35 @@ class GRPOJobSpec(ApiModel):
     progress_deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
     """A Running job whose training step has not advanced for this long is stalled: the attempt fails
     (condition `Stalled`) and is retried within `backoffLimit`. Unset: no stall detection."""
+
+    def colocation_conflicts(self) -> list[str]:
+        """Why this spec's engines cannot share the policy's GPUs (empty when they can)."""
+        generation, training = self.generation, self.training
+        conflicts = []
+        if self.grpo.max_off_policy_steps > 0:
+            conflicts.append(_COLOCATED_ON_POLICY)
+        if training.gpus_per_replica > 1:
+            conflicts.append(_COLOCATED_ONE_GPU_PER_POD)
+        if generation.gpus_per_replica != training.gpus_per_replica:
+            conflicts.append(_COLOCATED_SAME_GPUS)
+        if generation.replicas != training.replicas:
+            conflicts.append(_COLOCATED_SAME_REPLICAS)
+        return conflicts
+
+    @property
+    def resolved_placement(self) -> Placement:
+        """`placement`, or when unset colocated if the engines can share the policy's GPUs, else split."""
+        if self.placement is not None:
+            return self.placement
+        return Placement.SPLIT if self.colocation_conflicts() else Placement.COLOCATED
+
+    @model_validator(mode="after")
+    def _colocated_can_share(self) -> GRPOJobSpec:
+        if self.placement == Placement.COLOCATED:
+            conflicts = self.colocation_conflicts()
+            if conflicts:
+                raise ValueError("; ".join(conflicts))
+        return self
 
     def engine_sleeps(self, shares_gpu: bool) -> bool:
         """Whether a vLLM engine sharing (``shares_gpu``) the policy's GPU sleeps while it trains:
@@ -1479,6 +1626,8 @@ class GRPOJobStatus(ApiModel):
     progress_time: datetime | None = None
     """When the current attempt last made progress: its trainer started running, or the step advanced.
     `spec.progressDeadlineSeconds` counts from here."""
+    placement: Placement | None = None
+    """Where the engines run (`spec.placement`, or the default chosen for the spec): colocated or split."""
     gcs_address: str | None = None
     """The Ray GCS address published in `<job>-endpoints`."""
     reason: str | None = None

@@ -22,7 +22,7 @@ def test_an_environment_with_two_replicas_runs_as_two_servers_with_a_log_each_an
     ]
     processes = EnvironmentProcesses(
         environments,
-        policy_base_url="http://127.0.0.1:9/v1",  # only /run calls the policy
+        policy_base_urls=["http://127.0.0.1:9/v1"],  # only /run calls the policy
         policy_model_name="policy",
         gcs_address="",
         log_dir=tmp_path,
@@ -48,7 +48,7 @@ def silent_environment(log_dir: Path) -> EnvironmentProcesses:
     silent = api.EnvironmentSpec.model_validate({"name": "silent", "command": ["python", "-c", SILENT]})
     return EnvironmentProcesses(
         [silent],
-        policy_base_url="http://127.0.0.1:9/v1",
+        policy_base_urls=["http://127.0.0.1:9/v1"],
         policy_model_name="policy",
         gcs_address="",
         log_dir=log_dir,

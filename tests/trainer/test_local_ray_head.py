@@ -13,7 +13,7 @@ from pathlib import Path
 HEAD = """
 import json, os, sys
 from grpojob_trainer.ray_runtime import connection
-gcs = connection.start_local(generation_replicas=1, policy_replicas=1)
+gcs = connection.start_local({"generation": 1, "policy": 1})
 print(json.dumps({"gcs": gcs, "token": os.environ.get("RAY_AUTH_TOKEN")}), flush=True)
 sys.stdin.readline()
 """

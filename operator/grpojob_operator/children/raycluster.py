@@ -1,12 +1,14 @@
-"""The job's Ray cluster: the RayCluster (a CPU head that runs no work, the `generation` and `policy` GPU
-worker groups) and the headless Service over the generation servers."""
+"""The job's Ray cluster: the RayCluster (a CPU head that runs no work, and the worker groups of the job's
+placement: `generation` and `policy`, or one `colocated` group) and the headless Service over the
+generation servers."""
 
 from __future__ import annotations
 
 import json
 
-from grpojob_api import endpoints
+from grpojob_api import endpoints, placement
 from grpojob_api import v1alpha1 as api
+from grpojob_api.placement import WorkerGroup
 from grpojob_operator import names
 from grpojob_operator.children import claims, pod
 from grpojob_operator.children.meta import Manifest, job_ref, labels, metadata
@@ -29,18 +31,19 @@ def ray_auth_env(job: api.GRPOJob) -> list[Manifest]:
     ]
 
 
-def _worker_resources(gpus: int) -> Manifest:
-    if gpus == 0:
-        return {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
-    memory = f"{32 * gpus}Gi"
-    return {
-        "requests": {"cpu": str(8 * gpus), "memory": memory, GPU_RESOURCE: str(gpus)},
-        "limits": {"memory": memory, GPU_RESOURCE: str(gpus)},
-    }
+def _worker_resources(resources: api.WorkerResources, gpus: int) -> Manifest:
+    """A worker container's resources: its CPU request (no CPU limit), memory as request and limit, and its
+    GPUs."""
+    cpu, memory, _ = resources.for_gpus(gpus)
+    requests, limits = {"cpu": cpu, "memory": memory}, {"memory": memory}
+    if gpus:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(gpus)
+    return {"requests": requests, "limits": limits}
 
 
-def _ray_scratch_volumes() -> list[Manifest]:
-    return [{"name": "tmp", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}}]
+def _ray_scratch_volumes(shared_memory: str | None = None) -> list[Manifest]:
+    shm: Manifest = {"medium": "Memory"} | ({"sizeLimit": shared_memory} if shared_memory else {})
+    return [{"name": "tmp", "emptyDir": {}}, {"name": "shm", "emptyDir": shm}]
 
 
 def _ray_scratch_mounts() -> list[Manifest]:
@@ -49,50 +52,49 @@ def _ray_scratch_mounts() -> list[Manifest]:
     return [{"name": "tmp", "mountPath": RAY_TMP_MOUNT}, {"name": "shm", "mountPath": "/dev/shm"}]
 
 
-def _role_scheduling(job: api.GRPOJob, group: str) -> api.PodScheduling:
-    return job.spec.scheduling.generation if group == endpoints.GENERATION_GROUP else job.spec.scheduling.policy
-
-
-def _worker_group(
-    job: api.GRPOJob, group: str, replicas: int, gpus: int, image: str, ports: list[Manifest]
-) -> Manifest:
+def _worker_group(job: api.GRPOJob, group: WorkerGroup, image: str) -> Manifest:
+    """A worker group of the layout: engines serve on the generation port, ranks mount the checkpoint and
+    output claims; a colocated group does both, with the policy's resources and scheduling."""
+    spec = job.spec
     model = claims.model_mount(job)
     volumes, mounts = model.volumes, model.mounts
-    resource_units = 1  # of the group's custom Ray resource: one actor per pod, or per policy rank
-    if group == endpoints.POLICY_GROUP:
-        resource_units = job.spec.training.ranks_per_replica
+    serves = endpoints.GENERATION_GROUP in group.ray_resources
+    trains = endpoints.POLICY_GROUP in group.ray_resources
+    if trains:
         checkpoints, output = claims.checkpoint_mount(job), claims.output_mount(job)
         volumes, mounts = claims.share_claims(
             [*volumes, *checkpoints.volumes, *output.volumes], [*mounts, *checkpoints.mounts, *output.mounts]
         )
+    resources = spec.training.resources if trains else spec.generation.resources
+    scheduling = spec.scheduling.policy if trains else spec.scheduling.generation
+    _, _, shared_memory = resources.for_gpus(group.gpus)
     worker = pod.container(
         "ray-worker",
         image,
         env=[*ray_auth_env(job), *claims.hub_env(job)],
-        resources=_worker_resources(gpus),
-        ports=ports,
+        resources=_worker_resources(resources, group.gpus),
+        ports=[{"name": "http", "containerPort": endpoints.GENERATION_PORT}] if serves else [],
         volumeMounts=[*mounts, *_ray_scratch_mounts()],
     )
     return {
-        "groupName": group,
-        "replicas": replicas,
-        "minReplicas": replicas,
-        "maxReplicas": replicas,
-        # A custom Ray resource per group lets the trainer place its actors on the right pods. KubeRay
-        # pastes the value into a shell command line, so it is single-quoted, as KubeRay quotes its own.
-        "rayStartParams": {"resources": f"'{json.dumps({group: resource_units})}'"},
+        "groupName": group.name,
+        "replicas": group.replicas,
+        "minReplicas": group.replicas,
+        "maxReplicas": group.replicas,
+        # Custom Ray resources let the trainer place its actors on the right pods. KubeRay pastes the value
+        # into a shell command line, so it is single-quoted, as KubeRay quotes its own.
+        "rayStartParams": {"resources": f"'{json.dumps(group.ray_resources)}'"},
         "template": pod.hardened_pod(
-            labels(job, group), [worker], [*volumes, *_ray_scratch_volumes()], _role_scheduling(job, group)
+            labels(job, group.name), [worker], [*volumes, *_ray_scratch_volumes(shared_memory)], scheduling
         ),
     }
 
 
 def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
-    """The RayCluster: a CPU head that runs no work, and the `generation` and `policy` GPU groups (which
-    mount the model's claim; the trainer tells them the model's path)."""
+    """The RayCluster: a CPU head that runs no work, and the worker groups of the job's placement
+    (`grpojob_api.placement.layout`), which mount the model's claim (the trainer tells them its path)."""
     job_name, _ = job_ref(job)
     image = job.spec.images.ray or settings.ray_image
-    generation, training = job.spec.generation, job.spec.training
     head = pod.container(
         "ray-head",
         image,
@@ -123,23 +125,14 @@ def build_raycluster(job: api.GRPOJob, settings: OperatorSettings) -> Manifest:
                     labels(job, names.HEAD_COMPONENT), [head], _ray_scratch_volumes(), job.spec.scheduling.head
                 ),
             },
-            "workerGroupSpecs": [
-                _worker_group(
-                    job,
-                    endpoints.GENERATION_GROUP,
-                    generation.replicas,
-                    generation.gpus_per_replica,
-                    image,
-                    [{"name": "http", "containerPort": endpoints.GENERATION_PORT}],
-                ),
-                _worker_group(job, endpoints.POLICY_GROUP, training.replicas, training.gpus_per_replica, image, []),
-            ],
+            "workerGroupSpecs": [_worker_group(job, group, image) for group in placement.layout(job.spec).groups],
         },
     }
 
 
 def build_generation_service(job: api.GRPOJob) -> Manifest:
-    """Headless Service over the generation workers: the OpenAI-compatible policy endpoint."""
+    """Headless Service over the pods that serve generation (the `generation` or `colocated` workers): the
+    OpenAI-compatible policy endpoint."""
     job_name, _ = job_ref(job)
     return {
         "apiVersion": "v1",
@@ -147,7 +140,10 @@ def build_generation_service(job: api.GRPOJob) -> Manifest:
         "metadata": metadata(job, names.ChildNames(job_name).generation_service, "generation"),
         "spec": {
             "clusterIP": "None",
-            "selector": {names.RAY_CLUSTER_LABEL: job_name, names.RAY_GROUP_LABEL: endpoints.GENERATION_GROUP},
+            "selector": {
+                names.RAY_CLUSTER_LABEL: job_name,
+                names.RAY_GROUP_LABEL: placement.layout(job.spec).serving_group,
+            },
             "ports": [{"name": "http", "port": endpoints.GENERATION_PORT, "targetPort": endpoints.GENERATION_PORT}],
             "publishNotReadyAddresses": False,
         },

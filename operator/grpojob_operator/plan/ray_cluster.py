@@ -5,7 +5,7 @@ node."""
 
 from __future__ import annotations
 
-from grpojob_api import endpoints
+from grpojob_api import endpoints, placement
 from grpojob_api.progress import REPORT_KEYS
 from grpojob_api.v1alpha1 import ConditionType, Phase
 from grpojob_operator import names
@@ -17,7 +17,7 @@ from grpojob_operator.plan.conditions import condition, set_condition
 from grpojob_operator.plan.config_maps import config_map_actions
 from grpojob_operator.plan.context import GO_ON, STOP, Pass
 
-RAY_COMPONENTS = (names.HEAD_COMPONENT, endpoints.GENERATION_GROUP, endpoints.POLICY_GROUP)
+RAY_COMPONENTS = (names.HEAD_COMPONENT, endpoints.GENERATION_GROUP, endpoints.POLICY_GROUP, endpoints.COLOCATED_GROUP)
 """The `grpo.dev/component` of the RayCluster's pods."""
 
 
@@ -25,6 +25,7 @@ def ray_cluster(pass_: Pass) -> bool:
     """Create the RayCluster and the children that need no address; the config follows the spec (which may
     have changed while the job was suspended)."""
     job, plan, observed = pass_.job, pass_.plan, pass_.observed
+    pass_.status.placement = job.spec.resolved_placement
     if not observed.has("RayCluster", pass_.child.raycluster):
         plan.actions.append(Create(pass_.place(build_raycluster(job, pass_.settings))))
     plan.actions += config_map_actions(pass_.config_map(job), observed, kept=REPORT_KEYS)
@@ -45,7 +46,7 @@ def ray_head(pass_: Pass) -> bool:
     # workers once the head runs) holds the gate even behind a ready head, so that a job bigger than the fleet
     # says why instead of starting a trainer that cannot place its workers (RayJob waits for every pod too).
     ray_pods = [p for p in live if p.component in RAY_COMPONENTS]
-    expected = 1 + job.spec.generation.replicas + job.spec.training.replicas
+    expected = 1 + sum(group.replicas for group in placement.layout(job.spec).groups)
     placed = len(ray_pods) >= expected and all(p.scheduled for p in ray_pods)
     gate_open = observed.has("ConfigMap", pass_.child.endpoints)
     if cluster is None or cluster.deleting or head is None or not (placed or gate_open):

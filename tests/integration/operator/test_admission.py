@@ -581,3 +581,43 @@ def test_kubectl_apply_and_grpojob_run_judge_max_off_policy_steps_alike(custom, 
         assert verdict is None or "spec.grpo.maxOffPolicySteps" in verdict, verdict
     if job is not None:
         assert admitted["spec"]["grpo"]["maxOffPolicySteps"] == job.spec.grpo.max_off_policy_steps
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"placement": "colocated"}, None),
+        ({"placement": "split", "grpo": {"maxOffPolicySteps": 1}}, None),
+        ({"grpo": {"maxOffPolicySteps": 1}}, None),  # split by default: admitted
+        ({"placement": "colocated", "grpo": {"maxOffPolicySteps": 1}}, "spec.grpo.maxOffPolicySteps"),
+        ({"placement": "colocated", "training": {"gpusPerReplica": 2}}, "spec.training.gpusPerReplica"),
+        (
+            {"placement": "colocated", "generation": {"gpusPerReplica": 2}, "training": {"gpusPerReplica": 2}},
+            "spec.training.gpusPerReplica",
+        ),
+        ({"placement": "colocated", "generation": {"gpusPerReplica": 0}}, "spec.generation.gpusPerReplica"),
+        ({"placement": "colocated", "generation": {"replicas": 2}}, "spec.generation.replicas"),
+        ({"placement": "together"}, "spec.placement"),
+        ({"training": {"resources": {"cpu": "6", "memory": "60Gi", "sharedMemory": "16Gi"}}}, None),
+        ({"training": {"resources": {"memory": "8Gi", "sharedMemory": "16Gi"}}}, "sharedMemory"),
+        ({"generation": {"resources": {"cpu": "lots"}}}, "spec.generation.resources.cpu"),
+    ],
+)
+def test_kubectl_apply_and_grpojob_run_judge_placement_and_worker_resources_alike(
+    custom, namespace, tmp_path, overrides, named
+):
+    """A colocated placement that cannot work is refused by both, naming the field that stops it; worker pod
+    resources are quantities, shared memory within memory."""
+    manifest = copy.deepcopy(BASE)
+    manifest["metadata"]["namespace"] = namespace
+    for section, value in overrides.items():
+        current = manifest["spec"].get(section)
+        manifest["spec"][section] = {**current, **value} if isinstance(current, dict) else value
+    admitted, refusal = api_server_verdict(custom, namespace, manifest)
+    job, model_refusal = model_verdict(manifest, tmp_path / "job.yaml")
+    verdicts = f"API server: {refusal or 'admitted'}; model: {model_refusal or 'admitted'}"
+    assert (admitted is None) == (job is None) == (named is not None), verdicts
+    for verdict in (refusal, model_refusal):
+        assert verdict is None or named in verdict, verdicts
+    if job is not None:
+        assert admitted["spec"].get("placement") == job.spec.placement

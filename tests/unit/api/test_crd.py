@@ -42,7 +42,7 @@ def test_defaults_apply_to_omitted_sections():
     assert spec["generation"]["properties"]["topP"]["exclusiveMinimum"] is True
 
 
-def test_printer_columns_show_progress():
+def test_printer_columns_show_progress_and_placement():
     version = crd.crd()["spec"]["versions"][0]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "Phase",
@@ -50,6 +50,7 @@ def test_printer_columns_show_progress():
         "Reward",
         "Eval",
         "Attempt",
+        "Placement",
         "Age",
     ]
     evaluation = next(c for c in version["additionalPrinterColumns"] if c["name"] == "Eval")

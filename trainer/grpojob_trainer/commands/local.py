@@ -10,8 +10,9 @@ import logging
 import os
 from pathlib import Path
 
-from grpojob_api import hub, nemo_gym, paths
+from grpojob_api import hub, nemo_gym, paths, placement
 from grpojob_api import v1alpha1 as api
+from grpojob_api.placement import Layout
 from grpojob_trainer.algorithm.data import Prompts
 from grpojob_trainer.commands.job import load_job, new_evaluation_token, read_evaluation_rows, read_training_prompts
 from grpojob_trainer.errors import UsageError
@@ -21,41 +22,34 @@ from grpojob_trainer.ray_runtime import local_nemo_gym
 log = logging.getLogger("grpojob")
 
 
-def local_gpus(spec: api.GRPOJobSpec) -> int:
-    """GPUs `grpojob run` uses: this machine's, when the spec asks for any (none for a CPU job)."""
-    wants = spec.generation.gpus_per_replica > 0 or spec.training.gpus_per_replica > 0
-    if not wants:
+def local_layout(spec: api.GRPOJobSpec, gpus: int) -> Layout:
+    """Where `grpojob run` puts the engines and ranks on a machine of ``gpus`` GPUs: the job's layout, as on
+    Kubernetes, its worker pods' GPUs all on this machine. Raises `UsageError` naming the fields when the
+    machine has too few."""
+    layout = placement.layout(spec)
+    if layout.gpus <= gpus:
+        return layout
+    if gpus == 0:
+        raise UsageError("spec.generation.gpusPerReplica / spec.training.gpusPerReplica: this machine has no GPU")
+    if layout.colocated:
+        raise UsageError(
+            f"spec.training: {layout.ranks} policy ranks, each with an engine beside it (spec.placement: colocated), "
+            f"need {layout.gpus} GPUs, this machine has {gpus}"
+        )
+    why = "spec.placement: split puts the engines and the policy's ranks on GPUs of their own"
+    if spec.placement is None:  # split by default: say what made it so
+        why = f"{'; '.join(spec.colocation_conflicts())}, so the engines and the policy's ranks need GPUs of their own"
+    raise UsageError(f"{why}: {layout.gpus} GPUs, this machine has {gpus}")
+
+
+def machine_gpus(spec: api.GRPOJobSpec) -> int:
+    """This machine's GPUs, when the spec's workers ask for any (none for a CPU job, which never imports
+    CUDA)."""
+    if placement.layout(spec).gpus == 0:
         return 0
     import torch
 
-    if not torch.cuda.is_available():
-        raise UsageError("spec.generation.gpusPerReplica / spec.training.gpusPerReplica: this machine has no GPU")
-    return torch.cuda.device_count()
-
-
-def local_policy(spec: api.GRPOJobSpec, gpus: int) -> tuple[int, float]:
-    """`grpojob run`'s policy: its ranks and each one's GPUs. Without GPUs, one gloo rank per
-    training replica; with one GPU, one rank sharing it with the engine (so no asynchronous GRPO); with
-    more, one rank per GPU asked for (`spec.training.ranks`), the engine on a GPU of its own."""
-    training = spec.training
-    if gpus == 0:
-        return training.replicas, 0
-    world = training.ranks
-    if gpus == 1:
-        if world > 1:
-            raise UsageError(f"spec.training: {world} policy ranks need {world + 1} GPUs here, this machine has 1")
-        if spec.grpo.max_off_policy_steps > 0:
-            raise UsageError(
-                f"spec.grpo.maxOffPolicySteps: {spec.grpo.max_off_policy_steps} overlaps generation with training, "
-                "which needs the engine on a GPU of its own; with one GPU `grpojob run` puts the engine and the "
-                "policy on the same one: set maxOffPolicySteps: 0 here, or run on 2 GPUs"
-            )
-        return 1, 0.5
-    if world + 1 > gpus:
-        raise UsageError(
-            f"spec.training: {world} policy ranks and the engine need {world + 1} GPUs, this machine has {gpus}"
-        )
-    return world, 1
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def require(path: Path, field: str, hint: str) -> Path:
@@ -133,6 +127,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
     from grpojob_trainer.ray_runtime import connection, reaper
     from grpojob_trainer.ray_runtime.local_environments import EnvironmentProcesses
+    from grpojob_trainer.ray_runtime.placement import place_actors
 
     job = load_job(job_path)
     spec = job.spec
@@ -142,34 +137,37 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     out = out or Path("runs") / job.metadata.name
     out.mkdir(parents=True, exist_ok=True)
     evaluation_token = new_evaluation_token(spec)
-    if spec.generation.replicas > 1:
-        log.warning("grpojob run serves one generation engine (spec.generation.replicas=%d)", spec.generation.replicas)
     spec_json = spec.model_dump(mode="json", by_alias=True)
 
-    gpus = local_gpus(spec)
-    world, policy_gpus = local_policy(spec, gpus)
+    gpus = machine_gpus(spec)
+    layout = local_layout(spec, gpus)
     # Ray's processes and the environment servers end with this one, and its NeMo Gym containers are removed.
     gym_containers = local_nemo_gym.remove_command(os.getpid()) if local_nemo_gym.nemo_gym_environments(spec) else []
     reaper.reap_children_at_exit(then=gym_containers)
-    gcs = connection.start_local(generation_replicas=1, policy_replicas=world, num_gpus=gpus)
-    print(f"Ray is up (GCS {gcs}, {gpus} GPUs); loading the model from {model}", flush=True)
+    gcs = connection.start_local(layout.ray_resources, num_gpus=gpus)
+    print(
+        f"Ray is up (GCS {gcs}, {gpus} GPUs, {layout.placement} placement); loading the model from {model}", flush=True
+    )
     try:
-        # One engine and the policy's ranks. With one GPU they share it (colocated: half each, the engine
-        # taking spec.generation.gpuMemoryUtilization of its memory); without GPUs all run on the CPU.
-        share = 0.5 if gpus == 1 else min(1, gpus)
-        engines = connection.place_generation(
-            1, share, spec_json, str(model), "127.0.0.1", None, spec.grpo.seed, evaluation_token
+        placed = place_actors(
+            layout,
+            spec_json,
+            str(model),
+            host="127.0.0.1",
+            port=None,
+            seed=spec.grpo.seed,
+            evaluation_token=evaluation_token,
         )
-        policy = connection.place_policy(world, policy_gpus, spec_json, str(model), spec.grpo.seed)
-        base_url = ray.get(engines[0].base_url.remote())
+        engines, policy = placed.engines, placed.policy
+        base_urls = ray.get([engine.base_url.remote() for engine in engines])
         processes = EnvironmentProcesses(
             [env for env in spec.environments if env.nemo_gym is None],
-            policy_base_url=base_url,
+            policy_base_urls=base_urls,
             policy_model_name=spec.model.served_model_name,
             gcs_address=gcs,
             log_dir=out / "environments",
         )
-        containers = local_nemo_gym.NemoGymContainers(job, policy_base_url=base_url, run_dir=out / "environments")
+        containers = local_nemo_gym.NemoGymContainers(job, policy_base_url=base_urls[0], run_dir=out / "environments")
         sinks = tracking.tracking_sinks(job, attempt=1, run_dir=out)
         with contextlib.ExitStack() as started:
             env_urls = started.enter_context(processes) | started.enter_context(containers)

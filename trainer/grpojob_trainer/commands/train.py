@@ -7,6 +7,7 @@ import logging
 import os
 from pathlib import Path
 
+from grpojob_api import placement
 from grpojob_api.endpoints import GENERATION_PORT, ContractError, TrainerEnv
 from grpojob_trainer.commands.job import load_job, new_evaluation_token, read_evaluation_rows, read_training_prompts
 from grpojob_trainer.errors import UsageError
@@ -16,8 +17,6 @@ log = logging.getLogger("grpojob")
 
 def train_in_cluster(config_path: Path) -> int:
     """`grpojob train`: the trainer pod. Everything it needs comes from the endpoints ConfigMap and the Job."""
-    import ray
-
     from grpojob_trainer.algorithm.loop import run_loop
     from grpojob_trainer.observability import tracking
     from grpojob_trainer.observability.metrics import MetricSink, MetricsLogger
@@ -25,6 +24,7 @@ def train_in_cluster(config_path: Path) -> int:
     from grpojob_trainer.observability.prometheus import PrometheusMetrics
     from grpojob_trainer.ray_runtime import connection
     from grpojob_trainer.ray_runtime.local_environments import wait_for_environments
+    from grpojob_trainer.ray_runtime.placement import place_actors
     from grpojob_trainer.ray_runtime.rendezvous import current_endpoints
 
     job = load_job(config_path)
@@ -48,29 +48,18 @@ def train_in_cluster(config_path: Path) -> int:
     evaluation_rows = read_evaluation_rows(spec, pod.evaluation_dataset_path)
     evaluation_token = new_evaluation_token(spec)
     try:
-        generation, training = spec.generation, spec.training
-        engines = connection.place_generation(
-            generation.replicas,
-            generation.gpus_per_replica,
+        # Placing the engines and ranks waits for the worker pods (and their images and GPUs); a job that never
+        # gets them is ended by the operator's deadline or stuck-pod checks, and this gives up after an hour.
+        placed = place_actors(
+            placement.layout(spec),
             spec_json,
             pod.model_path,
-            "0.0.0.0",
-            GENERATION_PORT,
-            spec.grpo.seed,
-            evaluation_token,
-        )
-        # One rank per GPU of the `policy` workers (one per worker on the CPU). Placing them waits for the
-        # worker pods (and their images and GPUs); a job that never gets them is ended by the operator's
-        # deadline or stuck-pod checks, and this gives up after an hour.
-        policy = connection.place_policy(
-            training.ranks,
-            min(1, training.gpus_per_replica),
-            spec_json,
-            pod.model_path,
-            spec.grpo.seed,
+            host="0.0.0.0",
+            port=GENERATION_PORT,
+            seed=spec.grpo.seed,
+            evaluation_token=evaluation_token,
             timeout_s=3600,
         )
-        ray.get([engine.base_url.remote() for engine in engines], timeout=3600)
         wait_for_environments(endpoints.environment_urls)
         run_dir = Path(pod.log_dir)
         sinks += tracking.tracking_sinks(job, endpoints.attempt, run_dir)
@@ -79,8 +68,8 @@ def train_in_cluster(config_path: Path) -> int:
             asyncio.run(
                 run_loop(
                     job,
-                    policy=policy,
-                    engines=engines,
+                    policy=placed.policy,
+                    engines=placed.engines,
                     env_urls=endpoints.environment_urls,
                     dataset=dataset,
                     logger=logger,

@@ -43,6 +43,12 @@ class PolicyGroup:
 
         return ray.get([getattr(rank, method).remote(*args) for rank in self.ranks])[0]
 
+    def _of_every_rank(self, method: str, *args: Any) -> list[Any]:
+        """``method(*args)`` on every rank; every rank's result, rank 0's first."""
+        import ray
+
+        return ray.get([getattr(rank, method).remote(*args) for rank in self.ranks])
+
     def _on_rank0(self, method: str, *args: Any) -> Any:
         import ray
 
@@ -100,23 +106,26 @@ class PolicyGroup:
         ray.get(refs[1:])
         return refs[0]
 
-    def device_uuid(self) -> str | None:
-        """Rank 0's GPU (None on the CPU)."""
-        return self._on_rank0("device_uuid")
+    def device_uuids(self) -> list[str | None]:
+        """Every rank's GPU, rank 0's first (None on the CPU)."""
+        return self._of_every_rank("device_uuid")
 
     def bucket_layouts(self, bucket_bytes: int, content: str = "weights") -> list[Any]:
         """How the tensors of ``content`` are packed into buckets (every rank computes it: the first time,
         gathering the shapes is a collective)."""
         return self._on_every_rank("bucket_layouts", bucket_bytes, content)
 
-    def share_weights_ipc(self, bucket_bytes: int, content: str = "weights") -> list[Any]:
+    def share_weights_ipc(
+        self, bucket_bytes: int, content: str = "weights", sharing: set[int] = frozenset({0})
+    ) -> list[Any]:
         """Start every rank packing the buckets of ``content`` (the gather is a collective): their ObjectRefs,
-        rank 0's first, whose value is the CUDA IPC payload (kept alive until `release_shared_weights`). An
-        engine handed rank 0's ref waits for it itself: the payload does not pass through the driver."""
-        return [rank.share_weights_ipc.remote(bucket_bytes, content) for rank in self.ranks]
+        rank 0's first. The value of each rank in ``sharing`` is the CUDA IPC payload of buckets on its GPU
+        (kept alive until `release_shared_weights`), the others' None. An engine handed a rank's ref waits
+        for it itself: the payload does not pass through the driver."""
+        return [rank.share_weights_ipc.remote(bucket_bytes, content, i in sharing) for i, rank in enumerate(self.ranks)]
 
     def release_shared_weights(self) -> None:
-        self._on_rank0("release_shared_weights")
+        self._on_every_rank("release_shared_weights")
 
     def free_cached_memory(self) -> None:
         """Every rank hands the GPU memory its allocator caches back to the GPU (for an engine to wake into)."""

@@ -158,10 +158,11 @@ class PolicyWorker:
             self._layouts[key] = plan_buckets(shapes, bucket_bytes=bucket_bytes, dtype=torch.bfloat16)
         return self._layouts[key]
 
-    def share_weights_ipc(self, bucket_bytes: int, content: str = "weights") -> bytes | None:
-        """Every rank (the gather is a collective); rank 0 packs the tensors of ``content`` into buckets on
-        its GPU and shares them by CUDA IPC handles (kept alive until `release_shared_weights`): the payload
-        `grpojob_trainer.weight_sync.buckets.open_shared_buckets` opens. Other ranks return None.
+    def share_weights_ipc(self, bucket_bytes: int, content: str = "weights", share: bool = True) -> bytes | None:
+        """Every rank (the gather is a collective); a rank that is to ``share`` (one with an engine on its GPU)
+        packs the tensors of ``content`` into buckets on its GPU and shares them by CUDA IPC handles (kept
+        alive until `release_shared_weights`): the payload `grpojob_trainer.weight_sync.buckets.open_shared_buckets`
+        opens. The others return None.
 
         An adapter's buckets (a few hundred MB at most) are shared once and refilled at every push, under
         the same payload, so the engine opens them once (`vllm_worker`) rather than mapping new memory at
@@ -170,7 +171,7 @@ class PolicyWorker:
 
         layouts = self.bucket_layouts(bucket_bytes, content)
         tensors = dict(self._sync_tensors(content))
-        if self.rank != 0:
+        if not share:
             return None
         if content != SyncContent.ADAPTER:
             payload, self._shared = share_buckets(layouts, tensors, self.trainer.device)

@@ -20,16 +20,13 @@ from typing import Any, NoReturn
 
 from grpojob_api import endpoints
 from grpojob_trainer.errors import RayHeadLost
-from grpojob_trainer.generation.worker import GenerationWorker
-from grpojob_trainer.policy.group import PolicyGroup
-from grpojob_trainer.policy.worker import PolicyWorker
 
 log = logging.getLogger(__name__)
 
 
-def start_local(generation_replicas: int, policy_replicas: int, num_gpus: int = 0) -> str:
-    """Start a local Ray head declaring the resources of the RayCluster's worker groups (and this
-    machine's GPUs); its GCS address.
+def start_local(ray_resources: dict[str, int], num_gpus: int = 0) -> str:
+    """Start a local Ray head declaring the custom resources of the RayCluster's worker groups
+    (`grpojob_api.placement.Layout.ray_resources`) and this machine's GPUs; its GCS address.
 
     Ray's servers listen on every address of the machine (Ray has no setting that binds its GCS to
     loopback), so the head requires a token of this run, as the job's RayCluster requires the job's: a
@@ -44,7 +41,7 @@ def start_local(generation_replicas: int, policy_replicas: int, num_gpus: int = 
     ray.init(
         num_cpus=os.cpu_count() or 1,
         num_gpus=num_gpus,
-        resources={endpoints.GENERATION_GROUP: generation_replicas, endpoints.POLICY_GROUP: policy_replicas},
+        resources=ray_resources,
         include_dashboard=False,
         namespace="grpojob",
         logging_level=logging.WARNING,
@@ -152,37 +149,3 @@ def gcs_address() -> str:
     if not address:
         raise RuntimeError("Ray is initialised but its runtime context has no GCS address")
     return address
-
-
-def place_generation(
-    replicas: int,
-    gpus: float,
-    spec: dict,
-    model_path: str,
-    host: str,
-    port: int | None,
-    seed: int,
-    evaluation_token: str | None = None,
-) -> list:
-    """One generation engine per `generation` worker (each needs the group's custom resource, and its
-    GPUs: Ray hides GPUs from an actor that did not ask for them); ``evaluation_token`` marks evaluation
-    requests (`GenerationWorker`). An engine given a share of a GPU (``gpus`` below 1) shares it with the
-    policy."""
-    import ray
-
-    actor = ray.remote(GenerationWorker).options(num_cpus=0, num_gpus=gpus, resources={endpoints.GENERATION_GROUP: 1})
-    shares_gpu = 0 < gpus < 1
-    return [actor.remote(spec, model_path, host, port, seed + i, evaluation_token, shares_gpu) for i in range(replicas)]
-
-
-def place_policy(
-    world: int, gpus: float, spec: dict, model_path: str, seed: int, timeout_s: float | None = None
-) -> PolicyGroup:
-    """The policy's ``world`` ranks, each on a `policy` worker (one unit of its resource) with ``gpus`` GPUs
-    (1, a share of one, or 0 on the CPU), started; returns when all have loaded the model (or raises
-    ``GetTimeoutError`` after ``timeout_s``)."""
-    import ray
-
-    actor = ray.remote(PolicyWorker).options(num_cpus=0, num_gpus=gpus, resources={endpoints.POLICY_GROUP: 1})
-    ranks = [actor.remote(spec, model_path, seed, rank, world) for rank in range(world)]
-    return PolicyGroup.start(ranks, timeout_s=timeout_s)

@@ -29,16 +29,18 @@ def environment_command(env: api.EnvironmentSpec) -> list[str]:
 
 
 class EnvironmentProcesses:
-    """Start every environment of a job, ``replicas`` processes of each, every one on a free loopback port;
-    stop them on exit. Entering gives each environment's replica URLs (the driver spreads rollouts over
-    them, as a Service spreads them over an environment's pods). A server that exits during start-up, or
-    does not answer within ``start_timeout_s``, raises `EnvironmentNotReady` naming it."""
+    """Start every environment of a job, ``replicas`` processes of each, every one on a free loopback port and
+    each calling one of the engines at ``policy_base_urls`` in turn (as the generation Service spreads the
+    pods' calls over the engines); stop them on exit. Entering gives each environment's replica URLs (the
+    driver spreads rollouts over them, as a Service spreads them over an environment's pods). A server that
+    exits during start-up, or does not answer within ``start_timeout_s``, raises `EnvironmentNotReady`
+    naming it."""
 
     def __init__(
         self,
         environments: list[api.EnvironmentSpec],
         *,
-        policy_base_url: str,
+        policy_base_urls: list[str],
         policy_model_name: str,
         gcs_address: str,
         log_dir: Path,
@@ -46,8 +48,8 @@ class EnvironmentProcesses:
     ) -> None:
         self.environments = environments
         self.start_timeout_s = start_timeout_s
+        self.policy_base_urls = policy_base_urls
         self.common_env = {
-            endpoints.POLICY_BASE_URL: policy_base_url,
             endpoints.POLICY_MODEL_NAME: policy_model_name,
             endpoints.RAY_GCS_ADDRESS: gcs_address,
         }
@@ -59,9 +61,12 @@ class EnvironmentProcesses:
     def __enter__(self) -> dict[str, list[str]]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
+            started = 0
             for index, env in enumerate(self.environments):
                 for replica in range(env.replicas):
-                    self._start(index, env, replica_name(env.name, replica))
+                    engine = self.policy_base_urls[started % len(self.policy_base_urls)]
+                    self._start(index, env, replica_name(env.name, replica), engine)
+                    started += 1
             for env in self.environments:
                 for replica in range(env.replicas):
                     self._wait_healthy(env, replica)
@@ -73,7 +78,7 @@ class EnvironmentProcesses:
             for env in self.environments
         }
 
-    def _start(self, index: int, env: api.EnvironmentSpec, name: str) -> None:
+    def _start(self, index: int, env: api.EnvironmentSpec, name: str, policy_base_url: str) -> None:
         variables = {}
         for position, var in enumerate(env.env):
             if var.value is None:
@@ -86,7 +91,14 @@ class EnvironmentProcesses:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
         self.processes[name] = subprocess.Popen(
             environment_command(env),
-            env={**os.environ, **self.common_env, **variables, endpoints.PORT: str(port), endpoints.HOST: "127.0.0.1"},
+            env={
+                **os.environ,
+                **self.common_env,
+                **variables,
+                endpoints.POLICY_BASE_URL: policy_base_url,
+                endpoints.PORT: str(port),
+                endpoints.HOST: "127.0.0.1",
+            },
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -4,10 +4,10 @@ Three paths, picked once per run by `weight_sync_for` from where the actors are:
 
 - `ObjectStoreSync`: the policy's tensors, copied to the CPU, go through the Ray object store (one put,
   every engine reads it). The path of CPU jobs and of the transformers backend.
-- `CudaIpcSync`: policy and vLLM engine on the same GPU (colocated). The policy packs its parameters
-  into bfloat16 buckets on the GPU and hands the engine CUDA IPC handles; the engine's workers load
-  straight from the policy's memory. Nothing crosses the host, and the handles go from the policy's
-  actor to the engine's without a stop at the driver.
+- `CudaIpcSync`: each vLLM engine on the GPU of a policy rank (colocated). That rank packs the parameters
+  into bfloat16 buckets on its GPU and hands the engine CUDA IPC handles; the engine's workers load
+  straight from the rank's memory. Nothing crosses the host, and the handles go from the rank's actor to
+  the engine's without a stop at the driver.
 - `NcclBroadcastSync`: engines on other GPUs. Policy (rank 0) and every engine join an NCCL group once;
   each sync broadcasts the buckets, which the engines load as they arrive.
 
@@ -114,8 +114,11 @@ class CudaIpcSync:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         content: Content = Content(),
         sleep: bool = False,
+        sources: list[int] | None = None,
     ) -> None:
         self.policy, self.engines, self.bucket_bytes, self.content = policy, engines, bucket_bytes, content
+        self.sources = sources or [0] * len(engines)
+        """For each engine, the policy rank on its GPU, whose buckets it loads."""
         self.sleep = sleep
         """Whether the engines sleep while the policy trains."""
         self.asleep = False
@@ -142,8 +145,11 @@ class CudaIpcSync:
             self.policy.free_cached_memory()
             ray.get([engine.wake_up.remote(["weights"]) for engine in self.engines])
         try:
-            shared = self.policy.share_weights_ipc(self.bucket_bytes, self.content.kind)
-            loads = [self.content.receive(engine, "_ipc", shared[0]) for engine in self.engines]
+            shared = self.policy.share_weights_ipc(self.bucket_bytes, self.content.kind, set(self.sources))
+            loads = [
+                self.content.receive(engine, "_ipc", shared[source])
+                for engine, source in zip(self.engines, self.sources, strict=True)
+            ]
             versions = ray.get([*shared, *loads])[len(shared) :]
         finally:
             if self.content.kind != ADAPTER:  # an adapter's buckets are kept and refilled at the next push
@@ -192,16 +198,28 @@ class NcclBroadcastSync(NothingToRelease):
         }
 
 
-def choose_path(policy_gpu: str | None, engines: list[dict[str, Any]]) -> str:
-    """The path for a policy on GPU ``policy_gpu`` (None: CPU) and engines described by their
-    ``weight_sync_info`` (backend, device UUIDs): object-store, cuda-ipc or nccl-broadcast."""
-    if policy_gpu is None or any(e["backend"] != "vllm" for e in engines):
+def choose_path(policy_gpus: list[str | None], engines: list[dict[str, Any]]) -> str:
+    """The path for a policy whose ranks are on GPUs ``policy_gpus`` (None: the CPU) and engines described by
+    their ``weight_sync_info`` (backend, device UUIDs): object-store, cuda-ipc or nccl-broadcast."""
+    if policy_gpus[0] is None or any(e["backend"] != "vllm" for e in engines):
         return ObjectStoreSync.name
-    if all(e["device_uuids"] == [policy_gpu] for e in engines):
+    if ipc_sources(policy_gpus, engines) is not None:
         return CudaIpcSync.name
-    if all(policy_gpu not in e["device_uuids"] and len(e["device_uuids"]) == 1 for e in engines):
+    if all(len(e["device_uuids"]) == 1 and e["device_uuids"][0] not in policy_gpus for e in engines):
         return NcclBroadcastSync.name
-    return ObjectStoreSync.name  # tensor-parallel engines, or some sharing the policy's GPU and some not
+    return ObjectStoreSync.name  # tensor-parallel engines, or some sharing a rank's GPU and some not
+
+
+def ipc_sources(policy_gpus: list[str | None], engines: list[dict[str, Any]]) -> list[int] | None:
+    """For each engine, the policy rank on its one GPU (the rank whose buckets it opens by CUDA IPC); None
+    unless every engine has such a rank."""
+    sources = []
+    for engine in engines:
+        uuids = engine["device_uuids"]
+        if len(uuids) != 1 or uuids[0] not in policy_gpus:
+            return None
+        sources.append(policy_gpus.index(uuids[0]))
+    return sources
 
 
 def choose_content(lora: bool, engines: list[dict[str, Any]]) -> str:
@@ -213,23 +231,22 @@ def choose_content(lora: bool, engines: list[dict[str, Any]]) -> str:
 
 
 def weight_sync_for(policy: PolicyGroup, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightSync:
-    """The weight path for these actors (see `choose_path` and `choose_content`; the policy's GPU is its
-    rank 0's), set up and ready to `push`."""
+    """The weight path for these actors (see `choose_path` and `choose_content`), set up and ready to `push`."""
     import ray
 
-    policy_gpu = policy.device_uuid()
+    policy_gpus = policy.device_uuids()
     adapter_config = policy.adapter_config()
     infos = ray.get([engine.weight_sync_info.remote() for engine in engines])
-    path = choose_path(policy_gpu, infos)
+    path = choose_path(policy_gpus, infos)
     content = Content(choose_content(adapter_config is not None, infos), adapter_config)
-    log.info("weight sync: %s of the %s (policy GPU %s, engines %s)", path, content.kind, policy_gpu, infos)
+    log.info("weight sync: %s of the %s (policy GPUs %s, engines %s)", path, content.kind, policy_gpus, infos)
     if content.kind == MERGED:
         log.warning("the engines cannot serve LoRA adapters: the policy sends its adapter merged into the base")
     if path == CudaIpcSync.name:
         sleep = all(info.get("sleeps") for info in infos)
         if sleep:
             log.info("the engines sleep while the policy trains (level %d)", sleep_level(content.kind))
-        return CudaIpcSync(policy, engines, bucket_bytes, content, sleep)
+        return CudaIpcSync(policy, engines, bucket_bytes, content, sleep, ipc_sources(policy_gpus, infos))
     if path == NcclBroadcastSync.name:
         return NcclBroadcastSync(policy, engines, bucket_bytes, content)
     return ObjectStoreSync(policy, engines, content)

@@ -62,4 +62,61 @@ def test_ray_pods_mount_no_api_token_and_write_only_to_their_volumes():
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert "emptyDir" in volumes[mounts["/tmp"]]  # Ray's session directory, /tmp/ray
-        assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
+        assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+
+
+def colocated_job(**overrides):
+    one_each = {"replicas": 2, "gpusPerReplica": 1}
+    return job(generation=one_each, training=one_each, **overrides)
+
+
+def test_an_on_policy_job_whose_engines_match_its_ranks_is_colocated_in_one_gpu_group():
+    cluster = build_raycluster(colocated_job(), SETTINGS)["spec"]
+    (group,) = cluster["workerGroupSpecs"]
+    assert (group["groupName"], group["replicas"]) == ("colocated", 2)
+    # Each pod offers Ray one engine and one policy rank, which share its one GPU.
+    assert group["rayStartParams"]["resources"] == """'{"generation": 1, "policy": 1}'"""
+    container = group["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert container["ports"] == [{"name": "http", "containerPort": 8000}]  # it serves generation
+    split = build_raycluster(colocated_job(placement="split"), SETTINGS)["spec"]["workerGroupSpecs"]
+    policy = next(g for g in split if g["groupName"] == "policy")["template"]["spec"]["containers"][0]
+    assert container["volumeMounts"] == policy["volumeMounts"]  # the policy's claims, as a policy pod mounts them
+    service = build_generation_service(colocated_job())["spec"]
+    assert service["selector"] == {"ray.io/cluster": "demo", "ray.io/group": "colocated"}
+
+
+def test_asynchronous_grpo_and_a_split_placement_keep_engines_on_gpus_of_their_own():
+    asynchronous = colocated_job(grpo={"maxOffPolicySteps": 1})
+    for j in (asynchronous, colocated_job(placement="split")):
+        groups = [g["groupName"] for g in build_raycluster(j, SETTINGS)["spec"]["workerGroupSpecs"]]
+        assert groups == ["generation", "policy"]
+    assert asynchronous.spec.resolved_placement == "split"
+
+
+def test_worker_pods_fit_a_one_gpu_node_of_8_cpus_and_32_gib_by_default():
+    (group,) = build_raycluster(colocated_job(), SETTINGS)["spec"]["workerGroupSpecs"]
+    pod = group["template"]["spec"]
+    resources = pod["containers"][0]["resources"]
+    assert resources["requests"] == {"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": "1"}
+    assert resources["limits"] == {"memory": "24Gi", "nvidia.com/gpu": "1"}  # no CPU limit: no throttling
+    shm = next(v for v in pod["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+
+
+def test_worker_pods_take_cpu_memory_and_shared_memory_from_the_spec():
+    sized = {"replicas": 2, "gpusPerReplica": 1, "resources": {"cpu": "6", "memory": "60Gi", "sharedMemory": "20Gi"}}
+    j = job(generation={"replicas": 2, "gpusPerReplica": 1, "resources": {"cpu": "1"}}, training=sized)
+    (group,) = build_raycluster(j, SETTINGS)["spec"]["workerGroupSpecs"]  # colocated: the policy's resources
+    resources = group["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == {"cpu": "6", "memory": "60Gi", "nvidia.com/gpu": "1"}
+    shm = next(v for v in group["template"]["spec"]["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"]["sizeLimit"] == "20Gi"
+    split = {
+        g["groupName"]: g
+        for g in build_raycluster(
+            job(**{**j.spec.model_dump(by_alias=True, exclude_none=True), "placement": "split"}), SETTINGS
+        )["spec"]["workerGroupSpecs"]
+    }
+    generation = split["generation"]["template"]["spec"]["containers"][0]["resources"]
+    assert generation["requests"] == {"cpu": "1", "memory": "24Gi", "nvidia.com/gpu": "1"}  # defaults for the rest

@@ -1,6 +1,6 @@
 """Which path the policy's weights take to the engines, decided from where the actors are."""
 
-from grpojob_trainer.weight_sync.paths import ADAPTER, MERGED, WEIGHTS, choose_content, choose_path
+from grpojob_trainer.weight_sync.paths import ADAPTER, MERGED, WEIGHTS, choose_content, choose_path, ipc_sources
 
 
 def vllm(*uuids: str) -> dict:
@@ -8,24 +8,37 @@ def vllm(*uuids: str) -> dict:
 
 
 def test_a_cpu_policy_sends_through_the_object_store():
-    assert choose_path(None, [vllm("GPU-a")]) == "object-store"
+    assert choose_path([None], [vllm("GPU-a")]) == "object-store"
 
 
 def test_the_transformers_engine_takes_tensors_through_the_object_store():
-    assert choose_path("GPU-a", [{"backend": "transformers", "device_uuids": []}]) == "object-store"
+    assert choose_path(["GPU-a"], [{"backend": "transformers", "device_uuids": []}]) == "object-store"
 
 
 def test_engines_on_the_policy_gpu_open_its_buckets_by_cuda_ipc():
-    assert choose_path("GPU-a", [vllm("GPU-a"), vllm("GPU-a")]) == "cuda-ipc"
+    assert choose_path(["GPU-a"], [vllm("GPU-a"), vllm("GPU-a")]) == "cuda-ipc"
 
 
 def test_engines_on_other_gpus_receive_an_nccl_broadcast():
-    assert choose_path("GPU-a", [vllm("GPU-b"), vllm("GPU-c")]) == "nccl-broadcast"
+    assert choose_path(["GPU-a"], [vllm("GPU-b"), vllm("GPU-c")]) == "nccl-broadcast"
+
+
+def test_colocated_engines_each_open_the_buckets_of_the_rank_on_their_gpu():
+    policy_gpus: list[str | None] = ["GPU-a", "GPU-b", "GPU-c"]
+    engines = [vllm("GPU-c"), vllm("GPU-a"), vllm("GPU-b")]
+    assert choose_path(policy_gpus, engines) == "cuda-ipc"
+    assert ipc_sources(policy_gpus, engines) == [2, 0, 1]
+
+
+def test_engines_off_every_rank_gpu_receive_the_broadcast_and_a_mix_falls_back():
+    assert choose_path(["GPU-a", "GPU-b"], [vllm("GPU-c")]) == "nccl-broadcast"
+    assert choose_path(["GPU-a", "GPU-b"], [vllm("GPU-b"), vllm("GPU-c")]) == "object-store"
+    assert ipc_sources(["GPU-a", "GPU-b"], [vllm("GPU-b"), vllm("GPU-c")]) is None
 
 
 def test_mixed_or_tensor_parallel_layouts_fall_back_to_the_object_store():
-    assert choose_path("GPU-a", [vllm("GPU-a"), vllm("GPU-b")]) == "object-store"
-    assert choose_path("GPU-a", [vllm("GPU-b", "GPU-c")]) == "object-store"
+    assert choose_path(["GPU-a"], [vllm("GPU-a"), vllm("GPU-b")]) == "object-store"
+    assert choose_path(["GPU-a"], [vllm("GPU-b", "GPU-c")]) == "object-store"
 
 
 def test_a_full_fine_tune_sends_every_weight():

@@ -84,7 +84,7 @@ class Policy:
 
         ray.get(self.journal.write.remote(f"policy {entry}"))
 
-    def share_weights_ipc(self, bucket_bytes: int, content: str) -> list[Any]:
+    def share_weights_ipc(self, bucket_bytes: int, content: str, sharing: set[int]) -> list[Any]:
         import ray
 
         self._write(f"share {content}")

@@ -1,0 +1,86 @@
+"""Placing a job's generation engines and policy ranks on Ray by its layout (`grpojob_api.placement`): the one
+code path of `grpojob run` and of the trainer pod on Kubernetes.
+
+Engines ask for one unit of the `generation` Ray resource and ranks for one of `policy`, which only the pods
+of their worker group offer (or a local head declares). Colocated, engine i and rank i share the GPU of one
+bundle of a placement group (the bundle reserves that GPU and one unit of each resource, so both land on the
+same pod and the same GPU, however many GPUs a machine has); each takes half of it in Ray's count, while
+vLLM's own share of its memory is `spec.generation.gpuMemoryUtilization`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grpojob_api import endpoints
+from grpojob_api.placement import Layout
+from grpojob_trainer.generation.worker import GenerationWorker
+from grpojob_trainer.policy.group import PolicyGroup
+from grpojob_trainer.policy.worker import PolicyWorker
+
+
+@dataclass(frozen=True)
+class PlacedActors:
+    """The engines (`GenerationWorker` actors, started) and the policy's ranks (started, model loaded)."""
+
+    engines: list[Any]
+    policy: PolicyGroup
+
+
+def place_actors(
+    layout: Layout,
+    spec: dict,
+    model_path: str,
+    *,
+    host: str,
+    port: int | None,
+    seed: int,
+    evaluation_token: str | None = None,
+    timeout_s: float | None = None,
+) -> PlacedActors:
+    """Start ``layout``'s engines (serving on ``host``:``port``, a free port when None; engine i samples with
+    seed ``seed + i``) and its policy ranks. Returns once every rank has loaded the model and every engine
+    serves; ``timeout_s`` bounds the wait for the worker pods (their images and GPUs)."""
+    import ray
+
+    strategies = _colocated_bundles(layout, timeout_s) if layout.colocated else [None] * max(layout.ranks, 1)
+    engine = ray.remote(GenerationWorker)
+    rank = ray.remote(PolicyWorker)
+    shares_gpu = layout.colocated and layout.gpus_per_engine > 0
+    engines = [
+        engine.options(
+            num_cpus=0,
+            num_gpus=layout.gpus_per_engine,
+            resources={endpoints.GENERATION_GROUP: 1},
+            scheduling_strategy=strategies[i % len(strategies)],
+        ).remote(spec, model_path, host, port, seed + i, evaluation_token, shares_gpu)
+        for i in range(layout.engines)
+    ]
+    ranks = [
+        rank.options(
+            num_cpus=0,
+            num_gpus=layout.gpus_per_rank,
+            resources={endpoints.POLICY_GROUP: 1},
+            scheduling_strategy=strategies[i % len(strategies)],
+        ).remote(spec, model_path, seed, i, layout.ranks)
+        for i in range(layout.ranks)
+    ]
+    policy = PolicyGroup.start(ranks, timeout_s=timeout_s)
+    ray.get([e.base_url.remote() for e in engines], timeout=timeout_s)
+    return PlacedActors(engines, policy)
+
+
+def _colocated_bundles(layout: Layout, timeout_s: float | None) -> list[Any]:
+    """One placement-group bundle per engine and rank pair (a GPU when they have one, and a unit of each
+    group's resource), reserved; the scheduling strategy of each."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bundle: dict[str, float] = {endpoints.GENERATION_GROUP: 1, endpoints.POLICY_GROUP: 1}
+    if layout.gpus_per_rank:
+        bundle["GPU"] = 1
+    group = placement_group([dict(bundle) for _ in range(layout.ranks)], strategy="PACK")
+    ray.get(group.ready(), timeout=timeout_s)
+    return [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i) for i in range(layout.ranks)]
