@@ -43,7 +43,7 @@ lint: $(VENV)/.dev-installed
 
 # The documentation site (mkdocs.yml, docs/) into build/site; --strict: a broken link or a page missing from the nav fails.
 docs: $(VENV)/.dev-installed
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Writes what is generated from the API's types: the CRD and the API reference page (tests fail when they drift).
 generate: $(VENV)/.dev-installed
