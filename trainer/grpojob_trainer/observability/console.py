@@ -46,14 +46,15 @@ class _NotPerStep(logging.Filter):
 
 
 def bar_postfix(metrics: Mapping[str, Any]) -> str:
-    """The bar's text after the counts: ``reward 0.412 12.3s/step`` (what the step did not measure left out)."""
+    """The bar's text after tqdm's counts and rate: ``reward 0.412 last step 12.3s`` (what the step did not measure
+    left out)."""
     parts = []
     reward = metrics.get(REWARD)
     if isinstance(reward, int | float) and math.isfinite(reward):
         parts.append(f"reward {reward:.3f}")
     seconds = metrics.get(STEP_SECONDS)
     if isinstance(seconds, int | float):
-        parts.append(f"{seconds:.1f}s/step")
+        parts.append(f"last step {seconds:.1f}s")
     return " ".join(parts)
 
 

@@ -41,7 +41,7 @@ def test_the_bar_is_drawn_on_a_terminal_only(terminal, tmp_path: Path):
 
 
 def test_the_bar_carries_the_reward_and_the_step_time():
-    assert bar_postfix({"rollout/reward/mean": 0.41249, "time/step": 12.34}) == "reward 0.412 12.3s/step"
+    assert bar_postfix({"rollout/reward/mean": 0.41249, "time/step": 12.34}) == "reward 0.412 last step 12.3s"
     assert bar_postfix({"rollout/reward/mean": float("nan")}) == ""
 
 
@@ -88,7 +88,7 @@ def test_on_a_terminal_log_lines_go_above_the_bar_and_the_steps_to_the_log_file(
     assert run_script(tmp_path / "run.log", stderr=follower) == "summary\n"
     screen = read_all(leader)
 
-    assert "3/3" in screen and "reward 0.300 1.0s/step" in screen, screen
+    assert "3/3" in screen and "reward 0.300 last step 1.0s" in screen, screen
     assert "step 1/3 reward" not in screen, "the per-step lines stay off the screen"
     # A warning is written on a line of its own above the bar: the bar is cleared first, redrawn after.
     warning = next(line for line in screen.splitlines() if "a warning at step 2" in line)
