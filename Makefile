@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint cluster-binaries cluster-up cluster-down image-tools images gpu-image node-packages e2e kind-node-image e2e-kind
+.PHONY: demo test lint docs generate cluster-binaries cluster-up cluster-down image-tools images gpu-image node-packages e2e kind-node-image e2e-kind
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,15 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-logo
 
+# The documentation site (mkdocs.yml, docs/) into build/site; --strict: a broken link or a page missing from the nav fails.
+docs: $(VENV)/.dev-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Writes what is generated from the API's types: the CRD and the API reference page (tests fail when they drift).
+generate: $(VENV)/.dev-installed
+	$(BIN)/python -m grpojob_api.crd > charts/grpojob/crds/grpo.dev_grpojobs.yaml
+	$(BIN)/python -m grpojob_api.reference > docs/reference/api.md
+
 # Builds the pinned control-plane programs into ~/.cache/grpojob unless they are cached.
 cluster-binaries: $(VENV)/.dev-installed
 	$(BIN)/python -m grpojob_testing.build
@@ -60,7 +69,7 @@ gpu-image: image-tools $(VENV)/.dev-installed
 	$(BIN)/python -m grpojob_testing.disk room-for-gpu-image
 	$(BIN)/python -m grpojob_testing.images build-gpu
 
-test: lint cluster-binaries
+test: lint docs cluster-binaries
 	$(BIN)/pytest
 
 # containerd, runc, the CNI plugins and iptables from Debian at the versions of testing/node-packages.txt (root).

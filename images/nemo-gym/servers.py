@@ -123,7 +123,7 @@ def unprepared_line(server: str, root: Path | None) -> str:
     return (
         f"NeMo Gym server {server} is not prepared in this image: rebuild it with "
         f'--build-arg SERVERS="... {server}", or build FROM {IMAGE} with RUN grpojob-servers prepare {server}'
-        f"{copy} (README: NeMo Gym environments)"
+        f"{copy} (grpojob docs: guides/nemo-gym.md)"
     )
 
 

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
     [
         "runs/tiny-model/config.json",  # make demo: the tiny model, its rows, its checkpoints
         "models/tiny/final/model.safetensors",  # a job's exported model (spec.output.path's default)
-        ".gpuparts/p0/part_00",  # the GPU session's wheel parts
+        ".gpuparts/p0/part_00",  # the GPU machine's wheel parts
+        "build/site/index.html",  # make docs: the documentation site
     ],
 )
 def test_what_the_readme_commands_write_is_ignored_by_git(path: str):

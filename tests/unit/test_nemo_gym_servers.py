@@ -122,7 +122,7 @@ def test_check_names_the_first_server_of_the_jobs_config_that_the_image_did_not_
         f"NeMo Gym server {TOOL_SERVER} is not prepared in this image: rebuild it with "
         f'--build-arg SERVERS="... {TOOL_SERVER}", or build FROM ghcr.io/grpojob/nemo-gym:0.1.0 with '
         f"RUN grpojob-servers prepare {TOOL_SERVER}; a server of your own: COPY its directory to "
-        f"{root / TOOL_SERVER} first (README: NeMo Gym environments)"
+        f"{root / TOOL_SERVER} first (grpojob docs: guides/nemo-gym.md)"
     )
     image(TOOL_SERVER)
     assert servers.check(args, work, root) == ""

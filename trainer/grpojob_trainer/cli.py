@@ -26,6 +26,8 @@ from grpojob_trainer.commands.local import run_local
 from grpojob_trainer.commands.train import train_in_cluster
 from grpojob_trainer.errors import AllRolloutsFailed, EnvironmentNotReady, RayHeadLost, UsageError
 from grpojob_trainer.models.tiny import SHAPES
+from grpojob_trainer.observability.console import LOG_FORMAT, wants_bar
+from grpojob_trainer.ray_runtime.connection import ask_for_token_auth
 
 log = logging.getLogger("grpojob")
 
@@ -58,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("run", help="run a GRPOJob YAML on this machine")
     run.add_argument("job", type=Path)
     run.add_argument("--out", type=Path, help="where metrics, TensorBoard logs and the reward curve go")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar: one log line a step")
+    run.add_argument(
+        "--verbose", action="store_true", help="every log line on the screen, one a step, instead of the progress bar"
+    )
     run.add_argument("--no-tensorboard", action="store_true", help="metrics to JSONL only")
     train = commands.add_parser("train", help="the trainer pod's entrypoint")
     train.add_argument("--config", type=Path, required=True)
@@ -116,14 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     termination_log: Path | None = getattr(args, "termination_log", None)
     try:
         if args.command == "run":
-            return run_local(
-                args.job, args.out, show_progress=not args.no_progress, tensorboard=not args.no_tensorboard
-            )
+            # Before anything imports Ray, which reads its authentication mode once, at import.
+            ask_for_token_auth()
+            bar = wants_bar(sys.stderr, verbose=args.verbose, no_progress=args.no_progress)
+            return run_local(args.job, args.out, show_progress=bar, tensorboard=not args.no_tensorboard)
         if args.command == "train":
             return train_in_cluster(args.config)
         if args.command == "export":

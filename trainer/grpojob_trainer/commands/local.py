@@ -120,10 +120,10 @@ def local_model(model: api.ModelSpec) -> Path:
 def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard: bool = True) -> int:
     """`grpojob run`: the whole loop on this machine."""
     import ray
-    from tqdm import tqdm
 
     from grpojob_trainer.algorithm.loop import run_loop
     from grpojob_trainer.observability import report, tracking
+    from grpojob_trainer.observability.console import StepDisplay
     from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
     from grpojob_trainer.ray_runtime import connection, reaper
     from grpojob_trainer.ray_runtime.local_environments import EnvironmentProcesses
@@ -173,11 +173,8 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
             env_urls = started.enter_context(processes) | started.enter_context(containers)
             env_urls = nemo_gym.with_agent_names(spec.environments, env_urls)
             logger = started.enter_context(MetricsLogger(out, tensorboard=tensorboard, sinks=sinks))
-            bar = tqdm(total=spec.grpo.max_steps, desc=job.metadata.name, unit="step", disable=not show_progress)
-
-            def on_step(step: int, metrics: dict[str, float]) -> None:
-                bar.n = step
-                bar.set_postfix(reward=f"{metrics.get('rollout/reward/mean', float('nan')):.3f}", refresh=True)
+            name, steps = job.metadata.name, spec.grpo.max_steps
+            display = started.enter_context(StepDisplay(name, steps, out / "run.log", bar=show_progress))
 
             result = asyncio.run(
                 run_loop(
@@ -190,12 +187,11 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
                     progress=FileProgressPublisher(out / "progress.json"),
                     checkpoint_dir=Path(paths.checkpoint_dir(job)),
                     output_dir=Path(paths.output_dir(job)).resolve(),
-                    on_step=on_step,
+                    on_step=display.on_step,
                     evaluation_rows=evaluation_rows,
                     evaluation_token=evaluation_token,
                 )
             )
-            bar.close()
     finally:
         ray.shutdown()
     curve = report.reward_curve(out / "metrics.jsonl")

@@ -58,7 +58,7 @@ def _client_module(name: str, field: str) -> Any:
     except ImportError:
         raise UsageError(
             f"{field} needs the {name} client, which this trainer lacks: install grpojob[tracking] "
-            "(README: Watching a job)"
+            "(grpojob docs: guides/watching.md)"
         ) from None
 
 

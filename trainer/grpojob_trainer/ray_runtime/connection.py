@@ -32,12 +32,12 @@ def start_local(ray_resources: dict[str, int], num_gpus: int = 0) -> str:
     loopback), so the head requires a token of this run, as the job's RayCluster requires the job's: a
     client without it is refused. The token reaches Ray's processes and the environment servers through
     this process's environment; it is never written to a file (Ray's default is ~/.ray/auth_token)."""
+    ask_for_token_auth()
     import ray
 
-    # With RAY_AUTH_MODE unset, ray.init turns token authentication on for the cluster it starts and
-    # re-reads its config; a mode set here, after Ray read its config at import, would not reach it.
-    os.environ.pop(endpoints.RAY_AUTH_MODE, None)
     os.environ[endpoints.RAY_AUTH_TOKEN] = secrets.token_hex(32)
+    # The workers' own progress bars (transformers loading weights) would be printed through the run's.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     ray.init(
         num_cpus=os.cpu_count() or 1,
         num_gpus=num_gpus,
@@ -47,6 +47,19 @@ def start_local(ray_resources: dict[str, int], num_gpus: int = 0) -> str:
         logging_level=logging.WARNING,
     )
     return gcs_address()
+
+
+def ask_for_token_auth() -> None:
+    """Ask Ray for token authentication by name (`RAY_AUTH_MODE=token`) before the local head starts.
+
+    Ray reads the mode once, when it is imported. Set before that, Ray starts the head with token authentication
+    and says nothing. Where Ray was imported first (its mode read as unset or another), the mode is left unset:
+    `ray.init` then turns token authentication on for the cluster it starts by itself, with a warning that
+    offers to turn it off."""
+    if "ray" in sys.modules and os.environ.get(endpoints.RAY_AUTH_MODE) != endpoints.RAY_AUTH_MODE_TOKEN:
+        os.environ.pop(endpoints.RAY_AUTH_MODE, None)
+    else:
+        os.environ[endpoints.RAY_AUTH_MODE] = endpoints.RAY_AUTH_MODE_TOKEN
 
 
 def join(address: str, timeout_s: float = 300.0) -> str:
