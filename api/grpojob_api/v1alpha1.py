@@ -297,8 +297,10 @@ class GenerationSpec(ApiModel):
     rank, so as many as `spec.training.replicas`)."""
     gpus_per_replica: int = Field(default=1, ge=0, le=8)
     """GPUs per engine, which is also vLLM's tensor-parallel size (0 runs on CPU)."""
-    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
-    """Fraction of GPU memory vLLM may use (colocated: its share of the GPU it shares with the policy)."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may use. Unset: 0.9 on GPUs of its own (`spec.placement: split`), 0.35 on
+    a GPU it shares with a policy rank (`colocated`), which leaves the rest to training (the share the 1.5B
+    and 7B LoRA benchmarks ran at)."""
     max_model_len: int = Field(default=4096, ge=16, le=1_048_576)
     """Longest prompt plus generation, in tokens."""
     temperature: float = Field(default=1.0, gt=0.0, le=2.0)
@@ -1270,6 +1272,10 @@ def _names_an_environment(mapping: str) -> str:
     )
 
 
+SPLIT_ENGINE_MEMORY_SHARE = 0.9
+COLOCATED_ENGINE_MEMORY_SHARE = 0.35
+
+
 class Placement(StrEnum):
     """Where the generation engines run relative to the policy's ranks."""
 
@@ -1453,6 +1459,14 @@ class GRPOJobSpec(ApiModel):
             if conflicts:
                 raise ValueError("; ".join(conflicts))
         return self
+
+    def engine_memory_share(self, shares_gpu: bool) -> float:
+        """vLLM's fraction of its GPUs' memory: `generation.gpuMemoryUtilization`, unset meaning 0.9 for an engine
+        with GPUs of its own and 0.35 for one sharing (``shares_gpu``) a policy rank's GPU."""
+        asked = self.generation.gpu_memory_utilization
+        if asked is not None:
+            return asked
+        return COLOCATED_ENGINE_MEMORY_SHARE if shares_gpu else SPLIT_ENGINE_MEMORY_SHARE
 
     def engine_sleeps(self, shares_gpu: bool) -> bool:
         """Whether a vLLM engine sharing (``shares_gpu``) the policy's GPU sleeps while it trains:

@@ -83,7 +83,12 @@ EVERYTHING: dict[str, Any] = {
             }
         ],
         "generation": {"backend": "vllm", "replicas": 2, "gpusPerReplica": 1, "maxModelLen": 2048},
-        "training": {"replicas": 2, "gpusPerReplica": 2, "lora": {"targetModules": ["q_proj", "v_proj"]}},
+        "training": {
+            "replicas": 2,
+            "gpusPerReplica": 2,
+            "lora": {"targetModules": ["q_proj", "v_proj"]},
+            "resources": {"cpu": "6", "memory": "60Gi"},
+        },
         "grpo": {"maxOffPolicySteps": 1, "seed": 3},
         "checkpointing": {"pvc": {"claimName": "ckpt", "path": "runs"}, "path": "ckpt/x", "interval": 5},
         "output": {

@@ -54,7 +54,14 @@ class GenerationWorker:
         if generation.backend == api.GenerationBackend.VLLM:
             lora = job_spec.training.lora
             sleep_mode = job_spec.engine_sleeps(shares_gpu)
-            backend = start_vllm(job_spec, model_path, seed, lora.rank if lora is not None else None, sleep_mode)
+            backend = start_vllm(
+                job_spec,
+                model_path,
+                seed,
+                lora.rank if lora is not None else None,
+                sleep_mode,
+                job_spec.engine_memory_share(shares_gpu),
+            )
         else:
             backend = TransformersBackend(model_path, max_model_len=generation.max_model_len, seed=seed)
         evaluation = None
@@ -113,11 +120,17 @@ class GenerationWorker:
 
 
 def start_vllm(
-    spec: api.GRPOJobSpec, model_path: str, seed: int, lora_rank: int | None, sleep_mode: bool = False
+    spec: api.GRPOJobSpec,
+    model_path: str,
+    seed: int,
+    lora_rank: int | None,
+    sleep_mode: bool = False,
+    memory_share: float = api.SPLIT_ENGINE_MEMORY_SHARE,
 ) -> Any:
-    """The job's vLLM engine; with ``lora_rank`` (a LoRA policy), one that serves LoRA adapters, or, when
-    vLLM cannot serve LoRA for this model, one without (the policy then sends merged weights: logged);
-    with ``sleep_mode``, one that can sleep while the policy trains."""
+    """The job's vLLM engine, taking ``memory_share`` of its GPUs' memory; with ``lora_rank`` (a LoRA
+    policy), one that serves LoRA adapters, or, when vLLM cannot serve LoRA for this model, one without (the
+    policy then sends merged weights: logged); with ``sleep_mode``, one that can sleep while the policy
+    trains."""
     from grpojob_trainer.generation.vllm_backend import VLLMBackend
 
     generation = spec.generation
@@ -126,7 +139,7 @@ def start_vllm(
         return VLLMBackend(
             model_path,
             max_model_len=generation.max_model_len,
-            gpu_memory_utilization=generation.gpu_memory_utilization,
+            gpu_memory_utilization=memory_share,
             tensor_parallel_size=max(1, generation.gpus_per_replica),
             seed=seed,
             lora_rank=rank,

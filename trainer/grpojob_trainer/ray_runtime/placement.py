@@ -5,7 +5,7 @@ Engines ask for one unit of the `generation` Ray resource and ranks for one of `
 of their worker group offer (or a local head declares). Colocated, engine i and rank i share the GPU of one
 bundle of a placement group (the bundle reserves that GPU and one unit of each resource, so both land on the
 same pod and the same GPU, however many GPUs a machine has); each takes half of it in Ray's count, while
-vLLM's own share of its memory is `spec.generation.gpuMemoryUtilization`.
+vLLM's own share of its memory is `spec.generation.gpuMemoryUtilization` (`GRPOJobSpec.engine_memory_share`).
 """
 
 from __future__ import annotations
