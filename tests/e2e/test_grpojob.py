@@ -205,6 +205,10 @@ def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
     running = watch_job(api_client, namespace, "tiny", 900, until=lambda s: (s.get("step") or 0) >= 2)
     table = kubectl(kubeconfig, "get", "grpojobs", "-n", namespace)
     endpoints = core.read_namespaced_config_map(names.ChildNames("tiny").endpoints, namespace)
+    # Colocated, the default of an on-policy job: one Ray worker pod holds the engine and the policy's rank,
+    # placed by the same trainer code path as `grpojob run` and a GPU node's pods.
+    workers = core.list_namespaced_pod(namespace, label_selector="ray.io/cluster=tiny,ray.io/node-type=worker").items
+    assert [p.metadata.labels["ray.io/group"] for p in workers] == ["colocated"]
 
     watched = watch_job(api_client, namespace, "tiny", 1200, watch=running)
     print(f"GRPOJob tiny: {watched.phases} in {time.monotonic() - started:.0f}s; rewards by step {watched.rewards}")
@@ -212,9 +216,10 @@ def test_a_grpojob_trains_on_real_pods_and_deleting_it_removes_every_child(
 
     assert watched.status["phase"] == "Succeeded", watched.status
     assert watched.status["step"] == 16
-    assert table.split()[:7] == ["NAME", "PHASE", "STEP", "REWARD", "EVAL", "ATTEMPT", "AGE"]
+    assert table.split()[:8] == ["NAME", "PHASE", "STEP", "REWARD", "EVAL", "ATTEMPT", "PLACEMENT", "AGE"]
     row = table.splitlines()[1].split()
     assert row[:2] == ["tiny", "Running"] and 0.0 <= float(row[4]) <= 1.0, "the baseline evaluation's reward"
+    assert row[6] == "colocated" == watched.status["placement"]
     assert watched.status["lastEvaluation"]["step"] == 16
     assert watched.status["bestEvaluation"]["step"] in (8, 16)
     assert "evaluation of step 0: reward" in trainer_log(core, namespace, "tiny", 1)
