@@ -242,6 +242,28 @@ def test_two_policy_ranks_on_the_cpu_train_sync_weights_and_hand_their_checkpoin
     assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000003"
 
 
+def test_two_colocated_ranks_on_the_cpu_each_train_beside_an_engine_that_takes_their_weights(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """generation.replicas = training.replicas = 2: colocated, the default for an on-policy job whose engines
+    match its ranks; each rank is paired with an engine, the environment's two processes call one engine each,
+    and every engine serves the new weights after each step."""
+    job_path = write_job(tmp_path, tiny_model_dir, steps=2, interval=2, replicas=2)
+    job = yaml.safe_load(job_path.read_text())
+    job["spec"]["generation"]["replicas"] = 2
+    job["spec"]["environments"][0]["replicas"] = 2
+    job_path.write_text(yaml.safe_dump(job))
+    run = grpojob("run", str(job_path), "--out", str(tmp_path / "run"), "--no-progress", cwd=tmp_path)
+    out = finish(run, 300)
+    assert run.returncode == 0 and "Traceback" not in out, out[-3000:]
+    assert "colocated placement" in out, out[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    # The oldest weights any engine serves: both engines took each step's new weights.
+    first, second = (r["weight_sync/version"] for r in records)
+    assert first >= 1 and second == first + 1
+
+
 def test_two_lora_policy_ranks_on_the_cpu_gather_and_send_their_adapter(tiny_model_dir: Path, tmp_path: Path):
     """training.replicas 2 with LoRA: the adapter's shards are gathered from both gloo ranks for every push,
     checkpoint and the export (merged, the default)."""
