@@ -45,25 +45,24 @@ def place_actors(
     import ray
 
     strategies = _colocated_bundles(layout, timeout_s) if layout.colocated else [None] * max(layout.ranks, 1)
-    engine = ray.remote(GenerationWorker)
-    rank = ray.remote(PolicyWorker)
     shares_gpu = layout.colocated and layout.gpus_per_engine > 0
+
+    def on(group: str, gpus: float, index: int) -> dict[str, Any]:
+        """Ray options of actor ``index`` of ``group``: its GPUs, a unit of the group's resource, its bundle."""
+        strategy = strategies[index % len(strategies)]
+        return {"num_cpus": 0, "num_gpus": gpus, "resources": {group: 1}, "scheduling_strategy": strategy}
+
+    engine, rank = ray.remote(GenerationWorker), ray.remote(PolicyWorker)
     engines = [
-        engine.options(
-            num_cpus=0,
-            num_gpus=layout.gpus_per_engine,
-            resources={endpoints.GENERATION_GROUP: 1},
-            scheduling_strategy=strategies[i % len(strategies)],
-        ).remote(spec, model_path, host, port, seed + i, evaluation_token, shares_gpu)
+        engine.options(**on(endpoints.GENERATION_GROUP, layout.gpus_per_engine, i)).remote(
+            spec, model_path, host, port, seed + i, evaluation_token, shares_gpu
+        )
         for i in range(layout.engines)
     ]
     ranks = [
-        rank.options(
-            num_cpus=0,
-            num_gpus=layout.gpus_per_rank,
-            resources={endpoints.POLICY_GROUP: 1},
-            scheduling_strategy=strategies[i % len(strategies)],
-        ).remote(spec, model_path, seed, i, layout.ranks)
+        rank.options(**on(endpoints.POLICY_GROUP, layout.gpus_per_rank, i)).remote(
+            spec, model_path, seed, i, layout.ranks
+        )
         for i in range(layout.ranks)
     ]
     policy = PolicyGroup.start(ranks, timeout_s=timeout_s)
