@@ -26,7 +26,7 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_job(tmp: Path, steps: int, **spec_changes: dict) -> Path:
+def write_job(tmp: Path, steps: int, **spec_changes: dict | str) -> Path:
     from grpojob_trainer.environments.dataset import write_rows
     from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
 
@@ -39,7 +39,10 @@ def write_job(tmp: Path, steps: int, **spec_changes: dict) -> Path:
     spec["grpo"]["maxSteps"] = steps
     spec["checkpointing"] = {"path": str(tmp / "checkpoints"), "interval": steps}
     for field, changes in spec_changes.items():
-        spec.setdefault(field, {}).update(changes)
+        if isinstance(changes, dict):
+            spec.setdefault(field, {}).update(changes)
+        else:
+            spec[field] = changes
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -121,9 +124,9 @@ def test_a_lora_policy_on_one_gpu_raises_the_reward_sending_its_adapter_to_a_sle
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (policy on one, engine on the other)")
-def test_grpo_with_policy_and_engine_on_two_gpus_syncs_weights_by_nccl_broadcast(tmp_path: Path):
+def test_grpo_split_over_two_gpus_syncs_weights_by_nccl_broadcast(tmp_path: Path):
     steps = 4
-    log = grpojob_run(write_job(tmp_path, steps), tmp_path / "out", visible_gpus="0,1")
+    log = grpojob_run(write_job(tmp_path, steps, placement="split"), tmp_path / "out", visible_gpus="0,1")
     assert "weight sync: nccl-broadcast" in log
     rows = metrics(tmp_path / "out")
     assert [r["weight_sync/version"] for r in rows] == [float(s + 1) for s in range(1, steps + 1)]
@@ -137,7 +140,7 @@ def test_a_lora_policy_on_its_own_gpu_raises_the_reward_broadcasting_only_its_ad
     model's, and the engine samples from each new version."""
     steps = 24
     lora = {"lora": {"rank": 16, "alpha": 32}, "optimizer": {"learningRate": 0.01}}
-    job = write_job(tmp_path, steps, training=lora)
+    job = write_job(tmp_path, steps, training=lora, placement="split")
     log = grpojob_run(job, tmp_path / "out", visible_gpus="0,1")
     assert "weight sync: nccl-broadcast of the adapter" in log
     rows = metrics(tmp_path / "out")
@@ -148,3 +151,15 @@ def test_a_lora_policy_on_its_own_gpu_raises_the_reward_broadcasting_only_its_ad
     curve = assert_the_reward_rose(rows)
     syncs = [round(r["time/weight_sync"], 4) for r in rows]
     print(f"LoRA over NCCL: rewards {[round(c, 3) for c in curve]}; adapter sync seconds {syncs}")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (a rank and an engine on each)")
+def test_two_colocated_ranks_each_share_their_weights_with_the_engine_on_their_gpu(tmp_path: Path):
+    """generation.replicas = training.replicas = 2: colocated, each GPU holds a rank of the FSDP2 policy and an
+    engine, and each rank hands the engine beside it its buckets by CUDA IPC."""
+    steps = 4
+    job = write_job(tmp_path, steps, generation={"replicas": 2}, training={"replicas": 2})
+    log = grpojob_run(job, tmp_path / "out", visible_gpus="0,1")
+    assert "colocated placement" in log and "weight sync: cuda-ipc" in log
+    rows = metrics(tmp_path / "out")
+    assert [r["weight_sync/version"] for r in rows] == [float(s + 1) for s in range(1, steps + 1)]
