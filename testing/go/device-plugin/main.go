@@ -226,6 +226,16 @@ func (p *Plugin) DriverMounts() ([]*pluginapi.Mount, error) {
 			}
 		}
 	}
+	// Triton links its helpers with -lcuda, which needs the unversioned name; a driver installed
+	// without it still has the soname, and that file will do.
+	if !seen["libcuda.so"] {
+		for _, mount := range mounts {
+			if filepath.Base(mount.ContainerPath) == "libcuda.so.1" {
+				mounts = append(mounts, &pluginapi.Mount{HostPath: mount.HostPath, ContainerPath: filepath.Join(ContainerLibDir, "libcuda.so"), ReadOnly: true})
+				break
+			}
+		}
+	}
 	for _, path := range p.config.ToolPaths {
 		mounts = append(mounts, &pluginapi.Mount{HostPath: path, ContainerPath: filepath.Join(ContainerBinDir, filepath.Base(path)), ReadOnly: true})
 	}
@@ -342,12 +352,20 @@ func main() {
 		if out, err := exec.Command("ldconfig", "-p").Output(); err == nil {
 			config.LibDirs = LdconfigDirs(out)
 		}
+		// Where drivers are mounted into machines and containers when the linker's cache does not say.
+		for _, dir := range []string{"/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"} {
+			if matches, _ := filepath.Glob(filepath.Join(dir, "libcuda.so*")); len(matches) > 0 {
+				config.LibDirs = appendOnce(config.LibDirs, dir)
+			}
+		}
 	}
 	config.ToolPaths = tools
 	if len(tools) == 0 {
 		for _, name := range DefaultTools {
 			if path, err := exec.LookPath(name); err == nil {
 				config.ToolPaths = append(config.ToolPaths, path)
+			} else if _, err := os.Stat(filepath.Join("/usr/local/nvidia/bin", name)); err == nil {
+				config.ToolPaths = append(config.ToolPaths, filepath.Join("/usr/local/nvidia/bin", name))
 			}
 		}
 	}

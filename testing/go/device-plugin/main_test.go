@@ -113,6 +113,26 @@ func TestAllocateGivesTheDeviceTheControlNodesTheDriverLibrariesAndTools(t *test
 	}
 }
 
+func TestADriverWithoutTheUnversionedLibcudaGetsItFromTheSoname(t *testing.T) {
+	config, root := fakeHost(t)
+	if err := os.Remove(filepath.Join(root, "lib", "libcuda.so")); err != nil {
+		t.Fatal(err)
+	}
+	mounts, err := NewPlugin(config, time.Second).DriverMounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mount := range mounts {
+		if mount.ContainerPath == "/usr/local/nvidia/lib64/libcuda.so" {
+			if mount.HostPath != filepath.Join(root, "lib", "libcuda.so.1") {
+				t.Fatalf("libcuda.so from %s", mount.HostPath)
+			}
+			return
+		}
+	}
+	t.Fatalf("no libcuda.so among %v", mounts)
+}
+
 func TestAllocateRefusesADeviceItDoesNotHave(t *testing.T) {
 	config, _ := fakeHost(t)
 	_, err := NewPlugin(config, time.Second).Allocate(context.Background(), &pluginapi.AllocateRequest{
