@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
-from grpojob_testing import build, node
+from grpojob_testing import build
 
 PART_BYTES = 60 * 2**20
 """A device call carries at most 64 MiB with the working tree: one part and the repository."""
@@ -88,6 +88,8 @@ def program_paths() -> Iterator[tuple[Path, str]]:
 def download_debs(directory: Path) -> list[Path]:
     """The node's packages at their pinned versions, and the libraries they need at this machine's versions
     (`apt-get download`: the repository of this Debian release)."""
+    from grpojob_testing import node  # its certificates need `cryptography`, which `capabilities` does without
+
     wanted = [f"{name}={version}" for name, version in node.debian_packages().items()]
     for library in (*IPTABLES_LIBRARIES, *OTHER_LIBRARIES):
         version = (
