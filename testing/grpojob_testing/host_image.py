@@ -52,6 +52,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -150,6 +151,17 @@ IMAGE_ENV = {
     "VLLM_CACHE_ROOT": "/tmp/cache/vllm",
     "MPLCONFIGDIR": "/tmp/cache/matplotlib",
 }
+WGET_SHIM = """import sys, urllib.request
+# KubeRay's probes run `wget -T 2 -q -O- URL`; the machine has no wget (the Dockerfile installs Debian's).
+args = sys.argv[1:]
+timeout = float(args[args.index("-T") + 1]) if "-T" in args else 10.0
+try:
+    with urllib.request.urlopen(args[-1], timeout=timeout) as response:
+        sys.stdout.buffer.write(response.read())
+except Exception as error:
+    print(error, file=sys.stderr)
+    sys.exit(1)
+"""
 PASSWD_LINES = ("ray:x:1000:100:ray:/tmp/home:/bin/bash", "grpojob:x:65532:65532:grpojob:/tmp:/usr/sbin/nologin")
 GROUP_LINES = ("grpojob:x:65532:",)
 
@@ -205,12 +217,17 @@ def grpojob_files(site_packages: Path) -> tuple[list[tuple[str, str]], list[oci.
     taken_groups = {line.split(":")[2] for line in group if line.count(":") >= 2}
     passwd += [line for line in PASSWD_LINES if line.split(":")[2] not in taken_users]
     group += [line for line in GROUP_LINES if line.split(":")[2] not in taken_groups]
+    python = command_script("x").split(b"\n", 1)[0]
     files = [
         oci.ImageFile(f"{GRPOJOB_ROOT}/bin/grpojob", command_script("grpojob_trainer.cli"), 0o755),
+        # KubeRay starts Ray with `bash -lc`, and a login shell's /etc/profile may set PATH anew.
+        oci.ImageFile("/etc/profile.d/grpojob.sh", f"export PATH={image_path()}\n".encode()),
         oci.ImageFile(f"{GRPOJOB_ROOT}/bin/grpojob-operator", command_script("grpojob_operator.__main__"), 0o755),
         oci.ImageFile("/etc/passwd", ("\n".join(passwd) + "\n").encode()),
         oci.ImageFile("/etc/group", ("\n".join(group) + "\n").encode()),
     ]
+    if shutil.which("wget") is None:
+        files.append(oci.ImageFile(f"{GRPOJOB_ROOT}/bin/wget", python + b"\n" + WGET_SHIM.encode(), 0o755))
     return trees, files
 
 
@@ -229,10 +246,15 @@ def layers(site_packages: Path) -> list[Layer]:
     ]
 
 
+def image_path() -> str:
+    """The image's PATH: the environment's commands, ours, the wheels' (ray, vllm), the system's."""
+    path = [f"{sys.prefix}/bin", f"{GRPOJOB_ROOT}/bin", f"{GRPOJOB_ROOT}/site-packages/bin"]
+    return ":".join([*path, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+
+
 def image_config(layer_digests: list[str], entrypoint: list[str] | None, cmd: list[str] | None) -> dict:
     python_path = [f"{GRPOJOB_ROOT}/site-packages", *(f"{GRPOJOB_ROOT}/src/{folder}" for folder in SOURCE_PACKAGES)]
-    path = [f"{sys.prefix}/bin", f"{GRPOJOB_ROOT}/bin", "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin"]
-    env = {"PATH": ":".join([*path, "/sbin", "/bin"]), "PYTHONPATH": ":".join(python_path), **IMAGE_ENV}
+    env = {"PATH": image_path(), "PYTHONPATH": ":".join(python_path), **IMAGE_ENV}
     config: dict = {"Env": [f"{k}={v}" for k, v in env.items()], "WorkingDir": "/tmp"}
     if entrypoint:
         config["Entrypoint"] = entrypoint
