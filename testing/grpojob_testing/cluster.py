@@ -90,13 +90,13 @@ options:
 """kwok's options: its defaults (v0.8.0, `zz_generated.defaults.go`), which a configuration given in a file
 replaces rather than fills in, but for the pods' and the node leases' parallelism."""
 OPTIONAL_COMPONENTS = ("kueue",)
+"""Programs a cluster runs without when they could not be built here (the tests that need them skip);
+`make cluster-binaries` (CI) builds every program and fails on any."""
 NOT_RUN_BY_A_CLUSTER = ("kind", "local-path-provisioner")
 """Programs of versions.toml that `up` does not build: the kind suite's (`make cluster-binaries` builds them).
 A GPU machine gets only the programs a cluster runs (`grpojob_testing.gpu_node`)."""
 GPU_RESOURCE = "nvidia.com/gpu"
 NVIDIA_DEVICE_GLOB = "/dev/nvidia[0-9]*"
-"""Programs a cluster runs without when they could not be built here (the tests that need them skip);
-`make cluster-binaries` (CI) builds every program and fails on any."""
 
 
 def clusters_root() -> Path:
@@ -119,7 +119,7 @@ def abandoned_real_node_clusters(root: Path) -> list[Path]:
     left behind (its address on lo, its iptables chains, its kubelet) breaks every later real node."""
     abandoned = []
     for state_dir in sorted(root.glob("pytest-*")):
-        owner = state_dir.name.removeprefix("pytest-")
+        owner = state_dir.name.removeprefix("pytest-").split("-")[0]  # pytest-<pid>[-<what>]
         state_file = state_dir / "cluster.json"
         if not owner.isdigit() or process_alive(int(owner)) or not state_file.is_file():
             continue
