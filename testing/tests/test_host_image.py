@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import subprocess
 import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,3 +84,54 @@ def test_the_two_passes_write_the_same_bytes(small_machine: Path):
     host_image.write_layer(system, first)
     host_image.write_layer(system, second)
     assert first.hash.hexdigest() == second.hash.hexdigest()
+
+
+@pytest.fixture
+def containerd(tmp_path: Path) -> Iterator[str]:
+    """A containerd of its own (the node's Debian package), without its CRI plugin; yields its socket."""
+    if os.geteuid() != 0:
+        pytest.skip("containerd needs root")
+    if shutil.which("containerd") is None:
+        pytest.skip("containerd is missing: make node-packages")
+    root = Path(tempfile.mkdtemp(prefix="ctrd-", dir="/tmp"))  # a socket path has at most 107 bytes
+    socket = root / "containerd.sock"
+    config = root / "config.toml"
+    config.write_text(
+        f'version = 2\nroot = "{root}/root"\nstate = "{root}/state"\n'
+        f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "{socket}"\n'
+    )
+    with (tmp_path / "containerd.log").open("wb") as log:
+        process = subprocess.Popen(["containerd", f"--config={config}"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        ctr = ["ctr", f"--address={socket}"]
+        while subprocess.run([*ctr, "version"], capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline, (tmp_path / "containerd.log").read_text()[-2000:]
+            time.sleep(0.2)
+        yield str(socket)
+    finally:
+        process.terminate()
+        process.wait(30)
+        subprocess.run(["sh", "-c", f"grep -o ' {root}[^ ]*' /proc/mounts | xargs -r -n1 umount -l"], check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_stream_imports_into_containerd_and_a_container_runs_from_it(
+    small_machine: Path, tmp_path: Path, containerd: str
+):
+    from grpojob_testing import node_images
+
+    probe = oci.ImageFile("/usr/local/bin/grpojob-probe", node_images.probe_binary().read_bytes(), 0o755)
+    host_image.layers(tmp_path)[2].files.append(probe)
+    digests = host_image.import_into_containerd(containerd, tmp_path / "site-packages")
+    ctr = ["ctr", f"--address={containerd}", "--namespace=k8s.io"]
+    listed = subprocess.run([*ctr, "images", "ls", "-q"], capture_output=True, text=True, check=True).stdout.split()
+    assert set(digests) <= set(listed)
+    run = subprocess.run(
+        [*ctr, "run", "--rm", host_image.TRAINER, "host-image-test", probe.path, "devices", "/usr/lib/libc.so.6"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "/usr/lib/libc.so.6 char-device=false" in run.stdout, run.stdout + run.stderr
+    assert f"PYTHONPATH={host_image.GRPOJOB_ROOT}/site-packages" in run.stdout
