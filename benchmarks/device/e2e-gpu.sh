@@ -6,17 +6,18 @@
 #   part DIR             copy one part (carry it): the vLLM/Ray wheels' parts (.gpuparts/p*, .gpuparts/trl, as
 #                        for h200.sh) and the node's (.gpuparts/node/p*, `python -m grpojob_testing.gpu_node
 #                        pack .gpuparts/node` here)
-#   up                   install the wheels and the node (programs, containerd/runc/CNI/iptables, operator
-#                        wheels), compile the wheels' bytecode, start the cluster with the GPU node, stream
-#                        the image made of this machine into its containerd, helm-install the chart; the
-#                        cluster's processes outlive the call
+#   install              install the wheels (h200.sh install) and the node (programs, containerd/runc/CNI/
+#                        iptables, operator wheels: gpu_node unpack), compile the wheels' bytecode
+#   up                   start the cluster with the GPU node, stream the image made of this machine into its
+#                        containerd, helm-install the chart; the cluster's processes outlive the call
 #   test [PYTEST ARGS]   tests/gpu/test_e2e_gpu.py against that cluster (e.g. `-k 1_5b`, then `-k 7b`)
 #   logs                 the cluster's logs and the jobs' pods into $OUT (after a failure)
 #
-# Which calls, in order (carry = the one folder each names):
-#   1. caps && part .gpuparts/p0     2..8. part .gpuparts/p1 .. p7 (or as many as pack-wheels.sh made)
-#   9. part .gpuparts/trl            10..12. part .gpuparts/node/p0 .. p2
-#   13. up                           14. test -k 1_5b       15. test -k 7b
+# Which calls, in order (carry = the one folder each names; the node's parts are made here with
+# `python -m grpojob_testing.gpu_node pack .gpuparts/node`, which prints their sizes):
+#   1. caps && part .gpuparts/p0         2..N. part .gpuparts/p1 ..    (the vLLM/Ray wheels, as for h200.sh)
+#   then part .gpuparts/trl, part .gpuparts/node/p0 .., and with the last node part: part DIR && install
+#   then up (under 10 minutes: the image is the long part), test -k 1_5b, test -k 7b
 set -uo pipefail
 export PYTHONPATH=/tmp/site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
 export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -30,12 +31,15 @@ case $1 in
       *node*) mkdir -p /root/node-parts && cp "$2"/* /root/node-parts/ && ls /root/node-parts | wc -l ;;
       *) benchmarks/device/h200.sh part "$2" ;;
     esac ;;
-  up)
+  install)
     set -e
     [ -d /tmp/site-packages/vllm ] || benchmarks/device/h200.sh install
-    python3 -m grpojob_testing.gpu_node unpack /root/node-parts
+    time python3 -m grpojob_testing.gpu_node unpack /root/node-parts
     # The pods' root filesystem is read-only: their Python finds its bytecode compiled, or compiles every start.
-    python3 -m compileall -q -j 0 /tmp/site-packages >/dev/null || true
+    time python3 -m compileall -q -j 0 /tmp/site-packages >/dev/null || true
+    df -h / ;;
+  up)
+    set -e
     # CUDA once on the host, so that the driver has made /dev/nvidia-uvm before the device plugin hands it out.
     python3 -c 'import torch; torch.ones(1, device="cuda"); print(torch.cuda.get_device_name(0))'
     python3 -m grpojob_testing.host_image plan | tee "$OUT/image-plan.txt"
