@@ -152,6 +152,42 @@ class _PartWriter(io.RawIOBase):
         super().close()
 
 
+def write_parts(members: list[tuple[Path, str]], out: Path, part_bytes: int) -> list[Path]:
+    """Tar ``members`` (path, name in the archive), compress with xz (two threads) and cut into parts of
+    ``part_bytes`` under ``out``; return the parts."""
+    sink = _PartWriter(out, part_bytes)
+    xz = subprocess.Popen(["xz", "-T2", "-6", "-c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def drain() -> None:
+        while chunk := xz.stdout.read(1 << 20):
+            sink.write(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    with tarfile.open(fileobj=xz.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for path, name in members:
+            tar.add(path, arcname=name)
+    xz.stdin.close()
+    reader.join()
+    if xz.wait() != 0:
+        raise RuntimeError("xz failed")
+    sink.close()
+    return sink.parts
+
+
+def read_parts(parts_dir: Path, destination: Path) -> None:
+    """Extract the parts under ``parts_dir`` (``part_*``, in the order of their names) into ``destination``,
+    with Python alone."""
+    parts = sorted(parts_dir.glob("**/part_*"), key=lambda p: p.name)
+    if not parts:
+        raise SystemExit(f"no part_* under {parts_dir}")
+    with (
+        lzma.open(io.BufferedReader(_Concatenated(parts), buffer_size=1 << 20)) as stream,
+        tarfile.open(fileobj=stream, mode="r|") as tar,
+    ):
+        tar.extractall(destination, filter="tar")
+
+
 def pack(out: Path, part_bytes: int = PART_BYTES) -> dict:
     """Write the parts into ``out`` (emptied first); return a summary (sizes in bytes)."""
     shutil.rmtree(out, ignore_errors=True)
@@ -165,27 +201,11 @@ def pack(out: Path, part_bytes: int = PART_BYTES) -> dict:
         members += [(deb, f"debs/{deb.name}") for deb in debs]
         members += [(wheel, f"wheels/{wheel.name}") for wheel in wheels]
         raw = sum(_size(path) for path, _ in members)
-        sink = _PartWriter(out, part_bytes)
-        xz = subprocess.Popen(["xz", "-T2", "-6", "-c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-
-        def drain() -> None:
-            while chunk := xz.stdout.read(1 << 20):
-                sink.write(chunk)
-
-        reader = threading.Thread(target=drain)
-        reader.start()
-        with tarfile.open(fileobj=xz.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            for path, name in members:
-                tar.add(path, arcname=name)
-        xz.stdin.close()
-        reader.join()
-        if xz.wait() != 0:
-            raise RuntimeError("xz failed")
-        sink.close()
+        parts = write_parts(members, out, part_bytes)
     summary = {
         "raw_bytes": raw,
-        "compressed_bytes": sum(p.stat().st_size for p in sink.parts),
-        "parts": [str(p.relative_to(out)) for p in sink.parts],
+        "compressed_bytes": sum(p.stat().st_size for p in parts),
+        "parts": [str(p.relative_to(out)) for p in parts],
         "programs": sorted({name.split("/")[1] for _, name in members if name.startswith("bin/")}),
         "debs": [d.name for d in debs],
         "wheels": [w.name for w in wheels],
@@ -229,15 +249,8 @@ def unpack(parts_dir: Path, site_packages: Path = Path("/tmp/site-packages")) ->
     """Extract the programs into this machine's cache, install the packages (dpkg) and the wheels
     (pip, into ``site_packages``); say what the programs' directories should be called here and are not
     (a tree other than the one packed)."""
-    parts = sorted(parts_dir.glob("**/part_*"), key=lambda p: p.name)
-    if not parts:
-        raise SystemExit(f"no part_* under {parts_dir}")
     staging = Path(tempfile.mkdtemp(prefix="grpojob-node-"))
-    with (
-        lzma.open(io.BufferedReader(_Concatenated(parts), buffer_size=1 << 20)) as stream,
-        tarfile.open(fileobj=stream, mode="r|") as tar,
-    ):
-        tar.extractall(staging, filter="tar")
+    read_parts(parts_dir, staging)
     bin_root = build.cache_root() / "bin"
     bin_root.mkdir(parents=True, exist_ok=True)
     for directory in sorted((staging / "bin").iterdir()):
