@@ -11,8 +11,8 @@ What travels, as one xz-compressed tar split into parts of at most ``PART_BYTES`
   built cache directories (``bin/<name>-<version>-<fingerprint>/``, ``.complete`` included), so that
   `grpojob_testing.build` finds them built and needs no Go there: kube-apiserver, kube-controller-manager,
   kube-scheduler, kubectl, kubelet and kube-proxy (not kubeadm), etcd, the KubeRay operator with its CRDs,
-  CoreDNS, helm and the device plugin. Not kwok (no fake nodes there), Kueue (optional: the cluster runs
-  without it), kind or local-path-provisioner;
+  CoreDNS, helm, the device plugin, and grpojob-probe (the node's pause image). Not kwok (no fake nodes
+  there), Kueue (optional: the cluster runs without it), kind or local-path-provisioner;
 - the node's Debian packages at the versions of testing/node-packages.txt (containerd, runc, the CNI plugins,
   iptables) and the libraries iptables needs, installed with dpkg there (a library already installed is left
   as it is);
@@ -77,7 +77,12 @@ image (KINDS.md's list) nor the vLLM/Ray wheels (../shared/gpu/gpu-wheels.txt) h
 
 
 def program_paths() -> Iterator[tuple[Path, str]]:
-    """(file or folder, name in the archive) of every program carried, and each directory's ``.complete``."""
+    """(file or folder, name in the archive) of every program carried, and each directory's ``.complete``;
+    and grpojob-probe, the node's pause and test image (`node_images`), which is built with Go too."""
+    from grpojob_testing import node_images
+
+    probe = node_images.probe_binary()
+    yield probe, f"bin/{probe.parent.name}/{probe.name}"
     components = build.load_components()
     for name, programs in PROGRAMS.items():
         directory = build.build(components[name])
