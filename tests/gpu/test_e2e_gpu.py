@@ -149,9 +149,14 @@ def data_claim(kube: Kube, namespace: str, shape: str, rows: int) -> Path:
     return host_dir
 
 
-def grpo_job(name: str, *, steps: int, learning_rate: float, placement: str, lora_rank: int = 0) -> dict[str, Any]:
-    """The arithmetic task on the claim, vLLM generating, one GPU per engine and per policy rank."""
+def grpo_job(
+    name: str, *, steps: int, learning_rate: float, placement: str, lora_rank: int = 0, memory: str | None = None
+) -> dict[str, Any]:
+    """The arithmetic task on the claim, vLLM generating, one GPU per engine and per policy rank; ``memory``
+    of each worker pod where the default (24Gi a GPU, for a one-GPU 32 GiB node) is too little."""
     training: dict[str, Any] = {"gpusPerReplica": 1, "microBatchSize": 16, "optimizer": {"learningRate": learning_rate}}
+    if memory:
+        training["resources"] = {"memory": memory}
     if lora_rank:
         training["lora"] = {"rank": lora_rank, "alpha": 2 * lora_rank}
     return {
@@ -304,7 +309,8 @@ def test_a_colocated_lora_job_of_the_7b_shape_succeeds_on_the_gpu(kube: Kube, na
     steps = 12
     host_dir = data_claim(kube, namespace, "qwen2.5-7b", rows=32 * (steps + 2))
     try:
-        job = grpo_job("lora-7b", steps=steps, learning_rate=1e-4, placement="colocated", lora_rank=16)
+        # The 7B base is 15 GB in bfloat16, read by the policy and by the engine in the same pod.
+        job = grpo_job("lora-7b", steps=steps, learning_rate=1e-4, placement="colocated", lora_rank=16, memory="64Gi")
         seen = run_job(kube, namespace, job, group="colocated", timeout=1500)
         assert seen.worker_groups == ["colocated"]
         assert_progress_was_visible(seen)
