@@ -172,8 +172,10 @@ def grpo_job(
                 "backend": "vllm",
                 "gpusPerReplica": 1,
                 "gpuMemoryUtilization": 0.35 if placement == "colocated" else 0.85,
-                "maxModelLen": 512,
-                "maxNewTokens": 64,
+                # Short answers, as examples/tiny-gpu.yaml: the arithmetic reward's partial credit (digits) is what
+                # a randomly initialised policy can learn in a few steps.
+                "maxModelLen": 256,
+                "maxNewTokens": 8,
             },
             "training": training,
             "grpo": {"promptsPerStep": 32, "generationsPerPrompt": 8, "maxSteps": steps},
@@ -291,10 +293,10 @@ def assert_vllm_ran_on_the_gpu_in_the_pod(seen: Seen) -> None:
 
 
 def test_a_colocated_full_fine_tune_of_the_1_5b_shape_succeeds_on_the_gpu(kube: Kube, namespace: str):
-    steps = 12
+    steps = 16
     host_dir = data_claim(kube, namespace, "qwen2.5-1.5b", rows=32 * (steps + 2))
     try:
-        job = grpo_job("full-1-5b", steps=steps, learning_rate=1e-5, placement="colocated")
+        job = grpo_job("full-1-5b", steps=steps, learning_rate=5e-5, placement="colocated")
         seen = run_job(kube, namespace, job, group="colocated", timeout=1500)
         assert seen.worker_groups == ["colocated"], "one group: each GPU holds an engine and a policy rank"
         assert_progress_was_visible(seen)
@@ -306,11 +308,11 @@ def test_a_colocated_full_fine_tune_of_the_1_5b_shape_succeeds_on_the_gpu(kube: 
 
 
 def test_a_colocated_lora_job_of_the_7b_shape_succeeds_on_the_gpu(kube: Kube, namespace: str):
-    steps = 12
+    steps = 16
     host_dir = data_claim(kube, namespace, "qwen2.5-7b", rows=32 * (steps + 2))
     try:
         # The 7B base is 15 GB in bfloat16, read by the policy and by the engine in the same pod.
-        job = grpo_job("lora-7b", steps=steps, learning_rate=1e-4, placement="colocated", lora_rank=16, memory="64Gi")
+        job = grpo_job("lora-7b", steps=steps, learning_rate=5e-4, placement="colocated", lora_rank=16, memory="64Gi")
         seen = run_job(kube, namespace, job, group="colocated", timeout=1500)
         assert seen.worker_groups == ["colocated"]
         assert_progress_was_visible(seen)
