@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint docs generate cluster-binaries cluster-up cluster-down image-tools images gpu-image node-packages e2e kind-node-image e2e-kind
+.PHONY: demo test lint docs generate cluster-binaries cluster-up cluster-down image-tools images gpu-image node-packages e2e e2e-gpu kind-node-image e2e-kind
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,15 @@ node-packages:
 # our images loaded into it, the chart helm-installed, GRPOJobs trained by real pods.
 e2e: cluster-binaries node-packages images
 	$(BIN)/pytest --real-node -rA tests/e2e
+
+# GRPOJobs on a real node with the machine's GPUs (root, an NVIDIA GPU, and a Python with CUDA torch, vLLM and
+# Ray: GPU_PYTHON): our device plugin advertises nvidia.com/gpu, the Ray pods' image is made of that Python's
+# machine (`grpojob_testing.host_image`), the chart is helm-installed; skips, saying why, without a GPU.
+# On the device machine, benchmarks/device/e2e-gpu.sh runs the same in calls of its own.
+GPU_PYTHON ?= python3
+e2e-gpu: cluster-binaries node-packages
+	PYTHONPATH=$(CURDIR)/api:$(CURDIR)/operator:$(CURDIR)/trainer:$(CURDIR)/testing \
+	  $(GPU_PYTHON) -m pytest -p no:cacheprovider -rA tests/gpu/test_e2e_gpu.py
 
 # The kind node image of Kubernetes v1.34.4 from our programs and pinned Debian packages, into
 # ~/.cache/grpojob/images unless cached, and into podman's storage (root).

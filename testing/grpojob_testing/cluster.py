@@ -2,6 +2,8 @@
 
     python -m grpojob_testing.cluster up            # build if needed, start, print the kubeconfig path
     python -m grpojob_testing.cluster up --real-node --cpu-nodes 0 --gpu-nodes 0   # and a real node
+    python -m grpojob_testing.cluster up --real-node --cpu-nodes 0 --gpu-nodes 0 --no-kwok --gpus
+                                                    # a real GPU node: its GPUs as nvidia.com/gpu
     python -m grpojob_testing.cluster kubeconfig    # print the kubeconfig path of a running cluster
     python -m grpojob_testing.cluster status        # which processes run, on which ports
     python -m grpojob_testing.cluster down          # stop every process and delete the state
@@ -15,13 +17,16 @@ shell finds and stops everything `up` started.
 
 With ``--real-node`` (root only) the cluster also gets a real node, ``grpojob-node``: containerd,
 the kubelet, kube-proxy and CoreDNS (see `grpojob_testing.node`); the apiserver then listens on the
-node address too, so pods reach it through the ``kubernetes`` Service.
+node address too, so pods reach it through the ``kubernetes`` Service. With ``--gpus`` the node's
+GPUs (``/dev/nvidia0``, ...) are advertised as ``nvidia.com/gpu`` by our device plugin
+(testing/go/device-plugin), a process of the cluster like the kubelet (`make e2e-gpu`).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import glob
 import json
 import os
 import shutil
@@ -54,6 +59,7 @@ PROCESS_ORDER = (
     "kueue",
     "containerd",
     "kubelet",
+    "device-plugin",
     "kube-proxy",
     "coredns",
 )
@@ -86,6 +92,11 @@ replaces rather than fills in, but for the pods' and the node leases' parallelis
 OPTIONAL_COMPONENTS = ("kueue",)
 """Programs a cluster runs without when they could not be built here (the tests that need them skip);
 `make cluster-binaries` (CI) builds every program and fails on any."""
+NOT_RUN_BY_A_CLUSTER = ("kind", "local-path-provisioner")
+"""Programs of versions.toml that `up` does not build: the kind suite's (`make cluster-binaries` builds them).
+A GPU machine gets only the programs a cluster runs (`grpojob_testing.gpu_node`)."""
+GPU_RESOURCE = "nvidia.com/gpu"
+NVIDIA_DEVICE_GLOB = "/dev/nvidia[0-9]*"
 
 
 def clusters_root() -> Path:
@@ -108,7 +119,7 @@ def abandoned_real_node_clusters(root: Path) -> list[Path]:
     left behind (its address on lo, its iptables chains, its kubelet) breaks every later real node."""
     abandoned = []
     for state_dir in sorted(root.glob("pytest-*")):
-        owner = state_dir.name.removeprefix("pytest-")
+        owner = state_dir.name.removeprefix("pytest-").split("-")[0]  # pytest-<pid>[-<what>]
         state_file = state_dir / "cluster.json"
         if not owner.isdigit() or process_alive(int(owner)) or not state_file.is_file():
             continue
@@ -182,9 +193,20 @@ class Cluster:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def up(self, *, cpu_nodes: int = 2, gpu_nodes: int = 4, real_node: bool = False, log=sys.stderr) -> Path:
+    def up(
+        self,
+        *,
+        cpu_nodes: int = 2,
+        gpu_nodes: int = 4,
+        real_node: bool = False,
+        kwok: bool = True,
+        gpu_device_glob: str | None = None,
+        log=sys.stderr,
+    ) -> Path:
         """Build what is missing, start every process, install the KubeRay CRDs and the fake nodes,
-        and with ``real_node`` the real node.
+        and with ``real_node`` the real node. Without ``kwok`` there are no fake nodes (a machine without
+        Go: kwok's stages are read from its module's source). With ``gpu_device_glob`` (real node only) the
+        device plugin advertises each matching device node as one ``nvidia.com/gpu``.
 
         Returns the admin kubeconfig. On any failure the processes already started are stopped.
         """
@@ -199,12 +221,20 @@ class Cluster:
         shutil.rmtree(self.state_dir, ignore_errors=True)
         self.log_dir.mkdir(parents=True)
         self.pids, self.ports, self.real_node = {}, {}, None
+        if gpu_device_glob is not None and not real_node:
+            raise ValueError("GPUs are advertised by the real node's kubelet: pass real_node too")
+        if not kwok and cpu_nodes + gpu_nodes:
+            raise ValueError("fake nodes are kwok's: ask for none without kwok")
         components = build.load_components()
+        skipped = {*NOT_RUN_BY_A_CLUSTER, *(() if kwok else ("kwok",))}
+        skipped |= set() if gpu_device_glob is not None else {"device-plugin"}
         bins = {}
         for name, component in components.items():
+            if name in skipped:
+                continue
             try:
                 bins[name] = build.build(component, log)
-            except (subprocess.CalledProcessError, RuntimeError) as error:
+            except (subprocess.CalledProcessError, RuntimeError, OSError) as error:
                 if name not in OPTIONAL_COMPONENTS:
                     raise
                 print(f"{name} could not be built, so the cluster runs without it: {error}", file=log)
@@ -218,12 +248,15 @@ class Cluster:
             self._install_kuberay(bins["kuberay"], components["kuberay"])
             if "kueue" in bins:
                 self._start_kueue(bins["kueue"])
-            self._start_kwok(bins["kwok"], components["kwok"])
+            if kwok:
+                self._start_kwok(bins["kwok"], components["kwok"])
             if cpu_nodes + gpu_nodes:
                 self.apply_objects(nodes.fake_nodes(cpu_nodes, gpu_nodes))
                 self._wait_nodes_ready(cpu_nodes + gpu_nodes)
             if real_node:
                 self._start_real_node(bins)
+            if gpu_device_glob is not None:
+                self._start_device_plugin(bins["device-plugin"], gpu_device_glob)
             self._wait_default_service_account()
         except BaseException:
             self.down(keep_logs=True)
@@ -539,6 +572,23 @@ class Cluster:
             120,
         )
 
+    def _start_device_plugin(self, plugin_bin: Path, device_glob: str) -> None:
+        """Start the device plugin (it registers with the kubelet at its fixed socket,
+        /var/lib/kubelet/device-plugins/kubelet.sock) and wait until the node's allocatable shows one
+        ``nvidia.com/gpu`` per device node matching ``device_glob``."""
+        expected = len(glob.glob(device_glob))
+        self._spawn("device-plugin", [str(plugin_bin / "device-plugin"), f"--device-glob={device_glob}"])
+        jsonpath = "{.status.allocatable.nvidia\\.com/gpu}"
+
+        def advertised() -> bool:
+            if not process_alive(self.pids["device-plugin"]):
+                tail = (self.log_dir / "device-plugin.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the device plugin exited; end of its log:\n{tail}")
+            found = self.kubectl("get", "node", node.NODE_NAME, "-o", f"jsonpath={jsonpath}", check=False)
+            return found == str(expected)
+
+        wait_until(advertised, f"{node.NODE_NAME} to advertise {expected} {GPU_RESOURCE}", 60, 0.5)
+
     def _wait_nodes_ready(self, count: int) -> None:
         def all_ready() -> bool:
             out = self.kubectl(
@@ -604,10 +654,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-nodes", type=int, default=2)
     parser.add_argument("--gpu-nodes", type=int, default=4)
     parser.add_argument("--real-node", action="store_true", help="also start a real node (root; see the node module)")
+    parser.add_argument("--no-kwok", dest="kwok", action="store_false", help="no kwok (and so no fake nodes)")
+    parser.add_argument(
+        "--gpus",
+        nargs="?",
+        const=NVIDIA_DEVICE_GLOB,
+        metavar="DEVICE_GLOB",
+        help=f"advertise the real node's GPUs as {GPU_RESOURCE}, one per device node (default {NVIDIA_DEVICE_GLOB})",
+    )
     args = parser.parse_args(argv)
     cluster = Cluster.named(args.name)
     if args.command == "up":
-        print(cluster.up(cpu_nodes=args.cpu_nodes, gpu_nodes=args.gpu_nodes, real_node=args.real_node))
+        print(
+            cluster.up(
+                cpu_nodes=args.cpu_nodes,
+                gpu_nodes=args.gpu_nodes,
+                real_node=args.real_node,
+                kwok=args.kwok,
+                gpu_device_glob=args.gpus,
+            )
+        )
     elif args.command == "down":
         cluster.down()
     elif args.command == "kubeconfig":

@@ -7,6 +7,8 @@
 //	                              connection is retried for up to 20 s: kube-proxy programs a
 //	                              Service's rules a moment after its endpoints change)
 //	grpojob-probe lookup NAME     print the addresses NAME resolves to; fail if none
+//	grpojob-probe devices PATH... print each path and whether it is a character device, then the
+//	                              environment (what a device plugin gave); fail if a path is missing
 package main
 
 import (
@@ -41,6 +43,8 @@ func main() {
 		err = get(arg(args, 0))
 	case "lookup":
 		err = lookup(arg(args, 0))
+	case "devices":
+		err = devices(args)
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -112,6 +116,26 @@ func lookup(name string) error {
 	}
 	for _, addr := range addrs {
 		fmt.Println(addr)
+	}
+	return nil
+}
+
+func devices(paths []string) error {
+	var missing []string
+	for _, path := range paths {
+		info, err := os.Stat(path)
+		if err != nil {
+			fmt.Printf("%s missing\n", path)
+			missing = append(missing, path)
+			continue
+		}
+		fmt.Printf("%s char-device=%t\n", path, info.Mode()&os.ModeCharDevice != 0)
+	}
+	for _, variable := range os.Environ() {
+		fmt.Println(variable)
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("missing: %v", missing)
 	}
 	return nil
 }

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# A GRPOJob on a real node with a real GPU, on the device machine (`make e2e-gpu` by hand; issue 41).
+# Each step is one device call; the machine is handed back 30 s after a call ends, so call them back to back.
+#
+#   caps                 first call: what the kernel allows (cgroups, netfilter, bridge, overlay, ...)
+#   part DIR             copy one part (carry it): the vLLM/Ray wheels' parts (.gpuparts/p*, .gpuparts/trl, as
+#                        for h200.sh) and the node's (.gpuparts/node/p*, `python -m grpojob_testing.gpu_node
+#                        pack .gpuparts/node` here)
+#   install              install the wheels (h200.sh install) and the node (programs, containerd/runc/CNI/
+#                        iptables, operator wheels: gpu_node unpack), compile the wheels' bytecode
+#   up                   start the cluster with the GPU node, stream the image made of this machine into its
+#                        containerd, helm-install the chart; the cluster's processes outlive the call
+#   test [PYTEST ARGS]   tests/gpu/test_e2e_gpu.py against that cluster (e.g. `-k 1_5b`, then `-k 7b`)
+#   logs                 the cluster's logs and the jobs' pods into $OUT (after a failure)
+#
+# Which calls, in order (carry = the one folder each names; the node's parts are made here with
+# `python -m grpojob_testing.gpu_node pack .gpuparts/node`, which prints their sizes):
+#   1. caps && part .gpuparts/p0         2..N. part .gpuparts/p1 ..    (the vLLM/Ray wheels, as for h200.sh)
+#   then part .gpuparts/trl, part .gpuparts/node/p0 .., and with the last node part: part DIR && install
+#   then up (under 10 minutes: the image is the long part), test -k 1_5b, test -k 7b
+set -uo pipefail
+export PYTHONPATH=/tmp/site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
+export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export GRPOJOB_TEST_KUBECONFIG=$HOME/.cache/grpojob/clusters/gpu/kubeconfig
+OUT=${OUT:-/tmp/out}
+case $1 in
+  caps) python3 -m grpojob_testing.gpu_node capabilities 2>&1 | tee "$OUT/capabilities.txt" ;;
+  part)
+    # A node part goes beside the others of its kind; the wheels' parts where h200.sh expects them.
+    case $2 in
+      *node*) mkdir -p /root/node-parts && cp "$2"/* /root/node-parts/ && ls /root/node-parts | wc -l ;;
+      *) benchmarks/device/h200.sh part "$2" ;;
+    esac ;;
+  install)
+    set -e
+    [ -d /tmp/site-packages/vllm ] || benchmarks/device/h200.sh install
+    time python3 -m grpojob_testing.gpu_node unpack /root/node-parts
+    # The pods' root filesystem is read-only: their Python finds its bytecode compiled, or compiles every start.
+    time python3 -m compileall -q -j 0 /tmp/site-packages >/dev/null || true
+    df -h / ;;
+  up)
+    set -e
+    # CUDA once on the host, so that the driver has made /dev/nvidia-uvm before the device plugin hands it out.
+    python3 -c 'import torch; torch.ones(1, device="cuda"); print(torch.cuda.get_device_name(0))'
+    python3 -m grpojob_testing.host_image plan | tee "$OUT/image-plan.txt"
+    time python3 -m grpojob_testing.gpu_cluster up 2>&1 | tee "$OUT/up.log"
+    kubectl=$(ls -d "$HOME"/.cache/grpojob/bin/kubernetes-*/kubectl | head -1)
+    "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" get nodes -o wide
+    "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" get node grpojob-node -o jsonpath='{.status.allocatable}'; echo
+    "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" get pods -A ;;
+  test)
+    shift
+    python3 -m pytest -p no:cacheprovider -rA -s tests/gpu/test_e2e_gpu.py "$@" 2>&1 | tee "$OUT/e2e-gpu.log" ;;
+  logs)
+    kubectl=$(ls -d "$HOME"/.cache/grpojob/bin/kubernetes-*/kubectl | head -1)
+    tar czf "$OUT/cluster-logs.tgz" -C "$HOME/.cache/grpojob/clusters/gpu" logs
+    "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" get grpojobs,rayclusters,pods -A -o wide > "$OUT/objects.txt" 2>&1
+    "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" describe pods -A > "$OUT/pods.txt" 2>&1 ;;
+  *) echo "unknown step $1"; exit 2 ;;
+esac

@@ -1,0 +1,34 @@
+"""What travels to the GPU machine (`grpojob_testing.gpu_node`): parts of a bounded size that come back
+together as they were, with Python alone; and which programs a GPU node needs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from grpojob_testing import build, cluster, gpu_node
+
+
+def test_parts_of_a_bounded_size_come_back_together_as_they_were(tmp_path: Path):
+    source = tmp_path / "source"
+    (source / "crds").mkdir(parents=True)
+    (source / "program").write_bytes(os.urandom(300_000))  # incompressible: several parts
+    (source / "crds" / "a.yaml").write_text("kind: CustomResourceDefinition\n")
+    members = [(source / "program", "bin/x/program"), (source / "crds", "bin/x/crds")]
+    parts = gpu_node.write_parts(members, tmp_path / "parts", part_bytes=100_000)
+    assert len(parts) == 4 and all(p.stat().st_size <= 100_000 for p in parts)
+    assert [p.relative_to(tmp_path / "parts").as_posix() for p in parts][:2] == ["p0/part_00", "p1/part_01"]
+    flat = tmp_path / "flat"  # as the device machine keeps them: every part in one folder
+    flat.mkdir()
+    for part in parts:
+        (flat / part.name).write_bytes(part.read_bytes())
+    gpu_node.read_parts(flat, tmp_path / "out")
+    assert (tmp_path / "out/bin/x/program").read_bytes() == (source / "program").read_bytes()
+    assert (tmp_path / "out/bin/x/crds/a.yaml").read_text() == "kind: CustomResourceDefinition\n"
+
+
+def test_the_programs_carried_are_those_a_cluster_with_a_gpu_node_builds():
+    carried = set(gpu_node.PROGRAMS)
+    components = set(build.load_components())
+    not_built = {*cluster.NOT_RUN_BY_A_CLUSTER, "kwok", *cluster.OPTIONAL_COMPONENTS}
+    assert carried == components - not_built
