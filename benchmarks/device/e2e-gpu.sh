@@ -8,8 +8,9 @@
 #                        pack .gpuparts/node` here)
 #   install              install the wheels (h200.sh install) and the node (programs, containerd/runc/CNI/
 #                        iptables, operator wheels: gpu_node unpack), compile the wheels' bytecode
-#   up                   start the cluster with the GPU node, stream the image made of this machine into its
-#                        containerd, helm-install the chart; the cluster's processes outlive the call
+#   up [node|images]     start the cluster with the GPU node, stream the image made of this machine into its
+#                        containerd, helm-install the chart (both halves unless one is named); the cluster's
+#                        processes outlive the call
 #   test [PYTEST ARGS]   tests/gpu/test_e2e_gpu.py against that cluster (e.g. `-k 1_5b`, then `-k 7b`)
 #   logs                 the cluster's logs and the jobs' pods into $OUT (after a failure)
 #
@@ -44,7 +45,10 @@ case $1 in
     # CUDA once on the host, so that the driver has made /dev/nvidia-uvm before the device plugin hands it out.
     python3 -c 'import torch; torch.ones(1, device="cuda"); print(torch.cuda.get_device_name(0))'
     python3 -m grpojob_testing.host_image plan | tee "$OUT/image-plan.txt"
-    time python3 -m grpojob_testing.gpu_cluster up 2>&1 | tee "$OUT/up.log"
+    # Two halves, which can be two calls (`up node`, then `up images`) where one would outlast 10 minutes.
+    for half in ${2:-node images}; do
+      time python3 -m grpojob_testing.gpu_cluster "$half" 2>&1 | tee -a "$OUT/up.log"
+    done
     kubectl=$(ls -d "$HOME"/.cache/grpojob/bin/kubernetes-*/kubectl | head -1)
     "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" get nodes -o wide
     "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" get node grpojob-node -o jsonpath='{.status.allocatable}'; echo
