@@ -8,10 +8,11 @@
 #                        pack .gpuparts/node` here)
 #   install              install the wheels (h200.sh install) and the node (programs, containerd/runc/CNI/
 #                        iptables, operator wheels: gpu_node unpack), compile the wheels' bytecode
-#   up                   start the cluster with the GPU node, stream the image made of this machine into its
-#                        containerd, helm-install the chart; the cluster's processes outlive the call
+#   up [node|images]     start the cluster with the GPU node, stream the image made of this machine into its
+#                        containerd, helm-install the chart (both halves unless one is named); the cluster's
+#                        processes outlive the call
 #   test [PYTEST ARGS]   tests/gpu/test_e2e_gpu.py against that cluster (e.g. `-k 1_5b`, then `-k 7b`)
-#   logs                 the cluster's logs and the jobs' pods into $OUT (after a failure)
+#   logs                 the cluster's logs and the jobs' pods into $OUT (a failed step saves them too)
 #
 # Which calls, in order (carry = the one folder each names; the node's parts are made here with
 # `python -m grpojob_testing.gpu_node pack .gpuparts/node`, which prints their sizes):
@@ -23,6 +24,15 @@ export PYTHONPATH=/tmp/site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/te
 export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export GRPOJOB_TEST_KUBECONFIG=$HOME/.cache/grpojob/clusters/gpu/kubeconfig
 OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+kubectl() { "$(ls -d "$HOME"/.cache/grpojob/bin/kubernetes-*/kubectl | head -1)" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" "$@"; }
+save_logs() {
+  tar czf "$OUT/cluster-logs.tgz" -C "$HOME/.cache/grpojob/clusters/gpu" logs 2>/dev/null
+  kubectl get grpojobs,rayclusters,pods -A -o wide >"$OUT/objects.txt" 2>&1
+  kubectl describe pods -A >"$OUT/pods.txt" 2>&1
+}
+# A step that fails leaves the cluster's logs in $OUT: the machine may be gone before another call.
+trap 'rc=$?; [ "$rc" -eq 0 ] || [ "$1" = caps ] || save_logs; exit "$rc"' EXIT
 case $1 in
   caps) python3 -m grpojob_testing.gpu_node capabilities 2>&1 | tee "$OUT/capabilities.txt" ;;
   part)
@@ -43,18 +53,16 @@ case $1 in
     # CUDA once on the host, so that the driver has made /dev/nvidia-uvm before the device plugin hands it out.
     python3 -c 'import torch; torch.ones(1, device="cuda"); print(torch.cuda.get_device_name(0))'
     python3 -m grpojob_testing.host_image plan | tee "$OUT/image-plan.txt"
-    time python3 -m grpojob_testing.gpu_cluster up 2>&1 | tee "$OUT/up.log"
-    kubectl=$(ls -d "$HOME"/.cache/grpojob/bin/kubernetes-*/kubectl | head -1)
-    "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" get nodes -o wide
-    "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" get node grpojob-node -o jsonpath='{.status.allocatable}'; echo
-    "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" get pods -A ;;
+    # Two halves, which can be two calls (`up node`, then `up images`) where one would outlast 10 minutes.
+    for half in ${2:-node images}; do
+      time python3 -m grpojob_testing.gpu_cluster "$half" 2>&1 | tee -a "$OUT/up.log"
+    done
+    kubectl get nodes -o wide
+    kubectl get node grpojob-node -o jsonpath='{.status.allocatable}'; echo
+    kubectl get pods -A ;;
   test)
     shift
     python3 -m pytest -p no:cacheprovider -rA -s tests/gpu/test_e2e_gpu.py "$@" 2>&1 | tee "$OUT/e2e-gpu.log" ;;
-  logs)
-    kubectl=$(ls -d "$HOME"/.cache/grpojob/bin/kubernetes-*/kubectl | head -1)
-    tar czf "$OUT/cluster-logs.tgz" -C "$HOME/.cache/grpojob/clusters/gpu" logs
-    "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" get grpojobs,rayclusters,pods -A -o wide > "$OUT/objects.txt" 2>&1
-    "$kubectl" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" describe pods -A > "$OUT/pods.txt" 2>&1 ;;
+  logs) save_logs ;;
   *) echo "unknown step $1"; exit 2 ;;
 esac

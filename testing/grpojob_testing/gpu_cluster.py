@@ -2,6 +2,8 @@
 chart installed: what tests/gpu/test_e2e_gpu.py applies GRPOJobs to (`make e2e-gpu`).
 
     python -m grpojob_testing.gpu_cluster up      # prints the kubeconfig; the processes outlive the command
+    python -m grpojob_testing.gpu_cluster node    # the first half of up: the cluster with its GPU node
+    python -m grpojob_testing.gpu_cluster images  # the second half: the images and the chart
     python -m grpojob_testing.gpu_cluster down
 
 Steps: `cluster up --real-node --no-kwok --gpus` (the device plugin advertises ``nvidia.com/gpu``), the images
@@ -46,20 +48,35 @@ def helm_install(kubeconfig: Path) -> None:
     )
 
 
-def up(site_packages: Path = Path("/tmp/site-packages"), device_glob: str = NVIDIA_DEVICE_GLOB, log=sys.stderr) -> Path:
-    """Start the cluster, import the images, install the chart; return the kubeconfig."""
+def start_node(device_glob: str = NVIDIA_DEVICE_GLOB, log=sys.stderr) -> Path:
+    """Start the cluster with its GPU node; return the kubeconfig."""
+    started = time.monotonic()
+    kubeconfig = Cluster.named(CLUSTER_NAME).up(
+        cpu_nodes=0, gpu_nodes=0, real_node=True, kwok=False, gpu_device_glob=device_glob, log=log
+    )
+    print(f"cluster with a GPU node up in {time.monotonic() - started:.0f}s", file=log, flush=True)
+    return kubeconfig
+
+
+def install_images_and_chart(site_packages: Path = Path("/tmp/site-packages"), log=sys.stderr) -> Path:
+    """Import the images made of this machine into the running cluster's node, install the chart."""
     cluster = Cluster.named(CLUSTER_NAME)
     started = time.monotonic()
-    kubeconfig = cluster.up(cpu_nodes=0, gpu_nodes=0, real_node=True, kwok=False, gpu_device_glob=device_glob, log=log)
-    print(f"cluster with a GPU node up after {time.monotonic() - started:.0f}s", file=log, flush=True)
+    socket = node.NodePaths(cluster.state_dir / "node").containerd_socket
+    host_image.import_into_containerd(str(socket), site_packages)
+    print(f"images imported in {time.monotonic() - started:.0f}s", file=log, flush=True)
+    helm_install(cluster.kubeconfig)
+    print(f"chart installed after {time.monotonic() - started:.0f}s", file=log, flush=True)
+    return cluster.kubeconfig
+
+
+def up(site_packages: Path = Path("/tmp/site-packages"), device_glob: str = NVIDIA_DEVICE_GLOB, log=sys.stderr) -> Path:
+    """Start the cluster, import the images, install the chart; return the kubeconfig."""
+    kubeconfig = start_node(device_glob, log)
     try:
-        socket = node.NodePaths(cluster.state_dir / "node").containerd_socket
-        host_image.import_into_containerd(str(socket), site_packages)
-        print(f"images imported after {time.monotonic() - started:.0f}s", file=log, flush=True)
-        helm_install(kubeconfig)
-        print(f"chart installed after {time.monotonic() - started:.0f}s", file=log, flush=True)
+        install_images_and_chart(site_packages, log)
     except BaseException:
-        cluster.down(keep_logs=True)
+        Cluster.named(CLUSTER_NAME).down(keep_logs=True)
         raise
     return kubeconfig
 
@@ -70,12 +87,16 @@ def down() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpojob_testing.gpu_cluster", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["up", "down"])
+    parser.add_argument("command", choices=["up", "node", "images", "down"])
     parser.add_argument("--site-packages", type=Path, default=Path("/tmp/site-packages"))
     parser.add_argument("--gpus", default=NVIDIA_DEVICE_GLOB, metavar="DEVICE_GLOB")
     args = parser.parse_args(argv)
     if args.command == "up":
         print(up(args.site_packages, args.gpus))
+    elif args.command == "node":
+        print(start_node(args.gpus))
+    elif args.command == "images":
+        print(install_images_and_chart(args.site_packages))
     else:
         down()
     return 0

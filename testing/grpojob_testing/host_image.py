@@ -82,8 +82,9 @@ SYSTEM_EXCLUDED = (
     "/usr/share/info",
     "/usr/src",
     "/opt/nvidia",
-    "/etc/ld.so.cache",  # the machine's names the driver's libraries, which the image does not hold
 )
+"""Kept: /etc/ld.so.cache, which finds the libraries of /etc/ld.so.conf.d's folders; its entries for the
+driver's libraries name files the image lacks, and LD_LIBRARY_PATH (the device plugin's) comes first."""
 DRIVER_FILES = (
     "libcuda.so*",
     "libcudadebugger.so*",

@@ -308,7 +308,7 @@ def test_a_colocated_full_fine_tune_of_the_1_5b_shape_succeeds_on_the_gpu(kube: 
 
 
 def test_a_colocated_lora_job_of_the_7b_shape_succeeds_on_the_gpu(kube: Kube, namespace: str):
-    steps = 16
+    steps = 12  # the 7B model is written, served, trained and loaded again within one device call's 10 minutes
     host_dir = data_claim(kube, namespace, "qwen2.5-7b", rows=32 * (steps + 2))
     try:
         # The 7B base is 15 GB in bfloat16, read by the policy and by the engine in the same pod.
