@@ -49,11 +49,6 @@ class Layout:
         return self.placement == api.Placement.COLOCATED
 
     @property
-    def serving_group(self) -> str:
-        """The worker group whose pods serve generation (the `<job>-generation` Service's)."""
-        return next(g.name for g in self.groups if endpoints.GENERATION_GROUP in g.ray_resources)
-
-    @property
     def gpus(self) -> int:
         """GPUs of every worker pod together."""
         return sum(group.replicas * group.gpus for group in self.groups)

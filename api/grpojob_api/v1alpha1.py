@@ -252,9 +252,13 @@ class WorkerResources(ApiModel):
     def for_gpus(self, gpus: int) -> tuple[str, str, str]:
         """The pod's CPU request, memory (request and limit) and /dev/shm size with ``gpus`` GPUs: the fields
         set, and the defaults for the rest."""
-        defaults = ("2", "8Gi", "3Gi") if gpus == 0 else (str(4 * gpus), f"{24 * gpus}Gi", f"{8 * gpus}Gi")
-        asked = (self.cpu, self.memory, self.shared_memory)
-        return tuple(a if a is not None else d for a, d in zip(asked, defaults, strict=True))  # type: ignore[return-value]
+        cpu, memory, shared = ("2", "8Gi", "3Gi") if gpus == 0 else (str(4 * gpus), f"{24 * gpus}Gi", f"{8 * gpus}Gi")
+        memory = self.memory or memory
+        if self.shared_memory is not None:
+            shared = self.shared_memory
+        elif parse_quantity(shared) > parse_quantity(memory):
+            shared = memory  # /dev/shm counts against the pod's memory: never more than all of it
+        return self.cpu or cpu, memory, shared
 
 
 class GenerationBackend(StrEnum):
@@ -1239,9 +1243,10 @@ class SchedulingSpec(ApiModel):
     head: PodScheduling = Field(default_factory=PodScheduling)
     """The Ray head pod."""
     generation: PodScheduling = Field(default_factory=PodScheduling)
-    """The `generation` Ray workers (generation engines)."""
+    """The `generation` Ray workers (generation engines; a colocated job has none: its engines run in the
+    `colocated` workers, which take `policy`'s scheduling)."""
     policy: PodScheduling = Field(default_factory=PodScheduling)
-    """The `policy` Ray workers (policy training)."""
+    """The `policy` Ray workers (policy training), or the `colocated` workers (a policy rank and an engine)."""
     environments: PodScheduling = Field(default_factory=PodScheduling)
     """Every environment server pod (ours, and NeMo Gym's with `nemoGym`)."""
     trainer: PodScheduling = Field(default_factory=PodScheduling)
@@ -1274,6 +1279,9 @@ def _names_an_environment(mapping: str) -> str:
 
 SPLIT_ENGINE_MEMORY_SHARE = 0.9
 COLOCATED_ENGINE_MEMORY_SHARE = 0.35
+MAX_COLOCATED_ENGINE_MEMORY_SHARE = 0.7
+"""The most of a GPU an engine may take beside a policy rank, which keeps its weights, gradients and optimizer
+state on the GPU while the engine generates."""
 
 
 class Placement(StrEnum):
@@ -1306,6 +1314,11 @@ _COLOCATED_SAME_GPUS = (
 _COLOCATED_SAME_REPLICAS = (
     "spec.placement: colocated runs one engine beside each policy rank: "
     "spec.generation.replicas must equal spec.training.replicas"
+)
+_COLOCATED_MEMORY_SHARE = (
+    "spec.placement: colocated leaves the policy rank the GPU memory its engine does not take: "
+    f"spec.generation.gpuMemoryUtilization must be at most {MAX_COLOCATED_ENGINE_MEMORY_SHARE} "
+    f"(unset: {COLOCATED_ENGINE_MEMORY_SHARE} when colocated)"
 )
 _GIVEN_PLACEMENT = "!has(self.placement) || self.placement != 'colocated' || "
 
@@ -1372,6 +1385,12 @@ class GRPOJobSpec(ApiModel):
                 ".placement",
             ),
             cel(
+                _GIVEN_PLACEMENT + "!has(self.generation) || !has(self.generation.gpuMemoryUtilization) || "
+                f"self.generation.gpuMemoryUtilization <= {MAX_COLOCATED_ENGINE_MEMORY_SHARE}",
+                _COLOCATED_MEMORY_SHARE,
+                ".placement",
+            ),
+            cel(
                 _GIVEN_PLACEMENT + "(has(self.generation) && has(self.generation.replicas) ? "
                 "self.generation.replicas : 1) == "
                 "(has(self.training) && has(self.training.replicas) ? self.training.replicas : 1)",
@@ -1403,7 +1422,8 @@ class GRPOJobSpec(ApiModel):
     turns: half the GPUs, weights by CUDA IPC) or `split` (engines and policy on GPUs of their own, weights by
     NCCL: what asynchronous GRPO and tensor-parallel engines need). Unset: colocated for an on-policy job
     whose engines match its policy's ranks one to one (`generation.replicas` = `training.replicas`, the same
-    `gpusPerReplica`, at most 1), split otherwise. The chosen placement is in `status.placement`."""
+    `gpusPerReplica`, at most 1) and whose `generation.gpuMemoryUtilization`, if set, is at most 0.7; split
+    otherwise. The chosen placement is in `status.placement`."""
     grpo: GrpoSpec = Field(default_factory=GrpoSpec)
     """The algorithm."""
     checkpointing: CheckpointSpec = Field(default_factory=CheckpointSpec)
@@ -1443,6 +1463,9 @@ class GRPOJobSpec(ApiModel):
             conflicts.append(_COLOCATED_SAME_GPUS)
         if generation.replicas != training.replicas:
             conflicts.append(_COLOCATED_SAME_REPLICAS)
+        share = generation.gpu_memory_utilization
+        if share is not None and share > MAX_COLOCATED_ENGINE_MEMORY_SHARE:
+            conflicts.append(_COLOCATED_MEMORY_SHARE)
         return conflicts
 
     @property

@@ -16,6 +16,10 @@ COMPONENT_LABEL = "grpo.dev/component"
 HEAD_COMPONENT = "ray-head"
 """The `COMPONENT_LABEL` of the Ray head pod (its workers carry their group's name)."""
 ENVIRONMENT_LABEL = "grpo.dev/environment"
+SERVES_GENERATION_LABEL = "grpo.dev/serves-generation"
+"""On the pods that serve generation (`generation` or `colocated` workers, value "true"): what the
+`<job>-generation` Service selects, whatever the placement, so that a Service made for one placement still
+finds the engines after the job is suspended and resumed with another."""
 ATTEMPT_LABEL = "grpo.dev/attempt"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "grpojob-operator"

@@ -85,7 +85,10 @@ def _worker_group(job: api.GRPOJob, group: WorkerGroup, image: str) -> Manifest:
         # into a shell command line, so it is single-quoted, as KubeRay quotes its own.
         "rayStartParams": {"resources": f"'{json.dumps(group.ray_resources)}'"},
         "template": pod.hardened_pod(
-            labels(job, group.name), [worker], [*volumes, *_ray_scratch_volumes(shared_memory)], scheduling
+            labels(job, group.name) | ({names.SERVES_GENERATION_LABEL: "true"} if serves else {}),
+            [worker],
+            [*volumes, *_ray_scratch_volumes(shared_memory)],
+            scheduling,
         ),
     }
 
@@ -140,10 +143,7 @@ def build_generation_service(job: api.GRPOJob) -> Manifest:
         "metadata": metadata(job, names.ChildNames(job_name).generation_service, "generation"),
         "spec": {
             "clusterIP": "None",
-            "selector": {
-                names.RAY_CLUSTER_LABEL: job_name,
-                names.RAY_GROUP_LABEL: placement.layout(job.spec).serving_group,
-            },
+            "selector": {names.RAY_CLUSTER_LABEL: job_name, names.SERVES_GENERATION_LABEL: "true"},
             "ports": [{"name": "http", "port": endpoints.GENERATION_PORT, "targetPort": endpoints.GENERATION_PORT}],
             "publishNotReadyAddresses": False,
         },

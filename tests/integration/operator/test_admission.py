@@ -597,6 +597,11 @@ def test_kubectl_apply_and_grpojob_run_judge_max_off_policy_steps_alike(custom, 
         ),
         ({"placement": "colocated", "generation": {"gpusPerReplica": 0}}, "spec.generation.gpusPerReplica"),
         ({"placement": "colocated", "generation": {"replicas": 2}}, "spec.generation.replicas"),
+        (
+            {"placement": "colocated", "generation": {"gpuMemoryUtilization": 0.9}},
+            "spec.generation.gpuMemoryUtilization",
+        ),
+        ({"generation": {"gpuMemoryUtilization": 0.9}}, None),  # split by default: the engine's GPU is its own
         ({"placement": "together"}, "spec.placement"),
         ({"training": {"resources": {"cpu": "6", "memory": "60Gi", "sharedMemory": "16Gi"}}}, None),
         ({"training": {"resources": {"memory": "8Gi", "sharedMemory": "16Gi"}}}, "sharedMemory"),

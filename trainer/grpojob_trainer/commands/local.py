@@ -160,6 +160,15 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
         )
         engines, policy = placed.engines, placed.policy
         base_urls = ray.get([engine.base_url.remote() for engine in engines])
+        processes_count = sum(env.replicas for env in spec.environments if env.nemo_gym is None)
+        if len(base_urls) > max(processes_count, 1):
+            log.warning(
+                "%d engines but %d environment processes, each calling one engine: engines beyond them get no "
+                "requests (set spec.environments[].replicas to %d or more)",
+                len(base_urls),
+                processes_count,
+                len(base_urls),
+            )
         processes = EnvironmentProcesses(
             [env for env in spec.environments if env.nemo_gym is None],
             policy_base_urls=base_urls,

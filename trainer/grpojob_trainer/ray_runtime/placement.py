@@ -40,8 +40,9 @@ def place_actors(
     timeout_s: float | None = None,
 ) -> PlacedActors:
     """Start ``layout``'s engines (serving on ``host``:``port``, a free port when None; engine i samples with
-    seed ``seed + i``) and its policy ranks. Returns once every rank has loaded the model and every engine
-    serves; ``timeout_s`` bounds the wait for the worker pods (their images and GPUs)."""
+    seed ``seed + i``) and its policy ranks, the ranks once the engines serve when they share GPUs. Returns once
+    every rank has loaded the model and every engine serves; ``timeout_s`` bounds the wait for the worker pods
+    (their images and GPUs)."""
     import ray
 
     strategies = _colocated_bundles(layout, timeout_s) if layout.colocated else [None] * max(layout.ranks, 1)
@@ -59,6 +60,9 @@ def place_actors(
         )
         for i in range(layout.engines)
     ]
+    if shares_gpu:
+        # vLLM measures the GPU's free memory while it starts: a rank loading beside it would skew that.
+        ray.get([e.base_url.remote() for e in engines], timeout=timeout_s)
     ranks = [
         rank.options(**on(endpoints.POLICY_GROUP, layout.gpus_per_rank, i)).remote(
             spec, model_path, seed, i, layout.ranks

@@ -35,7 +35,14 @@ def test_cpu_only_groups_request_no_gpu():
 def test_generation_service_is_headless_over_the_generation_workers():
     service = build_generation_service(job())["spec"]
     assert service["clusterIP"] == "None"
-    assert service["selector"] == {"ray.io/cluster": "demo", "ray.io/group": "generation"}
+    assert service["selector"] == {"ray.io/cluster": "demo", "grpo.dev/serves-generation": "true"}
+    cluster = build_raycluster(job(), SETTINGS)["spec"]
+    serving = {
+        g["groupName"]
+        for g in cluster["workerGroupSpecs"]
+        if service["selector"].items() <= {"ray.io/cluster": "demo", **g["template"]["metadata"]["labels"]}.items()
+    }
+    assert serving == {"generation"}
     assert service["ports"][0]["port"] == 8000
 
 
@@ -82,8 +89,10 @@ def test_an_on_policy_job_whose_engines_match_its_ranks_is_colocated_in_one_gpu_
     split = build_raycluster(colocated_job(placement="split"), SETTINGS)["spec"]["workerGroupSpecs"]
     policy = next(g for g in split if g["groupName"] == "policy")["template"]["spec"]["containers"][0]
     assert container["volumeMounts"] == policy["volumeMounts"]  # the policy's claims, as a policy pod mounts them
-    service = build_generation_service(colocated_job())["spec"]
-    assert service["selector"] == {"ray.io/cluster": "demo", "ray.io/group": "colocated"}
+    # The generation Service selects the pods that serve, whatever the placement: here the colocated pod. It is
+    # one Service for both, so a job suspended and resumed with the other placement keeps finding its engines.
+    assert group["template"]["metadata"]["labels"]["grpo.dev/serves-generation"] == "true"
+    assert build_generation_service(colocated_job()) == build_generation_service(colocated_job(placement="split"))
 
 
 def test_asynchronous_grpo_and_a_split_placement_keep_engines_on_gpus_of_their_own():
@@ -92,6 +101,10 @@ def test_asynchronous_grpo_and_a_split_placement_keep_engines_on_gpus_of_their_o
         groups = [g["groupName"] for g in build_raycluster(j, SETTINGS)["spec"]["workerGroupSpecs"]]
         assert groups == ["generation", "policy"]
     assert asynchronous.spec.resolved_placement == "split"
+    # A share of the GPU set for an engine of its own (stored by older versions, 0.9) keeps the job split.
+    stored = {"replicas": 2, "gpusPerReplica": 1, "gpuMemoryUtilization": 0.9}
+    assert job(generation=stored, training={"replicas": 2, "gpusPerReplica": 1}).spec.resolved_placement == "split"
+    assert colocated_job().spec.engine_memory_share(shares_gpu=True) == 0.35
 
 
 def test_worker_pods_fit_a_one_gpu_node_of_8_cpus_and_32_gib_by_default():
@@ -120,3 +133,12 @@ def test_worker_pods_take_cpu_memory_and_shared_memory_from_the_spec():
     }
     generation = split["generation"]["template"]["spec"]["containers"][0]["resources"]
     assert generation["requests"] == {"cpu": "1", "memory": "24Gi", "nvidia.com/gpu": "1"}  # defaults for the rest
+
+
+def test_a_pods_shared_memory_never_defaults_to_more_than_its_memory():
+    small = {"replicas": 1, "gpusPerReplica": 1, "resources": {"memory": "4Gi"}}
+    (group,) = build_raycluster(job(generation={"replicas": 1, "gpusPerReplica": 1}, training=small), SETTINGS)["spec"][
+        "workerGroupSpecs"
+    ]
+    shm = next(v for v in group["template"]["spec"]["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"]["sizeLimit"] == "4Gi"
