@@ -42,10 +42,10 @@ def local_layout(spec: api.GRPOJobSpec, gpus: int) -> Layout:
     raise UsageError(f"{why}: {layout.gpus} GPUs, this machine has {gpus}")
 
 
-def machine_gpus(spec: api.GRPOJobSpec) -> int:
-    """This machine's GPUs, when the spec's workers ask for any (none for a CPU job, which never imports
+def machine_gpus(layout: Layout) -> int:
+    """This machine's GPUs, when the layout's workers ask for any (none for a CPU job, which never imports
     CUDA)."""
-    if placement.layout(spec).gpus == 0:
+    if layout.gpus == 0:
         return 0
     import torch
 
@@ -139,7 +139,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     evaluation_token = new_evaluation_token(spec)
     spec_json = spec.model_dump(mode="json", by_alias=True)
 
-    gpus = machine_gpus(spec)
+    gpus = machine_gpus(placement.layout(spec))
     layout = local_layout(spec, gpus)
     # Ray's processes and the environment servers end with this one, and its NeMo Gym containers are removed.
     gym_containers = local_nemo_gym.remove_command(os.getpid()) if local_nemo_gym.nemo_gym_environments(spec) else []
@@ -158,8 +158,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
             seed=spec.grpo.seed,
             evaluation_token=evaluation_token,
         )
-        engines, policy = placed.engines, placed.policy
-        base_urls = ray.get([engine.base_url.remote() for engine in engines])
+        engines, policy, base_urls = placed.engines, placed.policy, placed.base_urls
         processes_count = sum(env.replicas for env in spec.environments if env.nemo_gym is None)
         if len(base_urls) > max(processes_count, 1):
             log.warning(

@@ -9,7 +9,7 @@ made, so every rank sees the same sequence of collectives.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from grpojob_trainer.algorithm.samples import TrainingSample
@@ -116,7 +116,7 @@ class PolicyGroup:
         return self._on_every_rank("bucket_layouts", bucket_bytes, content)
 
     def share_weights_ipc(
-        self, bucket_bytes: int, content: str = "weights", sharing: set[int] = frozenset({0})
+        self, bucket_bytes: int, content: str = "weights", sharing: Collection[int] = (0,)
     ) -> list[Any]:
         """Start every rank packing the buckets of ``content`` (the gather is a collective): their ObjectRefs,
         rank 0's first. The value of each rank in ``sharing`` is the CUDA IPC payload of buckets on its GPU

@@ -22,10 +22,12 @@ from grpojob_trainer.policy.worker import PolicyWorker
 
 @dataclass(frozen=True)
 class PlacedActors:
-    """The engines (`GenerationWorker` actors, started) and the policy's ranks (started, model loaded)."""
+    """The engines (`GenerationWorker` actors, serving) and the policy's ranks (started, model loaded)."""
 
     engines: list[Any]
     policy: PolicyGroup
+    base_urls: list[str]
+    """Each engine's OpenAI-compatible base URL, engine by engine."""
 
 
 def place_actors(
@@ -60,9 +62,10 @@ def place_actors(
         )
         for i in range(layout.engines)
     ]
+    serving = [e.base_url.remote() for e in engines]
     if shares_gpu:
         # vLLM measures the GPU's free memory while it starts: a rank loading beside it would skew that.
-        ray.get([e.base_url.remote() for e in engines], timeout=timeout_s)
+        ray.get(serving, timeout=timeout_s)
     ranks = [
         rank.options(**on(endpoints.POLICY_GROUP, layout.gpus_per_rank, i)).remote(
             spec, model_path, seed, i, layout.ranks
@@ -70,8 +73,7 @@ def place_actors(
         for i in range(layout.ranks)
     ]
     policy = PolicyGroup.start(ranks, timeout_s=timeout_s)
-    ray.get([e.base_url.remote() for e in engines], timeout=timeout_s)
-    return PlacedActors(engines, policy)
+    return PlacedActors(engines, policy, ray.get(serving, timeout=timeout_s))
 
 
 def _colocated_bundles(layout: Layout, timeout_s: float | None) -> list[Any]:
