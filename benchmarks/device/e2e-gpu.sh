@@ -12,13 +12,15 @@
 #                        containerd, helm-install the chart (both halves unless one is named); the cluster's
 #                        processes outlive the call
 #   test [PYTEST ARGS]   tests/gpu/test_e2e_gpu.py against that cluster (e.g. `-k 1_5b`, then `-k 7b`)
+#   bench [ARGS]         benchmarks/cluster_vs_local.py: one job applied to that cluster, then the same job by
+#                        `grpojob run` on the same GPU (step time, time to the first step; into $OUT)
 #   logs                 the cluster's logs and the jobs' pods into $OUT (a failed step saves them too)
 #
 # Which calls, in order (carry = the one folder each names; the node's parts are made here with
 # `python -m grpojob_testing.gpu_node pack .gpuparts/node`, which prints their sizes):
 #   1. caps && part .gpuparts/p0         2..N. part .gpuparts/p1 ..    (the vLLM/Ray wheels, as for h200.sh)
 #   then part .gpuparts/trl, part .gpuparts/node/p0 .., and with the last node part: part DIR && install
-#   then up (under 10 minutes: the image is the long part), test -k 1_5b, test -k 7b
+#   then up (under 10 minutes: the image is the long part), test -k 1_5b, test -k 7b, bench
 set -uo pipefail
 export PYTHONPATH=/tmp/site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
 export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -63,6 +65,9 @@ case $1 in
   test)
     shift
     python3 -m pytest -p no:cacheprovider -rA -s tests/gpu/test_e2e_gpu.py "$@" 2>&1 | tee "$OUT/e2e-gpu.log" ;;
+  bench)
+    shift
+    python3 benchmarks/cluster_vs_local.py --out "$OUT/cluster-vs-local.json" "$@" 2>&1 | tee "$OUT/bench.log" ;;
   logs) save_logs ;;
   *) echo "unknown step $1"; exit 2 ;;
 esac

@@ -30,6 +30,7 @@ import io
 import json
 import lzma
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,8 +61,12 @@ PROGRAMS = {
 """What a cluster with a real GPU node runs, by component of versions.toml."""
 IPTABLES_LIBRARIES = ("libip4tc2", "libip6tc2", "libxtables12")
 """Libraries iptables needs at its own exact version: installed even over another version."""
-OTHER_LIBRARIES = ("libmnl0", "libnetfilter-conntrack3", "libnfnetlink0", "libnftnl11", "libseccomp2", "netbase")
-"""Libraries the node's packages need at some version: installed only where missing."""
+OTHER_LIBRARIES = (
+    *("libmnl0", "libnetfilter-conntrack3", "libnfnetlink0", "libnftnl11", "libseccomp2", "netbase"),
+    *("libbpf1", "libelf1", "libbsd0", "libmd0", "libcap2", "zlib1g"),  # iproute2's `ip`
+)
+"""Libraries the node's packages need at some version: installed only where missing, by package or by the
+shared objects it ships (another distribution may name the package otherwise: Ubuntu's libelf1t64)."""
 OPERATOR_WHEELS = (
     "kopf",
     "kubernetes",
@@ -284,17 +289,27 @@ def unpack(parts_dir: Path, site_packages: Path = Path("/tmp/site-packages")) ->
 
 def install_debs(debs: list[Path]) -> None:
     """dpkg-install the node's packages and iptables' own libraries, and the other libraries where missing."""
-    chosen = []
-    for deb in debs:
-        package = deb.name.split("_", 1)[0]
-        installed = subprocess.run(
-            ["dpkg-query", "-W", "-f", "${Status}", package], capture_output=True, text=True
-        ).stdout.endswith("installed")
-        if package in OTHER_LIBRARIES and installed:
-            continue
-        chosen.append(str(deb))
+    chosen = [str(deb) for deb in debs if deb.name.split("_", 1)[0] not in OTHER_LIBRARIES or not _library_present(deb)]
     # --force-depends: a library of another name on this distribution (say, Ubuntu's t64 renames) will do.
-    subprocess.run(["dpkg", "-i", "--force-depends", "--force-confold", *chosen], check=True)
+    subprocess.run(
+        ["dpkg", "-i", "--force-depends", "--force-confold", *chosen],
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        check=True,
+    )
+
+
+def _library_present(deb: Path) -> bool:
+    """Whether this machine has the library package ``deb``: installed under its name, or every shared object
+    name it ships (``libelf.so.1``) already in place, from a package of another name."""
+    package = deb.name.split("_", 1)[0]
+    status = subprocess.run(["dpkg-query", "-W", "-f", "${Status}", package], capture_output=True, text=True)
+    if status.stdout.endswith("installed"):
+        return True
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
+    names = [Path(line.split()[5]).name for line in listing.splitlines()]
+    sonames = [name for name in names if re.search(r"\.so\.\d+$", name)]
+    directories = (Path("/lib/x86_64-linux-gnu"), Path("/usr/lib/x86_64-linux-gnu"))
+    return bool(sonames) and all(any((d / name).exists() for d in directories) for name in sonames)
 
 
 def capabilities() -> dict[str, object]:

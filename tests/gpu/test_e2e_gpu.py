@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from grpojob_testing.gpu_jobs import Kube, data_claim, grpo_job
 
 REPO = Path(__file__).resolve().parents[2]
 GPUS = sorted(Path("/dev").glob("nvidia[0-9]*"))
@@ -38,29 +39,6 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs Ray (installed on the GPU machine)"),
     pytest.mark.timeout(1800),
 ]
-
-
-def kubectl_program() -> str:
-    from grpojob_testing import build
-
-    pinned = build.load_components()["kubernetes"].bin_dir / "kubectl"
-    return str(pinned) if pinned.exists() else shutil.which("kubectl") or "kubectl"
-
-
-@dataclass
-class Kube:
-    kubeconfig: Path
-
-    def run(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        done = subprocess.run(
-            [kubectl_program(), f"--kubeconfig={self.kubeconfig}", *args], input=stdin, capture_output=True, text=True
-        )
-        if check and done.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
-        return done.stdout
-
-    def json(self, *args: str) -> dict[str, Any]:
-        return json.loads(self.run(*args, "-o", "json"))
 
 
 @pytest.fixture(scope="module")
@@ -90,100 +68,6 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     kube.run("create", "namespace", name)
     yield name
     kube.run("delete", "namespace", name, "--wait=false", check=False)
-
-
-def data_claim(kube: Kube, namespace: str, shape: str, rows: int) -> Path:
-    """A claim ``grpo-data`` bound to a host directory holding ``model/`` (random weights of ``shape``) and
-    ``train.jsonl``, written here rather than by a pod (a 7B model is 15 GB); returns the directory."""
-    host_dir = Path(tempfile.mkdtemp(prefix=f"grpojob-gpu-e2e-{namespace}-", dir="/var/tmp"))
-    host_dir.chmod(0o777)  # the pods run as UID 1000
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO / p) for p in ("api", "operator", "trainer")] + sys.path),
-    }
-    python = [sys.executable, "-m", "grpojob_trainer.cli"]
-    rows_file = host_dir / "train.jsonl"
-    subprocess.run([*python, "tiny-model", str(host_dir / "model"), "--shape", shape], env=env, check=True)
-    subprocess.run(
-        [
-            *python[:2],
-            "grpojob_trainer.environments.dataset",
-            "arithmetic",
-            "--rows",
-            str(rows),
-            "--out",
-            str(rows_file),
-        ],
-        env=env,
-        check=True,
-    )
-    subprocess.run(["chmod", "-R", "a+rwX", str(host_dir)], check=True)
-    volume = f"grpo-data-{namespace}"
-    objects = [
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": volume},
-            "spec": {
-                "capacity": {"storage": "100Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "hostPath": {"path": str(host_dir), "type": "Directory"},
-                "claimRef": {"namespace": namespace, "name": "grpo-data"},
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "grpo-data", "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "",
-                "volumeName": volume,
-                "resources": {"requests": {"storage": "100Gi"}},
-            },
-        },
-    ]
-    kube.run("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
-    return host_dir
-
-
-def grpo_job(
-    name: str, *, steps: int, learning_rate: float, placement: str, lora_rank: int = 0, memory: str | None = None
-) -> dict[str, Any]:
-    """The arithmetic task on the claim, vLLM generating, one GPU per engine and per policy rank; ``memory``
-    of each worker pod where the default (24Gi a GPU, for a one-GPU 32 GiB node) is too little."""
-    training: dict[str, Any] = {"gpusPerReplica": 1, "microBatchSize": 16, "optimizer": {"learningRate": learning_rate}}
-    if memory:
-        training["resources"] = {"memory": memory}
-    if lora_rank:
-        training["lora"] = {"rank": lora_rank, "alpha": 2 * lora_rank}
-    return {
-        "apiVersion": "grpo.dev/v1alpha1",
-        "kind": "GRPOJob",
-        "metadata": {"name": name},
-        "spec": {
-            "placement": placement,
-            "model": {"path": "model", "pvc": {"claimName": "grpo-data"}, "servedModelName": "policy"},
-            "dataset": {"path": "train.jsonl", "pvc": {"claimName": "grpo-data"}},
-            "environments": [{"name": "arithmetic", "args": ["arithmetic"]}],
-            "generation": {
-                "backend": "vllm",
-                "gpusPerReplica": 1,
-                "gpuMemoryUtilization": 0.35 if placement == "colocated" else 0.85,
-                # Short answers, as examples/tiny-gpu.yaml: the arithmetic reward's partial credit (digits) is what
-                # a randomly initialised policy can learn in a few steps.
-                "maxModelLen": 256,
-                "maxNewTokens": 8,
-            },
-            "training": training,
-            "grpo": {"promptsPerStep": 32, "generationsPerPrompt": 8, "maxSteps": steps},
-            "checkpointing": {"pvc": {"claimName": "grpo-data"}, "path": "checkpoints", "interval": steps},
-            "output": {"pvc": {"claimName": "grpo-data"}, "path": f"models/{name}"}
-            | ({"format": "adapter"} if lora_rank else {}),
-        },
-    }
 
 
 @dataclass
