@@ -277,14 +277,36 @@ def unpack(parts_dir: Path, site_packages: Path = Path("/tmp/site-packages")) ->
             print(f"warning: {components[name].bin_dir.name} was not carried: the parts come from another tree")
     install_debs(sorted((staging / "debs").glob("*.deb")))
     wheels = sorted(str(w) for w in (staging / "wheels").glob("*.whl"))
+    installed = staging / "site-packages"
     subprocess.run(
         [
             *(sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"),
-            *("--target", str(site_packages), "--upgrade", *wheels),
+            *("--target", str(installed), *wheels),
         ],
         check=True,
     )
+    merge_site_packages(installed, site_packages)
     shutil.rmtree(staging)
+
+
+def merge_site_packages(source: Path, target: Path) -> None:
+    """Move ``source``'s packages into ``target``, replacing packages of the same name but adding to
+    ``bin/`` script by script (``pip --target --upgrade`` replaces the whole ``bin/``, and with it the
+    ``ray`` and ``vllm`` commands the GPU wheels put there)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(source.iterdir()):
+        if entry.name == "bin":
+            (target / "bin").mkdir(exist_ok=True)
+            for script in sorted(entry.iterdir()):
+                (target / "bin" / script.name).unlink(missing_ok=True)
+                shutil.move(script, target / "bin" / script.name)
+            continue
+        destination = target / entry.name
+        if destination.is_dir() and not destination.is_symlink():
+            shutil.rmtree(destination)
+        else:
+            destination.unlink(missing_ok=True)
+        shutil.move(entry, destination)
 
 
 def install_debs(debs: list[Path]) -> None:

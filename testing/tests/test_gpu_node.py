@@ -32,3 +32,21 @@ def test_the_programs_carried_are_those_a_cluster_with_a_gpu_node_builds():
     components = set(build.load_components())
     not_built = {*cluster.NOT_RUN_BY_A_CLUSTER, "kwok", *cluster.OPTIONAL_COMPONENTS}
     assert carried == components - not_built
+
+
+def test_installing_the_operator_wheels_keeps_the_commands_the_gpu_wheels_installed(tmp_path: Path):
+    site_packages = tmp_path / "site-packages"
+    (site_packages / "bin").mkdir(parents=True)
+    (site_packages / "bin" / "ray").write_text("ray")
+    (site_packages / "kopf").mkdir()
+    (site_packages / "kopf" / "old.py").write_text("old")
+    installed = tmp_path / "installed"
+    (installed / "bin").mkdir(parents=True)
+    (installed / "bin" / "kopf").write_text("kopf")
+    (installed / "kopf").mkdir()
+    (installed / "kopf" / "new.py").write_text("new")
+
+    gpu_node.merge_site_packages(installed, site_packages)
+
+    assert sorted(p.name for p in (site_packages / "bin").iterdir()) == ["kopf", "ray"]
+    assert [p.name for p in (site_packages / "kopf").iterdir()] == ["new.py"]

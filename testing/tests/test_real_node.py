@@ -89,5 +89,5 @@ def test_node_client_certificates_are_signed_by_the_cluster_ca(tmp_path: Path):
 
 def test_debian_packages_are_pinned_to_exact_versions():
     packages = node.debian_packages()
-    assert set(packages) == {"containerd", "runc", "containernetworking-plugins", "iptables"}
+    assert set(packages) == {"containerd", "runc", "containernetworking-plugins", "iptables", "iproute2"}
     assert all(version[0].isdigit() for version in packages.values())
