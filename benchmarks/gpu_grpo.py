@@ -558,9 +558,9 @@ def drive_rollout_step(
     """One step's rollouts as the driver collects them (run in a process of its own): every row
     ``generations`` times, all in flight at once. Returns the step's start and end on the machine's clock and
     each successful rollout's (sent, finished) seconds after the batch began."""
-    from grpojob_trainer.algorithm.loop import expand_groups
+    from grpojob_trainer.experience.rollouts import PolicySampling, collect_rollouts
     from grpojob_trainer.nemo_gym.protocol import Row
-    from grpojob_trainer.nemo_gym.rollouts import PolicySampling, collect_rollouts
+    from grpojob_trainer.training.loop import expand_groups
 
     expanded, groups = expand_groups([Row.model_validate(r) for r in rows], generations)
     began = time.perf_counter()
@@ -586,7 +586,7 @@ def drive_rollout_step(
 
 def latency_summary(values: list[float]) -> dict[str, float]:
     """sum, p50, p90 and max of per-request seconds."""
-    from grpojob_trainer.nemo_gym.metrics import percentile
+    from grpojob_trainer.experience.metrics import percentile
 
     return {
         "sum": sum(values),
@@ -599,7 +599,7 @@ def latency_summary(values: list[float]) -> dict[str, float]:
 def step_breakdown(driver: dict[str, Any], engine: list[EngineRecord]) -> dict[str, Any]:
     """Where one step's generation phase went: the driver's view (`drive_rollout_step`) against the
     generation server's (`record_requests`), both on the machine's clock."""
-    from grpojob_trainer.nemo_gym.metrics import percentile
+    from grpojob_trainer.experience.metrics import percentile
 
     if not engine or not driver["spans"]:
         raise ValueError(f"no completed requests to break down (rollout errors: {driver.get('errors')})")
@@ -666,8 +666,8 @@ def leg_generation_breakdown(out: Path, workload: Workload) -> dict[str, Any]:
     from grpojob_api import v1alpha1 as api
     from grpojob_trainer.generation.app import ServerConfig, create_app
     from grpojob_trainer.generation.backend import GenerationBackend, SamplingParams
-    from grpojob_trainer.nemo_gym.http import ThreadedServer
-    from grpojob_trainer.ray_runtime.local_environments import EnvironmentProcesses
+    from grpojob_trainer.local.environment_processes import EnvironmentProcesses
+    from grpojob_trainer.net.http import ThreadedServer
 
     model = model_dir(out, workload)
     rows = [json.loads(line) for line in dataset_path(out, workload).open()]

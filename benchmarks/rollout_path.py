@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from grpojob_trainer.environments.dataset import write_rows
+    from grpojob_trainer.experience.rollouts import PolicySampling, collect_rollouts
+    from grpojob_trainer.local.environment_processes import EnvironmentProcesses
     from grpojob_trainer.models.tiny import write_tiny_model
-    from grpojob_trainer.nemo_gym.rollouts import PolicySampling, collect_rollouts
-    from grpojob_trainer.ray_runtime.local_environments import EnvironmentProcesses
 
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer = AutoTokenizer.from_pretrained(write_tiny_model(Path(scratch) / "model"))

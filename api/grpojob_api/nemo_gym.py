@@ -3,7 +3,7 @@
 NeMo Gym (`gym env start`, formerly `ng_run`) reads an `env.yaml` in its working directory over its config
 files; the rendered config is that file. The operator writes it into `<job>-nemo-gym-<env>` for the
 environment's pods (`grpojob_operator.children.nemo_gym`); `grpojob run` writes it for the NeMo Gym image it
-starts under podman (`grpojob_trainer.ray_runtime.local_nemo_gym`). Both run the same image, so the servers,
+starts under podman (`grpojob_trainer.local.nemo_gym_containers`). Both run the same image, so the servers,
 their versions and the config are the same on a laptop and on the cluster; only the addresses differ
 (`NemoGymPlacement`).
 

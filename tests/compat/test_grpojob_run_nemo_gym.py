@@ -79,7 +79,7 @@ def containers_conf(tmp_path: Path) -> Path:
 
 def containers_named(prefix: str, owner: int | None = None) -> list[str]:
     """The containers (running or not) whose name starts with ``prefix``, of one `grpojob run` if ``owner``."""
-    from grpojob_trainer.ray_runtime.local_nemo_gym import OWNER_LABEL
+    from grpojob_trainer.local.nemo_gym_containers import OWNER_LABEL
 
     command = ["podman", "ps", "--all", "--format", "{{.Names}}"]
     if owner is not None:

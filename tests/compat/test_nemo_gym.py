@@ -9,7 +9,7 @@ import subprocess
 import httpx
 import pytest
 
-from grpojob_trainer.nemo_gym.rollouts import PolicySampling, RolloutBatch, collect_rollouts
+from grpojob_trainer.experience.rollouts import PolicySampling, RolloutBatch, collect_rollouts
 from tests.compat.conftest import FINAL_ANSWER, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, Gym
 
 pytestmark = pytest.mark.timeout(1800)

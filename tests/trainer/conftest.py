@@ -44,8 +44,7 @@ def start_environment(name: str, policy_base_url: str, **config):
     (``config``: more `AgentConfig` fields)."""
     from grpojob_trainer.environments import get_environment
     from grpojob_trainer.environments.app import AgentConfig, create_environment_app
-    from grpojob_trainer.nemo_gym.http import ThreadedServer
-    from grpojob_trainer.ray_runtime.net import free_port
+    from grpojob_trainer.net.http import ThreadedServer, free_port
 
     port = free_port()
     config = AgentConfig(policy_base_url=policy_base_url, resources_url=f"http://127.0.0.1:{port}", **config)
@@ -64,6 +63,6 @@ def env_urls(generation_server) -> Iterator[dict[str, str]]:
 @pytest.fixture(scope="session")
 def policy_sampling():
     """The server's sampling parameters, as the rollout collector writes them into rows."""
-    from grpojob_trainer.nemo_gym.rollouts import PolicySampling
+    from grpojob_trainer.experience.rollouts import PolicySampling
 
     return PolicySampling(TEMPERATURE, TOP_P, MAX_NEW_TOKENS)

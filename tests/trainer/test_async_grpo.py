@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpojob_trainer.algorithm.data import PromptDataset
 from grpojob_trainer.policy.checkpoint import list_checkpoints
+from grpojob_trainer.training.data import PromptDataset
 
 from .test_grpojob_run import finish, grpojob, write_job
 

@@ -15,9 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from grpojob_trainer.environments import get_environment
-from grpojob_trainer.nemo_gym.conversion import result_to_sample
-from grpojob_trainer.nemo_gym.http import ThreadedServer
+from grpojob_trainer.experience.conversion import result_to_sample
 from grpojob_trainer.nemo_gym.protocol import Row, RunResult
+from grpojob_trainer.net.http import ThreadedServer
 from tests.trainer.conftest import start_environment
 
 

@@ -389,8 +389,8 @@ def test_a_server_without_an_evaluation_refuses_every_mark(generation_server):
 
 
 def test_training_rows_never_carry_an_evaluation_mark_and_evaluation_rows_carry_the_runs():
+    from grpojob_trainer.experience.rollouts import PolicySampling
     from grpojob_trainer.nemo_gym.protocol import Row
-    from grpojob_trainer.nemo_gym.rollouts import PolicySampling
 
     row = Row.model_validate(
         {"responses_create_params": {"input": "hi", "metadata": {"grpojob_evaluation": "forged", "team": "a"}}}

@@ -94,12 +94,12 @@ def test_outside_a_terminal_the_run_prints_one_line_a_step_and_no_bar(tiny_model
     process = grpojob("run", str(job), "--out", str(tmp_path / "out"), cwd=tmp_path)  # a pipe: no bar asked off
     out = finish(process, 600)
     assert process.returncode == 0, out[-3000:]
-    assert re.findall(r"algorithm.loop: step (\d+)/3 reward", out) == ["1", "2", "3"], out[-3000:]
+    assert re.findall(r"training.loop: step (\d+)/3 reward", out) == ["1", "2", "3"], out[-3000:]
     assert "%|" not in out and "\r" not in out, "no progress bar in a pipe"
     assert "Token authentication is enabled" not in out, "Ray's offer to turn off what the run turned on"
     assert "trained steps 1 to 3" in out, "the end-of-run summary"
     logged = (tmp_path / "out" / "run.log").read_text()
-    assert re.findall(r"algorithm.loop: step (\d+)/3 reward", logged) == ["1", "2", "3"]
+    assert re.findall(r"training.loop: step (\d+)/3 reward", logged) == ["1", "2", "3"]
 
 
 def test_a_killed_trainer_resumes_from_its_last_checkpoint(tiny_model_dir: Path, tmp_path: Path):

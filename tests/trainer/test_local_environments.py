@@ -12,7 +12,7 @@ import pytest
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer import cli
 from grpojob_trainer.errors import EnvironmentNotReady
-from grpojob_trainer.ray_runtime.local_environments import EnvironmentProcesses
+from grpojob_trainer.local.environment_processes import EnvironmentProcesses
 
 
 def test_an_environment_with_two_replicas_runs_as_two_servers_with_a_log_each_and_both_stop_on_exit(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 HEAD = """
 import json, os, sys
-from grpojob_trainer.ray_runtime import connection
+from grpojob_trainer.cluster import connection
 gcs = connection.start_local({"generation": 1, "policy": 1})
 print(json.dumps({"gcs": gcs, "token": os.environ.get("RAY_AUTH_TOKEN")}), flush=True)
 sys.stdin.readline()

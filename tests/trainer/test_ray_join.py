@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from grpojob_trainer.ray_runtime.net import free_port
+from grpojob_trainer.net.http import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_DISABLE_USAGE_STATS": "1"}
 
 PROBE = """
 import json, ray
-from grpojob_trainer.ray_runtime import connection
+from grpojob_trainer.cluster import connection
 gcs = connection.join("127.0.0.1:%d")
 nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
 @ray.remote(num_cpus=0, resources={"policy": 1})
@@ -30,7 +30,7 @@ print(json.dumps({"gcs": gcs, "nodes": nodes, "assigned": ray.get(policy_node.re
 
 HEAD_CHECK = """
 import signal, subprocess, sys
-from grpojob_trainer.ray_runtime import connection
+from grpojob_trainer.cluster import connection
 from grpojob_trainer.errors import RayHeadLost
 connection.join("127.0.0.1:%(port)d")
 head = connection.HeadWatch(timeout_s=10)
@@ -70,7 +70,7 @@ def test_the_trainer_joins_the_ray_cluster_as_a_zero_resource_node(ray_head: int
 
 
 def test_joining_a_cluster_that_is_not_there_fails_clearly():
-    from grpojob_trainer.ray_runtime import connection
+    from grpojob_trainer.cluster import connection
 
     with pytest.raises(RuntimeError, match=r"could not join the Ray cluster at 127\.0\.0\.1:"):
         connection.join(f"127.0.0.1:{free_port()}", timeout_s=5)

@@ -13,8 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from grpojob_trainer.environments import get_environment
-from grpojob_trainer.nemo_gym.http import ThreadedServer, free_port
-from grpojob_trainer.nemo_gym.rollouts import collect_rollouts
+from grpojob_trainer.experience.rollouts import collect_rollouts
+from grpojob_trainer.net.http import ThreadedServer, free_port
 
 
 def rows(name: str, count: int, seed: int = 0) -> list[dict]:

@@ -17,9 +17,9 @@ import pytest
 from grpojob_api import v1alpha1 as api
 from grpojob_api.admission import parse_job
 from grpojob_testing.cluster import wait_until
+from grpojob_trainer.net.http import free_port
 from grpojob_trainer.observability.metrics import MetricsLogger
 from grpojob_trainer.observability.tracking import MlflowSink, WandbSink, job_params
-from grpojob_trainer.ray_runtime.net import free_port
 
 STEPS = [
     {"rollout/reward/mean": 0.25, "time/step": 3.0, "phase": "train", "per_sample": [1.0, 0.0]},

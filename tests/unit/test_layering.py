@@ -18,7 +18,7 @@ PACKAGES = {
     "testing": "grpojob_testing",
 }
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-TRAINER_LAYERS = "The trainer's packages import downwards"
+TRAINER_LAYERS = "The trainer's folders are layers"
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_the_tree_keeps_every_contract(tree: Path):
     ("module", "line", "contract"),
     [
         (
-            "trainer/grpojob_trainer/algorithm/loop.py",
+            "trainer/grpojob_trainer/training/loop.py",
             "import grpojob_operator.names",
             "The trainer never imports the operator",
         ),
@@ -85,12 +85,23 @@ def test_the_tree_keeps_every_contract(tree: Path):
         ),
         ("operator/grpojob_operator/kueue.py", "from grpojob_operator import plan", "The operator imports downwards"),
         ("trainer/grpojob_trainer/algorithm/samples.py", "import ray", "The GRPO math imports no Ray, HTTP"),
-        ("trainer/grpojob_trainer/policy/group.py", "from grpojob_trainer.algorithm import loop", TRAINER_LAYERS),
+        ("trainer/grpojob_trainer/policy/group.py", "from grpojob_trainer.training import loop", TRAINER_LAYERS),
         ("trainer/grpojob_trainer/generation/app.py", "from grpojob_trainer.policy import trainer", TRAINER_LAYERS),
         ("trainer/grpojob_trainer/weight_sync/buckets.py", "from grpojob_trainer.policy import ranks", TRAINER_LAYERS),
+        ("trainer/grpojob_trainer/weight_sync/paths.py", "from grpojob_trainer.policy import group", TRAINER_LAYERS),
         ("trainer/grpojob_trainer/algorithm/grpo.py", "from grpojob_trainer.nemo_gym import protocol", TRAINER_LAYERS),
-        ("trainer/grpojob_trainer/commands/job.py", "from grpojob_trainer.commands import local", TRAINER_LAYERS),
-        ("trainer/grpojob_trainer/algorithm/loop.py", "from grpojob_trainer.commands import job", TRAINER_LAYERS),
+        ("trainer/grpojob_trainer/algorithm/samples.py", "from grpojob_trainer.training import loop", TRAINER_LAYERS),
+        (
+            "trainer/grpojob_trainer/nemo_gym/protocol.py",
+            "from grpojob_trainer.experience import conversion",
+            TRAINER_LAYERS,
+        ),
+        ("trainer/grpojob_trainer/experience/rollouts.py", "from grpojob_trainer.training import loop", TRAINER_LAYERS),
+        ("trainer/grpojob_trainer/net/http.py", "from grpojob_trainer.nemo_gym import protocol", TRAINER_LAYERS),
+        ("trainer/grpojob_trainer/cluster/connection.py", "from grpojob_trainer.local import reaper", TRAINER_LAYERS),
+        ("trainer/grpojob_trainer/policy/worker.py", "from grpojob_trainer.generation import worker", TRAINER_LAYERS),
+        ("trainer/grpojob_trainer/training/loop.py", "from grpojob_trainer.commands import job", TRAINER_LAYERS),
+        ("trainer/grpojob_trainer/commands/job.py", "from grpojob_trainer.commands import local", "The commands share"),
         ("trainer/grpojob_trainer/nemo_gym/protocol.py", "import torch", "NeMo Gym's protocol and the environment"),
         ("trainer/grpojob_trainer/environments/base.py", "import ray", "NeMo Gym's protocol and the environment"),
         (
@@ -135,3 +146,14 @@ def test_a_new_api_module_must_take_its_place_in_the_layers(tree: Path):
 
     assert result.returncode != 0
     assert "grpojob_api.naming" in result.stdout, result.stdout
+
+
+def test_a_new_trainer_folder_must_take_its_place_in_the_layers(tree: Path):
+    folder = tree / "trainer" / "grpojob_trainer" / "scheduling"
+    folder.mkdir()
+    (folder / "__init__.py").write_text('"""Not in the trainer\'s layers yet."""\n')
+
+    result = lint_imports(tree)
+
+    assert result.returncode != 0
+    assert "grpojob_trainer.scheduling" in result.stdout, result.stdout

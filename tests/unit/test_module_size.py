@@ -27,6 +27,16 @@ def test_the_trainers_top_level_holds_subpackages_and_its_entry_modules():
     modules = {path.name for path in top.glob("*.py")}
 
     assert modules == TRAINER_ENTRY_MODULES
-    assert {"algorithm", "commands", "policy", "weight_sync", "generation", "ray_runtime", "observability"} <= {
-        path.name for path in top.iterdir() if (path / "__init__.py").exists()
-    }
+    assert {
+        "algorithm",
+        "commands",
+        "training",
+        "experience",
+        "policy",
+        "weight_sync",
+        "generation",
+        "cluster",
+        "local",
+        "net",
+        "observability",
+    } <= {path.name for path in top.iterdir() if (path / "__init__.py").exists()}

@@ -1,6 +1,6 @@
 """A pod never uses `<job>-endpoints` of an older attempt than its own: it says so in one line and
 re-reads the mounted copy until the operator's write of its attempt arrives (the trainer and the
-environment servers through `grpojob_trainer.ray_runtime.rendezvous`, NeMo Gym pods through their launch script)."""
+environment servers through `grpojob_trainer.cluster.rendezvous`, NeMo Gym pods through their launch script)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from grpojob_operator.children.environments import build_environment_deployment
 from grpojob_operator.children.nemo_gym import LAUNCH_SCRIPT
 from grpojob_operator.children.trainer import build_trainer_job
 from grpojob_operator.settings import OperatorSettings
-from grpojob_trainer.ray_runtime.rendezvous import StaleEndpoints, current_endpoints
+from grpojob_trainer.cluster.rendezvous import StaleEndpoints, current_endpoints
 
 from .operator.conftest import job_body
 

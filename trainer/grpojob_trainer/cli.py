@@ -21,13 +21,13 @@ import sys
 import traceback
 from pathlib import Path
 
+from grpojob_trainer.cluster.connection import ask_for_token_auth
 from grpojob_trainer.commands.downloads import download_repos, download_step
 from grpojob_trainer.commands.local import run_local
 from grpojob_trainer.commands.train import train_in_cluster
 from grpojob_trainer.errors import AllRolloutsFailed, EnvironmentNotReady, RayHeadLost, UsageError
 from grpojob_trainer.models.tiny import SHAPES
 from grpojob_trainer.observability.console import LOG_FORMAT, wants_bar
-from grpojob_trainer.ray_runtime.connection import ask_for_token_auth
 
 log = logging.getLogger("grpojob")
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except RayHeadLost as error:
         _failed(str(error), termination_log)
-        from grpojob_trainer.ray_runtime.connection import exit_without_ray
+        from grpojob_trainer.cluster.connection import exit_without_ray
 
         exit_without_ray(1)
     except Exception as error:  # a bug or an unexpected failure: its traceback goes to the log

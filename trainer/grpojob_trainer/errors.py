@@ -1,6 +1,10 @@
-"""Errors the `grpojob` command reports as one clear line (no traceback)."""
+"""Errors the `grpojob` command reports as one clear line (no traceback), and how a value that does not
+validate is worded, field by field (`problem`)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 class UsageError(Exception):
@@ -18,3 +22,17 @@ class EnvironmentNotReady(RuntimeError):
 class RayHeadLost(RuntimeError):
     """The Ray head this trainer joined stopped answering or was replaced: without GCS fault tolerance
     Ray keeps no state across a head restart, so the attempt ends (its retry resumes from a checkpoint)."""
+
+
+def field_path(loc: Sequence[int | str]) -> str:
+    """A pydantic error location as a field path: ``("messages", 0, "role")`` → ``messages[0].role``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else ("." if path else "") + str(part)
+    return path
+
+
+def problem(error: Mapping[str, Any]) -> str:
+    """One of pydantic's errors as ``field.path: message`` (the message alone for the whole body)."""
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{field_path(error['loc'])}: {message}" if error["loc"] else message

@@ -73,5 +73,5 @@ def endpoints_volume(job: api.GRPOJob) -> tuple[Manifest, Manifest]:
 
 def pod_attempt_env(attempt: int) -> Manifest:
     """The pod's own attempt: it refuses `<job>-endpoints` of an older one
-    (`grpojob_trainer.ray_runtime.rendezvous`)."""
+    (`grpojob_trainer.cluster.rendezvous`)."""
     return {"name": endpoints.GRPOJOB_POD_ATTEMPT, "value": str(attempt)}

@@ -99,7 +99,7 @@ def build_environment_deployment(
 
 def build_environment_service(job: api.GRPOJob, env: api.EnvironmentSpec) -> Manifest:
     """The headless Service over one environment's ready pods, on its port: its name resolves to their
-    addresses, and the trainer spreads rollouts over them (`grpojob_trainer.nemo_gym.replicas.resolve_replicas`). No
+    addresses, and the trainer spreads rollouts over them (`grpojob_trainer.experience.replicas.resolve_replicas`). No
     cluster IP: allocating one was the API server's slowest create in a burst of jobs (at 1,000 jobs it
     timed out 340 of their Service creates after 60 s), and a virtual IP would hide the replicas from the
     trainer. KubeRay's head Service and our generation Service are headless too."""

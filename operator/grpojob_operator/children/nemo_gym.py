@@ -37,7 +37,7 @@ from grpojob_operator.settings import OperatorSettings
 OBJECT_STORE_BYTES = 1 << 30
 SHM_SIZE = "2Gi"
 # The container's command, under the image's supervisor. It refuses endpoints of an older attempt than the
-# pod's own (a stale rendezvous: `grpojob_trainer.ray_runtime.rendezvous` in shell) and re-reads the mounted copy until
+# pod's own (a stale rendezvous: `grpojob_trainer.cluster.rendezvous` in shell) and re-reads the mounted copy until
 # they are current. `grpojob-servers check` (images/nemo-gym/servers.py) stops the pod at once, with one
 # line naming it, when the config names a server the image did not prepare: that line ends the pod's log,
 # so its termination message, which EnvironmentsReady quotes. `ray start` joins the job's Ray cluster as a

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from grpojob_api import endpoints
-from grpojob_trainer.ray_runtime.rendezvous import current_endpoints
+from grpojob_trainer.cluster.rendezvous import current_endpoints
 
 from .conftest import job_manifest
 

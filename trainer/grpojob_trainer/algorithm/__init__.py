@@ -1,1 +1,2 @@
-"""The GRPO algorithm: the step loop (`loop`), its math (`grpo`), the samples it trains on and the prompts it reads."""
+"""The GRPO algorithm's pure math: advantages and the policy loss (`grpo`), and the samples it trains on
+(`samples`). No Ray, HTTP or Kubernetes."""

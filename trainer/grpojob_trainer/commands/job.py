@@ -11,9 +11,9 @@ from pydantic import ValidationError
 
 from grpojob_api import admission, kubeyaml
 from grpojob_api import v1alpha1 as api
-from grpojob_trainer.algorithm.data import Prompts
 from grpojob_trainer.errors import UsageError
 from grpojob_trainer.nemo_gym.protocol import Row
+from grpojob_trainer.training.data import Prompts
 
 
 def load_job(path: Path) -> api.GRPOJob:
@@ -32,7 +32,7 @@ def read_evaluation_rows(spec: api.GRPOJobSpec, location: str | None) -> list[Ro
     """The held-out rows of ``spec.evaluation`` (its first ``maxRows``) read from ``location`` (a file or a hub
     dataset's snapshot); None without an evaluation. Raises `UsageError` naming the field for rows it cannot
     read."""
-    from grpojob_trainer.algorithm.sources import load_rows
+    from grpojob_trainer.training.sources import load_rows
 
     evaluation = spec.evaluation
     if evaluation is None:
@@ -49,7 +49,7 @@ def read_evaluation_rows(spec: api.GRPOJobSpec, location: str | None) -> list[Ro
 def read_training_prompts(spec: api.GRPOJobSpec, locations: list[str]) -> Prompts:
     """The training prompts of ``spec.dataset``, each source read from its place in ``locations``. Raises
     `UsageError` naming the field for rows it cannot read."""
-    from grpojob_trainer.algorithm.sources import load_prompts
+    from grpojob_trainer.training.sources import load_prompts
 
     try:
         return load_prompts(spec.dataset, locations, spec.grpo.seed)

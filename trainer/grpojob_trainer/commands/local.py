@@ -13,11 +13,11 @@ from pathlib import Path
 from grpojob_api import hub, nemo_gym, paths, placement
 from grpojob_api import v1alpha1 as api
 from grpojob_api.placement import Layout
-from grpojob_trainer.algorithm.data import Prompts
 from grpojob_trainer.commands.job import load_job, new_evaluation_token, read_evaluation_rows, read_training_prompts
 from grpojob_trainer.errors import UsageError
+from grpojob_trainer.local import nemo_gym_containers
 from grpojob_trainer.nemo_gym.protocol import Row
-from grpojob_trainer.ray_runtime import local_nemo_gym
+from grpojob_trainer.training.data import Prompts
 
 log = logging.getLogger("grpojob")
 
@@ -121,17 +121,18 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     """`grpojob run`: the whole loop on this machine."""
     import ray
 
-    from grpojob_trainer.algorithm.loop import run_loop
+    from grpojob_trainer.cluster import connection
+    from grpojob_trainer.local import reaper
+    from grpojob_trainer.local.environment_processes import EnvironmentProcesses
     from grpojob_trainer.observability import report, tracking
     from grpojob_trainer.observability.console import StepDisplay
     from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
-    from grpojob_trainer.ray_runtime import connection, reaper
-    from grpojob_trainer.ray_runtime.local_environments import EnvironmentProcesses
-    from grpojob_trainer.ray_runtime.placement import place_actors
+    from grpojob_trainer.training.loop import run_loop
+    from grpojob_trainer.training.placement import place_actors
 
     job = load_job(job_path)
     spec = job.spec
-    local_nemo_gym.check_can_run(spec)
+    nemo_gym_containers.check_can_run(spec)
     dataset, evaluation_rows = local_data(spec)
     model = local_model(spec.model)
     out = out or Path("runs") / job.metadata.name
@@ -142,7 +143,9 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     gpus = machine_gpus(placement.layout(spec))
     layout = local_layout(spec, gpus)
     # Ray's processes and the environment servers end with this one, and its NeMo Gym containers are removed.
-    gym_containers = local_nemo_gym.remove_command(os.getpid()) if local_nemo_gym.nemo_gym_environments(spec) else []
+    gym_containers = (
+        nemo_gym_containers.remove_command(os.getpid()) if nemo_gym_containers.nemo_gym_environments(spec) else []
+    )
     reaper.reap_children_at_exit(then=gym_containers)
     gcs = connection.start_local(layout.ray_resources, num_gpus=gpus)
     print(
@@ -175,7 +178,9 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
             gcs_address=gcs,
             log_dir=out / "environments",
         )
-        containers = local_nemo_gym.NemoGymContainers(job, policy_base_url=base_urls[0], run_dir=out / "environments")
+        containers = nemo_gym_containers.NemoGymContainers(
+            job, policy_base_url=base_urls[0], run_dir=out / "environments"
+        )
         sinks = tracking.tracking_sinks(job, attempt=1, run_dir=out)
         with contextlib.ExitStack() as started:
             env_urls = started.enter_context(processes) | started.enter_context(containers)

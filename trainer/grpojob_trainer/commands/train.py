@@ -17,15 +17,14 @@ log = logging.getLogger("grpojob")
 
 def train_in_cluster(config_path: Path) -> int:
     """`grpojob train`: the trainer pod. Everything it needs comes from the endpoints ConfigMap and the Job."""
-    from grpojob_trainer.algorithm.loop import run_loop
+    from grpojob_trainer.cluster import connection
+    from grpojob_trainer.cluster.rendezvous import current_endpoints, wait_for_environments
     from grpojob_trainer.observability import tracking
     from grpojob_trainer.observability.metrics import MetricSink, MetricsLogger
     from grpojob_trainer.observability.progress import ConfigMapProgressPublisher
     from grpojob_trainer.observability.prometheus import PrometheusMetrics
-    from grpojob_trainer.ray_runtime import connection
-    from grpojob_trainer.ray_runtime.local_environments import wait_for_environments
-    from grpojob_trainer.ray_runtime.placement import place_actors
-    from grpojob_trainer.ray_runtime.rendezvous import current_endpoints
+    from grpojob_trainer.training.loop import run_loop
+    from grpojob_trainer.training.placement import place_actors
 
     job = load_job(config_path)
     spec = job.spec

@@ -16,10 +16,10 @@ import uvicorn
 
 from grpojob_api import endpoints
 from grpojob_api.endpoints import ContractError
+from grpojob_trainer.cluster.rendezvous import current_endpoints
 from grpojob_trainer.environments import ENVIRONMENTS, get_environment
 from grpojob_trainer.environments.app import AgentConfig, create_environment_app
 from grpojob_trainer.environments.base import Environment
-from grpojob_trainer.ray_runtime.rendezvous import current_endpoints
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -25,8 +25,8 @@ from grpojob_trainer.environments.agent import Agent, Cookies, ResourcesClient, 
 from grpojob_trainer.environments.base import Environment, Tool, VerificationFailed
 from grpojob_trainer.environments.policy_client import PolicyCallFailed, PolicyClient, PolicyRefused
 from grpojob_trainer.environments.sessions import CookieSigner, SessionCookies, SessionStore
-from grpojob_trainer.nemo_gym.http import StripRolloutPrefix, refuse_in_openai_shape
 from grpojob_trainer.nemo_gym.protocol import EnvironmentRow, RunResult, VerifyRequest
+from grpojob_trainer.net.http import StripRolloutPrefix, refuse_in_openai_shape
 
 
 @dataclass(frozen=True)

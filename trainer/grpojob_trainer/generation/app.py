@@ -34,8 +34,8 @@ from grpojob_trainer.generation.backend import (
 )
 from grpojob_trainer.generation.batching import BatchingEngine, DirectEngine
 from grpojob_trainer.generation.chat import PromptError, build_prompt_token_ids, parse_tool_calls
-from grpojob_trainer.nemo_gym.http import ApiError, StripRolloutPrefix, refuse_in_openai_shape
 from grpojob_trainer.nemo_gym.protocol import EVALUATION_MARK, RequestBody, TextContent, TokenIds, shaped_like
+from grpojob_trainer.net.http import ApiError, StripRolloutPrefix, refuse_in_openai_shape
 
 SAMPLING_TOLERANCE = 1e-6
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {

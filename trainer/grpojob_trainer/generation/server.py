@@ -10,7 +10,7 @@ import torch
 
 from grpojob_trainer.generation.app import ServerConfig, create_app
 from grpojob_trainer.generation.backend import GenerationBackend
-from grpojob_trainer.nemo_gym.http import ThreadedServer
+from grpojob_trainer.net.http import ThreadedServer
 
 
 class GenerationServer:

@@ -1,1 +1,1 @@
-"""NeMo Gym protocol: rows, Responses↔Chat conversion, rollout collection into TrainingSamples."""
+"""NeMo Gym's protocol: its rows and `/run` results, Responses↔Chat conversion, and its error bodies."""

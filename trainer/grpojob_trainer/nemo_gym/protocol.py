@@ -8,7 +8,7 @@ of a message (`content_text`), which the generation server's chat messages share
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -23,6 +23,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from grpojob_trainer.errors import problem
+
 AGENT_REF_TYPE = "responses_api_agents"
 EVALUATION_MARK = "grpojob_evaluation"
 """The key in a request's ``metadata`` that marks an evaluation rollout's model calls. Its value is the run's
@@ -31,20 +33,6 @@ generation server samples with the evaluation's parameters instead of refusing t
 ``responses_create_params.metadata`` through to the chat completion, as our environments do."""
 TEXT_PART_TYPES = ("text", "input_text", "output_text")
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def field_path(loc: Sequence[int | str]) -> str:
-    """A pydantic error location as a field path: ``("messages", 0, "role")`` → ``messages[0].role``."""
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else ("." if path else "") + str(part)
-    return path
-
-
-def problem(error: Mapping[str, Any]) -> str:
-    """One of pydantic's errors as ``field.path: message`` (the message alone for the whole body)."""
-    message = error["msg"].removeprefix("Value error, ")
-    return f"{field_path(error['loc'])}: {message}" if error["loc"] else message
 
 
 def describe(error: ValidationError) -> str:

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from grpojob_trainer.observability.metrics import REWARD, STEP_SECONDS
 
-STEP_LOGGER = "grpojob_trainer.algorithm.loop"
+STEP_LOGGER = "grpojob_trainer.training.loop"
 """The logger of the training loop's per-step lines, which the bar replaces on the screen."""
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

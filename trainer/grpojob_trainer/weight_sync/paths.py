@@ -25,9 +25,9 @@ training); the other paths have nothing to release.
 
 Each `push` returns when every engine serves the new weights, with ``weight_sync/seconds`` (wall time
 seen by the driver), ``weight_sync/version`` (the weights version the engines now serve, the oldest of
-theirs) and, on the NCCL path, ``weight_sync/bytes`` (what was broadcast). The policy is a
-`grpojob_trainer.policy.group.PolicyGroup`: with several ranks all of them gather the sharded weights and
-rank 0 sends them.
+theirs) and, on the NCCL path, ``weight_sync/bytes`` (what was broadcast). The policy is anything with the
+methods of `PolicyWeights` (`grpojob_trainer.policy.group.PolicyGroup`: with several ranks all of them gather
+the sharded weights and rank 0 sends them).
 """
 
 from __future__ import annotations
@@ -35,11 +35,9 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from grpojob_trainer.policy.group import PolicyGroup
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +65,25 @@ class Content:
         return getattr(engine, f"update_weights{method}").remote(*args)
 
 
+class PolicyWeights(Protocol):
+    """The policy as the weight paths see it: what each path asks of it to send its weights."""
+
+    def adapter_config(self) -> dict[str, Any] | None: ...
+    def device_uuids(self) -> list[str | None]: ...
+    def weights(self, content: str = WEIGHTS) -> Any: ...
+    def free_cached_memory(self) -> None: ...
+    def share_weights_ipc(
+        self, bucket_bytes: int, content: str = WEIGHTS, sharing: Collection[int] = (0,)
+    ) -> list[Any]: ...
+    def release_shared_weights(self) -> None: ...
+    def weight_group_address(self) -> tuple[str, int]: ...
+    def join_weight_group(self, host: str, port: int, world_size: int, receivers: Sequence[Any] = ()) -> list[Any]: ...
+    def bucket_layouts(self, bucket_bytes: int, content: str = WEIGHTS) -> list[Any]: ...
+    def broadcast_weights(
+        self, bucket_bytes: int, receivers: Sequence[Any] = (), content: str = WEIGHTS
+    ) -> tuple[int, list[Any]]: ...
+
+
 class WeightSync(Protocol):
     name: str
 
@@ -90,7 +107,7 @@ class ObjectStoreSync(NothingToRelease):
 
     name = "object-store"
 
-    def __init__(self, policy: PolicyGroup, engines: list[Any], content: Content = Content()) -> None:
+    def __init__(self, policy: PolicyWeights, engines: list[Any], content: Content = Content()) -> None:
         self.policy, self.engines, self.content = policy, engines, content
 
     def push(self) -> dict[str, float]:
@@ -109,7 +126,7 @@ class CudaIpcSync:
 
     def __init__(
         self,
-        policy: PolicyGroup,
+        policy: PolicyWeights,
         engines: list[Any],
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         content: Content = Content(),
@@ -173,7 +190,7 @@ class NcclBroadcastSync(NothingToRelease):
 
     def __init__(
         self,
-        policy: PolicyGroup,
+        policy: PolicyWeights,
         engines: list[Any],
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         content: Content = Content(),
@@ -230,7 +247,7 @@ def choose_content(lora: bool, engines: list[dict[str, Any]]) -> str:
     return ADAPTER if all(e.get("lora") for e in engines) else MERGED
 
 
-def weight_sync_for(policy: PolicyGroup, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightSync:
+def weight_sync_for(policy: PolicyWeights, engines: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightSync:
     """The weight path for these actors (see `choose_path` and `choose_content`), set up and ready to `push`."""
     import ray
 

@@ -22,11 +22,11 @@ import yaml
 from grpojob_api import paths
 from grpojob_api.hub import HubRepo
 from grpojob_trainer import cli
-from grpojob_trainer.algorithm.data import MixedPromptDataset
 from grpojob_trainer.commands.job import load_job
 from grpojob_trainer.commands.local import local_data
 from grpojob_trainer.environments.dataset import write_rows
 from grpojob_trainer.errors import UsageError
+from grpojob_trainer.training.data import MixedPromptDataset
 
 DATASET_ID = "grpojob-tests/arithmetic-plain"
 CARD = """---

@@ -7,8 +7,7 @@ import pytest
 
 from grpojob_trainer.environments.arithmetic import ArithmeticEnvironment, score_answer
 from grpojob_trainer.environments.lookup import LookupEnvironment, value_of
-from grpojob_trainer.nemo_gym.conversion import RolloutConversionError, result_to_sample
-from grpojob_trainer.nemo_gym.http import strip_rollout_prefix
+from grpojob_trainer.experience.conversion import RolloutConversionError, result_to_sample
 from grpojob_trainer.nemo_gym.protocol import (
     TOKEN_FIELDS,
     ResponsesCreateParams,
@@ -18,6 +17,7 @@ from grpojob_trainer.nemo_gym.protocol import (
     TokenIdsError,
 )
 from grpojob_trainer.nemo_gym.responses import chat_to_output_items, chat_tools, input_items, responses_to_chat
+from grpojob_trainer.net.http import strip_rollout_prefix
 
 IDS = {"prompt_token_ids": [1, 2], "generation_token_ids": [3, 4], "generation_log_probs": [-0.1, -0.2]}
 
@@ -166,7 +166,7 @@ def test_example_rows_are_nemo_gym_rows_for_their_environment_and_reproducible()
 
 
 def test_a_dataset_row_that_is_not_a_nemo_gym_row_is_refused_with_its_line_and_field(tmp_path):
-    from grpojob_trainer.algorithm.data import PromptDataset
+    from grpojob_trainer.training.data import PromptDataset
 
     path = tmp_path / "rows.jsonl"
     path.write_text('{"responses_create_params": {"input": "x"}}\n\n{"responses_create_params": {"inptu": "x"}}\n')

@@ -50,7 +50,7 @@ import logging, sys
 from pathlib import Path
 from grpojob_trainer.observability.console import LOG_FORMAT, StepDisplay, wants_bar
 logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-loop = logging.getLogger("grpojob_trainer.algorithm.loop")
+loop = logging.getLogger("grpojob_trainer.training.loop")
 with StepDisplay("tiny", 3, Path(sys.argv[1]), bar=wants_bar(sys.stderr)) as display:
     for step in (1, 2, 3):
         loop.info("step %d/3 reward 0.%d time 1.0s", step, step)
@@ -104,8 +104,8 @@ def test_elsewhere_one_line_a_step_and_no_bar(tmp_path: Path):
         [sys.executable, "-c", SCRIPT, str(tmp_path / "run.log")], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    steps = [line for line in result.stderr.splitlines() if "grpojob_trainer.algorithm.loop: step " in line]
+    steps = [line for line in result.stderr.splitlines() if "grpojob_trainer.training.loop: step " in line]
     assert len(steps) == 3, result.stderr
     assert "%|" not in result.stderr and "\r" not in result.stderr
     assert result.stdout == "summary\n"
-    assert (tmp_path / "run.log").read_text().count("algorithm.loop: step ") == 3
+    assert (tmp_path / "run.log").read_text().count("training.loop: step ") == 3

@@ -11,6 +11,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from grpojob_trainer.net.http import free_port
 from grpojob_trainer.observability.metrics import (
     FileProgressPublisher,
     MetricsLogger,
@@ -20,7 +21,6 @@ from grpojob_trainer.observability.metrics import (
     tokens_per_second,
 )
 from grpojob_trainer.observability.prometheus import PrometheusMetrics
-from grpojob_trainer.ray_runtime.net import free_port
 
 
 def test_scalars_go_to_jsonl_and_tensorboard_and_other_values_are_skipped(tmp_path: Path):

@@ -1,4 +1,5 @@
-"""Read `<job>-endpoints` the way every pod of a job must: never an older attempt's.
+"""Read `<job>-endpoints` the way every pod of a job must: never an older attempt's; and wait until the
+environment servers it names answer (`wait_for_environments`).
 
 A pod gets the endpoints through ``envFrom``, fixed when its container starts. Should that copy be of an
 older attempt than the pod's own (`GRPOJOB_POD_ATTEMPT`) — a stale rendezvous after a failed run, as when
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from grpojob_api import endpoints
 from grpojob_api.endpoints import ContractError, Endpoints
+from grpojob_trainer.errors import EnvironmentNotReady
+from grpojob_trainer.net.http import wait_until_healthy
 
 log = logging.getLogger(__name__)
 
@@ -60,3 +63,14 @@ def current_endpoints(
             log.info("%s now holds attempt %d; using it", mounted, found.attempt)
             return found
     raise StaleEndpoints(f"{refusal}; {mounted} did not catch up within {timeout_s:.0f}s")
+
+
+def wait_for_environments(urls: dict[str, str], timeout_s: float = 600.0, interval_s: float = 2.0) -> None:
+    """Wait until every environment Service answers GET / (on Kubernetes, where the pods start on their own);
+    `EnvironmentNotReady` names the first that did not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    for name, url in urls.items():
+        try:
+            wait_until_healthy(url.rstrip("/") + "/", max(0.0, deadline - time.monotonic()), interval_s=interval_s)
+        except TimeoutError as error:
+            raise EnvironmentNotReady(f"environment {name}: {error}") from None

@@ -14,7 +14,7 @@ rollout of one batch thus comes from one policy version (recorded on each sample
 s: k updates stale, never more. With k = 0 the loop is the on-policy one: generate, train, push; and an
 engine that shares the policy's GPU sleeps while the policy trains (`WeightSync.release`).
 
-Evaluation (``spec.evaluation``, `grpojob_trainer.algorithm.evaluation`): the starting policy before the
+Evaluation (``spec.evaluation``, `grpojob_trainer.training.evaluation`): the starting policy before the
 first step, then the policy of every ``everySteps``-th step and of the last, once its weights are on the
 engines. The next step's rollouts are launched first, since they sample from the same weights; the loop
 waits for the evaluation before that step trains, so the evaluated weights are still the ones served.
@@ -46,18 +46,10 @@ from typing import Any
 from grpojob_api import paths
 from grpojob_api import v1alpha1 as api
 from grpojob_api.progress import EvaluationReport
-from grpojob_trainer.algorithm.data import Prompts, position_metrics
-from grpojob_trainer.algorithm.evaluation import (
-    Evaluated,
-    EvaluationHistory,
-    Evaluator,
-    evaluation_due,
-    evaluation_line,
-)
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.errors import AllRolloutsFailed
+from grpojob_trainer.experience.rollouts import EnvironmentURLs, PolicySampling, RolloutBatch, collect_rollouts
 from grpojob_trainer.nemo_gym.protocol import Row
-from grpojob_trainer.nemo_gym.rollouts import EnvironmentURLs, PolicySampling, RolloutBatch, collect_rollouts
 from grpojob_trainer.observability.metrics import (
     ROLLOUT_WAIT,
     WEIGHT_SYNC,
@@ -68,6 +60,14 @@ from grpojob_trainer.observability.metrics import (
 )
 from grpojob_trainer.policy.checkpoint import checkpoint_path
 from grpojob_trainer.policy.group import PolicyGroup
+from grpojob_trainer.training.data import Prompts, position_metrics
+from grpojob_trainer.training.evaluation import (
+    Evaluated,
+    EvaluationHistory,
+    Evaluator,
+    evaluation_due,
+    evaluation_line,
+)
 from grpojob_trainer.weight_sync.paths import weight_sync_for
 
 log = logging.getLogger(__name__)

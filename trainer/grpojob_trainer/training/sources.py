@@ -1,7 +1,7 @@
 """The rows of a job's dataset, read where each source is: a JSONL file (a path, a ConfigMap's key), or the
 snapshot directory of a Hugging Face dataset named by id, read with `datasets` (`load_dataset(<snapshot>,
 name=config, split=split, data_files=files)`; a local directory, so nothing reaches for the hub). A source
-with a `mapping` holds plain columns, made into NeMo Gym rows (`grpojob_trainer.algorithm.mapping`);
+with a `mapping` holds plain columns, made into NeMo Gym rows (`grpojob_trainer.training.mapping`);
 without one its records must be NeMo Gym rows. Every error names the source's field and the record.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from grpojob_api import v1alpha1 as api
-from grpojob_trainer.algorithm.data import MixedPromptDataset, PromptDataset, Prompts
-from grpojob_trainer.algorithm.mapping import MappingError, mapped_row
 from grpojob_trainer.nemo_gym.protocol import Row, describe
+from grpojob_trainer.training.data import MixedPromptDataset, PromptDataset, Prompts
+from grpojob_trainer.training.mapping import MappingError, mapped_row
 
 
 def load_prompts(dataset: api.DatasetSpec, locations: Sequence[str | Path], seed: int) -> Prompts:

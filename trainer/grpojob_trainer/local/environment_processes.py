@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from grpojob_api import endpoints
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.errors import EnvironmentNotReady, UsageError
-from grpojob_trainer.ray_runtime.net import free_port, wait_until_healthy
+from grpojob_trainer.net.http import free_port, wait_until_healthy
 
 START_TIMEOUT_S = 120.0
 
@@ -136,14 +135,3 @@ class EnvironmentProcesses:
 def replica_name(environment: str, replica: int) -> str:
     """A replica's name in logs and errors: the environment's for the first, ``<environment>-<n>`` after."""
     return environment if replica == 0 else f"{environment}-{replica}"
-
-
-def wait_for_environments(urls: dict[str, str], timeout_s: float = 600.0, interval_s: float = 2.0) -> None:
-    """Wait until every environment Service answers GET / (on Kubernetes, where the pods start on their own);
-    `EnvironmentNotReady` names the first that did not within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    for name, url in urls.items():
-        try:
-            wait_until_healthy(url.rstrip("/") + "/", max(0.0, deadline - time.monotonic()), interval_s=interval_s)
-        except TimeoutError as error:
-            raise EnvironmentNotReady(f"environment {name}: {error}") from None

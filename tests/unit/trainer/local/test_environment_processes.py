@@ -11,8 +11,9 @@ import pytest
 
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.cli import main
+from grpojob_trainer.cluster.rendezvous import wait_for_environments
 from grpojob_trainer.errors import EnvironmentNotReady
-from grpojob_trainer.ray_runtime.local_environments import environment_command, wait_for_environments
+from grpojob_trainer.local.environment_processes import environment_command
 
 
 def env(**fields) -> api.EnvironmentSpec:
@@ -61,7 +62,7 @@ def test_the_trainer_names_the_environment_whose_service_accepts_connections_but
 
 def test_a_nemo_gym_container_runs_as_its_pod_with_the_config_by_absolute_path(tmp_path, monkeypatch):
     from grpojob_api import nemo_gym
-    from grpojob_trainer.ray_runtime.local_nemo_gym import OWNER_LABEL, container_command
+    from grpojob_trainer.local.nemo_gym_containers import OWNER_LABEL, container_command
 
     monkeypatch.chdir(tmp_path)
     command = container_command("podman", "grpojob-demo-format-1a2b3c", "example/gym:1", Path("runs/demo/format"), 42)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from grpojob_api import v1alpha1 as api
-from grpojob_trainer.algorithm.mapping import MappingError, mapped_row
 from grpojob_trainer.environments.arithmetic import ArithmeticEnvironment
 from grpojob_trainer.nemo_gym.protocol import EnvironmentRow, Row
+from grpojob_trainer.training.mapping import MappingError, mapped_row
 
 MAPPING = api.DatasetMapping(
     prompt_field="question",

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from grpojob_api import v1alpha1 as api
+from grpojob_trainer.experience.rollouts import EnvironmentURLs, PolicySampling, collect_rollouts
 from grpojob_trainer.nemo_gym.protocol import Row
-from grpojob_trainer.nemo_gym.rollouts import EnvironmentURLs, PolicySampling, collect_rollouts
 
 REWARD = "eval/reward/mean"
 

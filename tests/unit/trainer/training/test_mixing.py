@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from grpojob_trainer.algorithm.data import MixedPromptDataset, PromptDataset, draw_sources, position_metrics
 from grpojob_trainer.nemo_gym.protocol import Row
+from grpojob_trainer.training.data import MixedPromptDataset, PromptDataset, draw_sources, position_metrics
 
 BATCH = 16
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from grpojob_trainer.algorithm.evaluation import (
+from grpojob_trainer.training.evaluation import (
     EvaluationHistory,
     EvaluationRollout,
     evaluation_due,

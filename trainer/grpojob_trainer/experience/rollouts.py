@@ -26,12 +26,12 @@ import aiohttp
 from pydantic import ValidationError
 
 from grpojob_trainer.algorithm.samples import TrainingSample
-from grpojob_trainer.nemo_gym.context_length import measure_prompt, overflowed_context, prompt_too_long
-from grpojob_trainer.nemo_gym.conversion import RolloutConversionError, result_to_sample
+from grpojob_trainer.experience.context_length import measure_prompt, overflowed_context, prompt_too_long
+from grpojob_trainer.experience.conversion import RolloutConversionError, result_to_sample
+from grpojob_trainer.experience.metrics import rollout_metrics, timing_metrics
+from grpojob_trainer.experience.replicas import EnvironmentURLs, Lookup, replica_urls, resolve_replicas, system_lookup
 from grpojob_trainer.nemo_gym.errors import inner_client_error
-from grpojob_trainer.nemo_gym.metrics import rollout_metrics, timing_metrics
 from grpojob_trainer.nemo_gym.protocol import EVALUATION_MARK, Row, RunResult, describe
-from grpojob_trainer.nemo_gym.replicas import EnvironmentURLs, Lookup, replica_urls, resolve_replicas, system_lookup
 
 PROMPT_TOO_LONG = "rollout/prompt_too_long"
 """The step's rows skipped because their prompts do not fit the context."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from grpojob_trainer.nemo_gym.replicas import replica_urls, resolve_replicas, system_lookup, with_address
+from grpojob_trainer.experience.replicas import replica_urls, resolve_replicas, system_lookup, with_address
 
 
 def lookup_of(table: dict[str, Sequence[str]]):

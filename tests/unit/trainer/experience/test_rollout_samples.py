@@ -8,10 +8,10 @@ import pydantic
 import pytest
 
 from grpojob_trainer.algorithm.samples import TrainingSample
-from grpojob_trainer.nemo_gym.conversion import RolloutConversionError, result_to_sample
-from grpojob_trainer.nemo_gym.metrics import percentile, rollout_metrics, summarize, timing_metrics
+from grpojob_trainer.experience.conversion import RolloutConversionError, result_to_sample
+from grpojob_trainer.experience.metrics import percentile, rollout_metrics, summarize, timing_metrics
+from grpojob_trainer.experience.rollouts import PolicySampling
 from grpojob_trainer.nemo_gym.protocol import Row, RunResult
-from grpojob_trainer.nemo_gym.rollouts import PolicySampling
 
 
 def turn(prompt, generated, log_probs=None, **extra):

@@ -1,0 +1,1 @@
+"""Networking shared by every layer (`http`): ports, health waits, our servers' HTTP plumbing."""
