@@ -138,7 +138,6 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     out = out or Path("runs") / job.metadata.name
     out.mkdir(parents=True, exist_ok=True)
     evaluation_token = new_evaluation_token(spec)
-    spec_json = spec.model_dump(mode="json", by_alias=True)
 
     gpus = machine_gpus(placement.layout(spec))
     layout = local_layout(spec, gpus)
@@ -154,14 +153,14 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     try:
         placed = place_actors(
             layout,
-            spec_json,
+            spec,
             str(model),
             host="127.0.0.1",
             port=None,
             seed=spec.grpo.seed,
             evaluation_token=evaluation_token,
         )
-        engines, policy, base_urls = placed.engines, placed.policy, placed.base_urls
+        generation, policy, base_urls = placed.generation, placed.policy, placed.generation.base_urls
         processes_count = sum(env.replicas for env in spec.environments if env.nemo_gym is None)
         if len(base_urls) > max(processes_count, 1):
             log.warning(
@@ -193,7 +192,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
                 run_loop(
                     job,
                     policy=policy,
-                    engines=engines,
+                    generation=generation,
                     env_urls=env_urls,
                     dataset=dataset,
                     logger=logger,

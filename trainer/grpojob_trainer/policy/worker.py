@@ -13,12 +13,16 @@ import socket
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.policy.config import RankConfig
+
+if TYPE_CHECKING:
+    from grpojob_trainer.policy.checkpoint import CheckpointRequest
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -55,9 +59,9 @@ class PolicyWorker:
     sharded and no process group is created.
     """
 
-    def __init__(self, spec: dict[str, Any], model_path: str, seed: int, rank: int = 0, world: int = 1) -> None:
-        self.spec = api.GRPOJobSpec.model_validate(spec)
-        self.model_path, self.seed, self.rank, self.world = model_path, seed, rank, world
+    def __init__(self, config: RankConfig) -> None:
+        self.spec = config.spec
+        self.model_path, self.seed, self.rank, self.world = config.model_path, config.seed, config.rank, config.world
         self.trainer: Any = None
         self._shared: list[torch.Tensor] = []
         self._adapter_buckets: dict[int, tuple[bytes, list[torch.Tensor]]] = {}
@@ -217,28 +221,20 @@ class PolicyWorker:
             return 0
         return self._group.send_buckets(layouts, tensors, self.trainer.device)
 
-    def save(
-        self,
-        directory: str,
-        step: int,
-        data_position: dict[str, Any],
-        config: dict[str, Any],
-        keep: int,
-        kept_step: int | None = None,
-    ) -> str:
-        """Every rank: gather the full state; rank 0 writes the checkpoint, then keeps the newest ``keep`` and
-        that of ``kept_step``. Its path."""
+    def save(self, request: CheckpointRequest) -> str:
+        """Every rank: gather the full state; rank 0 writes the checkpoint ``request`` asks for, then keeps the
+        newest ``request.keep`` and that of ``request.kept_step``. Its path."""
         from grpojob_trainer.policy.checkpoint import save_checkpoint
 
         path = save_checkpoint(
-            directory,
-            step=step,
+            request.directory,
+            step=request.step,
             model=self.trainer.model,
             optimizer=self.trainer.optimizer,
-            data_position=data_position,
-            config=config,
-            keep=keep,
-            kept_step=kept_step,
+            data_position=request.data_position,
+            config=request.config,
+            keep=request.keep,
+            kept_step=request.kept_step,
             base_model=self.model_path,
         )
         return str(path)

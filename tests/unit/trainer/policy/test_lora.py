@@ -284,14 +284,16 @@ def test_the_policy_exports_its_merged_model_and_its_adapter_as_the_files_would_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from grpojob_api.v1alpha1 import GRPOJobSpec
     from grpojob_trainer.models.tiny import write_tiny_model
+    from grpojob_trainer.policy.config import RankConfig
     from grpojob_trainer.policy.export import read_weights, write_merged_model
     from grpojob_trainer.policy.worker import PolicyWorker
 
     base = write_tiny_model(tmp_path / "base")
     job = yaml.safe_load((Path(__file__).resolve().parents[4] / "examples" / "tiny.yaml").read_text())
     job["spec"]["training"]["lora"] = {"rank": 4, "alpha": 8}
-    worker = PolicyWorker(job["spec"], str(base), seed=0)
+    worker = PolicyWorker(RankConfig(GRPOJobSpec.model_validate(job["spec"]), str(base), seed=0))
     worker.start("127.0.0.1", 0)
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
