@@ -182,8 +182,8 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
         )
         sinks = tracking.tracking_sinks(job, attempt=1, run_dir=out)
         with contextlib.ExitStack() as started:
-            env_urls = started.enter_context(processes) | started.enter_context(containers)
-            env_urls = nemo_gym.with_agent_names(spec.environments, env_urls)
+            environment_urls = started.enter_context(processes) | started.enter_context(containers)
+            environment_urls = nemo_gym.with_agent_names(spec.environments, environment_urls)
             logger = started.enter_context(MetricsLogger(out, tensorboard=tensorboard, sinks=sinks))
             name, steps = job.metadata.name, spec.grpo.max_steps
             display = started.enter_context(StepDisplay(name, steps, out / "run.log", bar=show_progress))
@@ -193,7 +193,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
                     job,
                     policy=policy,
                     generation=generation,
-                    env_urls=env_urls,
+                    environment_urls=environment_urls,
                     dataset=dataset,
                     logger=logger,
                     progress=FileProgressPublisher(out / "progress.json"),

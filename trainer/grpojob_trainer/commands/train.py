@@ -68,7 +68,7 @@ def train_in_cluster(config_path: Path) -> int:
                     job,
                     policy=placed.policy,
                     generation=placed.generation,
-                    env_urls=endpoints.environment_urls,
+                    environment_urls=endpoints.environment_urls,
                     dataset=dataset,
                     logger=logger,
                     progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),

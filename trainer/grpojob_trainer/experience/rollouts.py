@@ -116,20 +116,20 @@ class _Permanent(Exception):
     """A failure that retrying will not fix."""
 
 
-def env_name_of(row: Row, env_urls: Mapping[str, tuple[str, ...]]) -> str:
+def env_name_of(row: Row, environment_urls: Mapping[str, tuple[str, ...]]) -> str:
     """The environment a row goes to: ``agent_ref.name``, or the only environment when there is one (a
-    NeMo Gym environment's URL is listed under its name and its agent's). ``env_urls``: `replica_urls`'."""
+    NeMo Gym environment's URL is listed under its name and its agent's). ``environment_urls``: `replica_urls`'."""
     name = row.agent_ref.name if row.agent_ref is not None else None
-    if name is None and len(set(env_urls.values())) == 1:
-        return next(iter(env_urls))
-    if name not in env_urls:
-        raise KeyError(f"row routed to environment {name!r}, but only {sorted(env_urls)} have URLs")
+    if name is None and len(set(environment_urls.values())) == 1:
+        return next(iter(environment_urls))
+    if name not in environment_urls:
+        raise KeyError(f"row routed to environment {name!r}, but only {sorted(environment_urls)} have URLs")
     return name
 
 
 async def collect_rollouts(
     rows: Sequence[Row | Mapping[str, Any]],
-    env_urls: EnvironmentURLs,
+    environment_urls: EnvironmentURLs,
     *,
     concurrency: int = 32,
     timeout_s: float = 300.0,
@@ -161,7 +161,7 @@ async def collect_rollouts(
     if group_indices is not None and len(group_indices) != len(rows):
         raise ValueError(f"group_indices has {len(group_indices)} entries for {len(rows)} rows")
     parsed = [row if isinstance(row, Row) else Row.model_validate(row) for row in rows]
-    urls = replica_urls(env_urls)
+    urls = replica_urls(environment_urls)
     names = [env_name_of(row, urls) for row in parsed]
     bodies = [(sampling.apply(row) if sampling else row).model_dump_json(exclude_unset=True) for row in parsed]
     groups = list(group_indices) if group_indices is not None else list(range(len(rows)))

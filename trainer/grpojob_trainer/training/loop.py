@@ -115,7 +115,7 @@ async def run_loop(
     *,
     policy: PolicyGroup,
     generation: GenerationGroup,
-    env_urls: EnvironmentURLs,
+    environment_urls: EnvironmentURLs,
     dataset: Prompts,
     logger: MetricsLogger,
     progress: ProgressPublisher,
@@ -132,7 +132,9 @@ async def run_loop(
     ``asyncio.run``. ``before_step`` runs before each step (the cluster's health check: it raises to end
     the attempt). ``evaluation_rows``: the held-out rows of ``spec.evaluation``; ``evaluation_token``: the
     secret the engines accept as an evaluation's mark (`EVALUATION_MARK`)."""
-    loop = TrainingLoop(job, policy, generation, env_urls, dataset, logger, progress, checkpoint_dir, output_dir)
+    loop = TrainingLoop(
+        job, policy, generation, environment_urls, dataset, logger, progress, checkpoint_dir, output_dir
+    )
     loop.resume()
     loop.start_weight_sync()
     loop.start_evaluation(evaluation_rows, evaluation_token)
@@ -157,7 +159,7 @@ class TrainingLoop:
         job: api.GRPOJob,
         policy: PolicyGroup,
         generation: GenerationGroup,
-        env_urls: EnvironmentURLs,
+        environment_urls: EnvironmentURLs,
         dataset: Prompts,
         logger: MetricsLogger,
         progress: ProgressPublisher,
@@ -165,7 +167,12 @@ class TrainingLoop:
         output_dir: Path,
     ) -> None:
         self.job, self.spec, self.grpo = job, job.spec, job.spec.grpo
-        self.policy, self.generation, self.env_urls, self.dataset = policy, generation, env_urls, dataset
+        self.policy, self.generation, self.environment_urls, self.dataset = (
+            policy,
+            generation,
+            environment_urls,
+            dataset,
+        )
         self.logger, self.progress = logger, progress
         self.checkpoint_dir, self.output_dir = checkpoint_dir, output_dir
         asked = self.spec.generation
@@ -206,7 +213,7 @@ class TrainingLoop:
     def start_evaluation(self, rows: list[Row] | None, token: str | None) -> None:
         """Set up `spec.evaluation` over ``rows``, with the history a resumed checkpoint kept."""
         if self.spec.evaluation is not None and rows:
-            self.evaluator = _evaluator(self.spec, rows, token, self.env_urls, self.generation.measuring_url)
+            self.evaluator = _evaluator(self.spec, rows, token, self.environment_urls, self.generation.measuring_url)
             self.evaluator.history = EvaluationHistory.from_dict(self.position.get(EVALUATION_KEY))
 
     async def begin(self) -> None:
@@ -269,7 +276,7 @@ class TrainingLoop:
         async def collect() -> tuple[RolloutBatch, float]:
             batch = await collect_rollouts(
                 rows,
-                self.env_urls,
+                self.environment_urls,
                 concurrency=grpo.rollout_concurrency,
                 timeout_s=grpo.rollout_timeout_seconds,
                 retries=grpo.rollout_retries,
@@ -388,14 +395,14 @@ def _evaluator(
     spec: api.GRPOJobSpec,
     rows: list[Row],
     token: str | None,
-    env_urls: EnvironmentURLs,
+    environment_urls: EnvironmentURLs,
     generation_url: str | None,
 ) -> Evaluator:
     evaluation = spec.evaluation
     assert evaluation is not None
     max_new_tokens = spec.evaluation_max_new_tokens
     sampling = PolicySampling(evaluation.temperature, evaluation.top_p, max_new_tokens, evaluation_token=token)
-    return Evaluator(rows, evaluation, sampling, env_urls, spec.grpo, generation_url)
+    return Evaluator(rows, evaluation, sampling, environment_urls, spec.grpo, generation_url)
 
 
 def _report(evaluated: Evaluated) -> EvaluationReport:
