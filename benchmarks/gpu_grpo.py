@@ -194,7 +194,7 @@ def leg_generation_http(out: Path, workload: Workload) -> dict[str, Any]:
         seconds, answers = client.apply(send_chat_requests, (server.base_url, messages, workload.new_tokens))
     prompt_lengths = {a["usage"]["prompt_tokens"] for a in answers}
     generated = sum(a["usage"]["completion_tokens"] for a in answers)
-    limits = scheduler_limits(backend.engine)
+    limits = scheduler_limits(backend.async_llm)
     backend.shutdown()
     return {
         "seconds": seconds,
@@ -679,7 +679,7 @@ def leg_generation_breakdown(out: Path, workload: Workload) -> dict[str, Any]:
         backend = VLLMBackend(model, **engine_settings)
 
         def drop_prefix_cache() -> None:  # as every weight load does in the job
-            backend._run(backend.engine.reset_prefix_cache())
+            backend._run(backend.async_llm.reset_prefix_cache())
     else:
         from grpojob_trainer.generation.transformers_backend import TransformersBackend
 

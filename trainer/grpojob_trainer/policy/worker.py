@@ -169,7 +169,7 @@ class PolicyWorker:
         opens. The others return None.
 
         An adapter's buckets (a few hundred MB at most) are shared once and refilled at every push, under
-        the same payload, so the engine opens them once (`vllm_worker`) rather than mapping new memory at
+        the same payload, so the engine opens them once (`vllm_extension`) rather than mapping new memory at
         every sync; full weights (GBs) get new buckets each time, freed once the engines have loaded them."""
         from grpojob_trainer.weight_sync.buckets import fill_bucket, share_buckets
 
