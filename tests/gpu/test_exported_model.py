@@ -55,7 +55,7 @@ def exported(tmp_path_factory) -> tuple[Path, Path]:
     from grpojob_trainer.policy.export import write_model
 
     out = write_model(
-        gather_model_state(worker.trainer.model),
+        gather_model_state(worker.learner.model),
         tmp_path_factory.mktemp("out") / "final",
         base=base,
         dtype="bfloat16",

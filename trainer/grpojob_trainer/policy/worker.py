@@ -62,7 +62,7 @@ class PolicyWorker:
     def __init__(self, config: RankConfig) -> None:
         self.spec = config.spec
         self.model_path, self.seed, self.rank, self.world = config.model_path, config.seed, config.rank, config.world
-        self.trainer: Any = None
+        self.learner: Any = None
         self._shared: list[torch.Tensor] = []
         self._adapter_buckets: dict[int, tuple[bytes, list[torch.Tensor]]] = {}
         """By bucket size: the adapter's buckets, shared once and refilled at every push, with their payload."""
@@ -75,11 +75,12 @@ class PolicyWorker:
 
     def start(self, host: str, port: int) -> None:
         """Load the model, join the ranks' process group at ``host:port`` (with several ranks: nccl on
-        GPUs, gloo on the CPU) and build the trainer (sharding the model over the ranks)."""
+        GPUs, gloo on the CPU) and build the learner (`PolicyLearner`: the model sharded over the ranks, its
+        optimizer)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from grpojob_trainer.policy.learner import PolicyLearner
         from grpojob_trainer.policy.ranks import init_ranks
-        from grpojob_trainer.policy.trainer import PolicyTrainer
 
         torch.manual_seed(self.seed)
         training = self.spec.training
@@ -103,11 +104,11 @@ class PolicyWorker:
         if self.world > 1:
             mesh = init_ranks(host, port, rank=self.rank, world=self.world, backend="nccl" if on_gpu else "gloo")
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.trainer = PolicyTrainer.from_spec(model, self.spec, pad_token_id=pad, mesh=mesh)
+        self.learner = PolicyLearner.from_spec(model, self.spec, pad_token_id=pad, mesh=mesh)
 
     def train_step(self, samples: list[TrainingSample]) -> dict[str, float]:
         """Every rank: one GRPO step on the step's samples (this rank trains its slice); the step's metrics."""
-        return self.trainer.train_step(samples)
+        return self.learner.train_step(samples)
 
     # what the engines receive: the model's weights, a LoRA policy's adapter, or its merged weights
 
@@ -115,7 +116,7 @@ class PolicyWorker:
         """A LoRA policy's adapter config (PEFT's ``adapter_config.json``); None for a full fine-tune."""
         from grpojob_trainer.policy.lora import adapter_config, is_lora
 
-        model = self.trainer.model
+        model = self.learner.model
         return adapter_config(model, self.model_path) if is_lora(model) else None
 
     def _sync_tensors(self, content: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -125,7 +126,7 @@ class PolicyWorker:
         from grpojob_trainer.policy import lora
         from grpojob_trainer.policy.ranks import trainable_weights
 
-        model = self.trainer.model
+        model = self.learner.model
         if content == SyncContent.ADAPTER:
             return lora.adapter_weights(model)
         if content == SyncContent.MERGED:
@@ -148,7 +149,7 @@ class PolicyWorker:
         """The UUID of this rank's GPU (None on the CPU)."""
         from grpojob_trainer.weight_sync.buckets import device_uuid
 
-        device = self.trainer.device
+        device = self.learner.device
         return device_uuid(device) if device.type == "cuda" else None
 
     def bucket_layouts(self, bucket_bytes: int, content: str = "weights") -> list[Any]:
@@ -178,15 +179,15 @@ class PolicyWorker:
         if not share:
             return None
         if content != SyncContent.ADAPTER:
-            payload, self._shared = share_buckets(layouts, tensors, self.trainer.device)
+            payload, self._shared = share_buckets(layouts, tensors, self.learner.device)
             return payload
         if bucket_bytes not in self._adapter_buckets:
-            self._adapter_buckets[bucket_bytes] = share_buckets(layouts, tensors, self.trainer.device)
+            self._adapter_buckets[bucket_bytes] = share_buckets(layouts, tensors, self.learner.device)
             return self._adapter_buckets[bucket_bytes][0]
         payload, buckets = self._adapter_buckets[bucket_bytes]
         for layout, bucket in zip(layouts, buckets, strict=True):
             fill_bucket(layout, tensors, bucket)
-        torch.cuda.synchronize(self.trainer.device)
+        torch.cuda.synchronize(self.learner.device)
         return payload
 
     def release_shared_weights(self) -> None:
@@ -198,7 +199,7 @@ class PolicyWorker:
 
         import torch
 
-        if self.trainer.device.type == "cuda":
+        if self.learner.device.type == "cuda":
             gc.collect()
             torch.cuda.empty_cache()
 
@@ -219,7 +220,7 @@ class PolicyWorker:
         tensors = dict(self._sync_tensors(content))
         if self.rank != 0:
             return 0
-        return self._group.send_buckets(layouts, tensors, self.trainer.device)
+        return self._group.send_buckets(layouts, tensors, self.learner.device)
 
     def save(self, request: CheckpointRequest) -> str:
         """Every rank: gather the full state; rank 0 writes the checkpoint ``request`` asks for, then keeps the
@@ -229,8 +230,8 @@ class PolicyWorker:
         path = save_checkpoint(
             request.directory,
             step=request.step,
-            model=self.trainer.model,
-            optimizer=self.trainer.optimizer,
+            model=self.learner.model,
+            optimizer=self.learner.optimizer,
             data_position=request.data_position,
             config=request.config,
             keep=request.keep,
@@ -261,7 +262,7 @@ class PolicyWorker:
         # less precisely than the export asks for (a bf16 base exported as float32: merged from the files).
         live_merge = config is not None and output_format != api.OutputFormat.ADAPTER and self._base_holds(dtype)
         if config is None:
-            state = gather_model_state(self.trainer.model)
+            state = gather_model_state(self.learner.model)
         elif live_merge:
             state = {name: tensor.cpu() for name, tensor in self._sync_tensors(SyncContent.MERGED)}
         else:
@@ -280,7 +281,7 @@ class PolicyWorker:
 
     def _base_holds(self, dtype: str) -> bool:
         """Whether the policy's frozen weights are held at least as precisely as ``dtype``."""
-        frozen = next((p for p in self.trainer.model.parameters() if not p.requires_grad), None)
+        frozen = next((p for p in self.learner.model.parameters() if not p.requires_grad), None)
         return frozen is None or frozen.dtype == torch.float32 or dtype == "bfloat16"
 
     def resume(self, directory: str) -> tuple[int, dict[str, Any]] | None:
@@ -290,5 +291,5 @@ class PolicyWorker:
         path = latest_checkpoint(directory) if Path(directory).exists() else None
         if path is None:
             return None
-        info = load_checkpoint(path, model=self.trainer.model, optimizer=self.trainer.optimizer)
+        info = load_checkpoint(path, model=self.learner.model, optimizer=self.learner.optimizer)
         return info.step, info.data_position

@@ -59,7 +59,7 @@ def trained_policy(model_dir: Path, rank: int = 0, world: int = 1, host: str = "
 
 
 def policy_state(worker: PolicyWorker) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in worker.trainer.model.named_parameters()}
+    return {name: p.detach().clone() for name, p in worker.learner.model.named_parameters()}
 
 
 def assert_loads_as(out: Path, state: dict[str, torch.Tensor], base: Path, dtype: torch.dtype) -> None:
@@ -117,7 +117,7 @@ def two_rank_export(rank: int, world: int, host: str, port: int, model_dir: str,
     from grpojob_trainer.policy.checkpoint import gather_model_state
 
     worker = trained_policy(Path(model_dir), rank, world, host, port)
-    gathered = gather_model_state(worker.trainer.model)
+    gathered = gather_model_state(worker.learner.model)
     written = worker.export(out, "float32")
     return {"written": written, "gathered": gathered}
 
@@ -165,8 +165,8 @@ def test_a_checkpoint_without_the_models_files_needs_the_base_model(base_model, 
     save_checkpoint(
         tmp_path / "old",
         step=1,
-        model=worker.trainer.model,
-        optimizer=worker.trainer.optimizer,
+        model=worker.learner.model,
+        optimizer=worker.learner.optimizer,
         data_position={},
         config={},
     )
