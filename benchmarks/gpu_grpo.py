@@ -461,7 +461,7 @@ def leg_grpo_trl(out: Path, workload: Workload) -> dict[str, Any]:
         epsilon_high=0.28,
         max_steps=workload.steps,
         bf16=torch.cuda.is_available(),
-        gradient_checkpointing=False,  # TRL's default is on; ours is off unless the job asks for it
+        gradient_checkpointing=False,  # TRL's default is on; ours recomputes only the micro-batches that would not fit
         use_cpu=not torch.cuda.is_available(),
         use_vllm=workload.trl_use_vllm,
         vllm_mode="colocate",

@@ -27,7 +27,7 @@ import torch
 import transformers
 
 from grpojob_trainer.algorithm.samples import TrainingSample
-from grpojob_trainer.policy import forward, logprobs
+from grpojob_trainer.policy import logprobs
 from grpojob_trainer.policy.forward import TokenBatch, build_batch, packed_token_logprobs
 from grpojob_trainer.policy.logprobs import logprob_head
 from grpojob_trainer.policy.packing import varlen_available
@@ -119,9 +119,10 @@ def main() -> None:
     )
     parser.add_argument("--chunk-mib", type=int, help="the head's float32 logits per chunk (logprobs.CHUNK_BYTES)")
     parser.add_argument(
-        "--full-logits-gib",
+        "--kept-softmax-gib",
         type=float,
-        help="packed-varlen: float32 logits up to this size, the chunked head above (forward.FULL_LOGITS_BYTES)",
+        help="the head keeps the softmax for the backward pass up to this size, recomputes it above "
+        "(logprobs.KEPT_PROBABILITIES_BYTES)",
     )
     parser.add_argument("--profile", action="store_true", help="also print each way's 20 costliest CUDA operations")
     args = parser.parse_args()
@@ -132,8 +133,8 @@ def main() -> None:
             f"packed-varlen needs torch.nn.attention.varlen.varlen_attn (torch 2.10 or later); this is torch "
             f"{torch.__version__}"
         )
-    if args.full_logits_gib is not None:
-        forward.FULL_LOGITS_BYTES = int(args.full_logits_gib * 2**30)
+    if args.kept_softmax_gib is not None:
+        logprobs.KEPT_PROBABILITIES_BYTES = int(args.kept_softmax_gib * 2**30)
     if args.chunk_mib:
         logprobs.CHUNK_BYTES = args.chunk_mib << 20
     sizes = lengths(args.sequences, 0)

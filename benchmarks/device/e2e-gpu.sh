@@ -11,9 +11,11 @@
 #   up [node|images]     start the cluster with the GPU node, stream the image made of this machine into its
 #                        containerd, helm-install the chart (both halves unless one is named); the cluster's
 #                        processes outlive the call
-#   test [PYTEST ARGS]   tests/gpu/test_e2e_gpu.py against that cluster (e.g. `-k 1_5b`, then `-k 7b`)
+#   test [PYTEST ARGS]   tests/gpu/test_e2e_gpu.py against that cluster (e.g. `-k 1_5b`, then `-k 7b`), in the
+#                        background: followed for 9 minutes, then `wait` follows it on
 #   bench [ARGS]         benchmarks/cluster_vs_local.py: one job applied to that cluster, then the same job by
-#                        `grpojob run` on the same GPU (step time, time to the first step; into $OUT)
+#                        `grpojob run` on the same GPU (step time, time to the first step; into $OUT), likewise
+#   wait [NAME [SECS]]   follow a test (NAME e2e-gpu, the default) or benchmark (bench) still running
 #   logs                 the cluster's logs and the jobs' pods into $OUT (a failed step saves them too)
 #
 # Which calls, in order (carry = the one folder each names; the node's parts are made here with
@@ -32,6 +34,22 @@ save_logs() {
   tar czf "$OUT/cluster-logs.tgz" -C "$HOME/.cache/grpojob/clusters/gpu" logs 2>/dev/null
   kubectl get grpojobs,rayclusters,pods -A -o wide >"$OUT/objects.txt" 2>&1
   kubectl describe pods -A >"$OUT/pods.txt" 2>&1
+}
+# A test or benchmark runs in its own process session, so a call that ends at its 10-minute limit leaves it
+# running: `wait NAME` in the next call follows it on (its log comes back in $OUT either way).
+background() {
+  local name=$1
+  shift
+  rm -f "/root/$name.rc"
+  setsid nohup bash -c '"$@" >"/root/'"$name"'.log" 2>&1; echo $? >"/root/'"$name"'.rc"' _ "$@" </dev/null >/dev/null 2>&1 &
+}
+follow() {
+  local name=$1 limit=$2 waited=0
+  while [ ! -f "/root/$name.rc" ] && [ "$waited" -lt "$limit" ]; do sleep 5; waited=$((waited + 5)); done
+  cp "/root/$name.log" "$OUT/$name.log" 2>/dev/null
+  tail -n 60 "/root/$name.log" 2>/dev/null
+  if [ -f "/root/$name.rc" ]; then return "$(cat "/root/$name.rc")"; fi
+  echo "$name: still running after ${limit}s; follow it with \`wait $name\`"
 }
 # A step that fails leaves the cluster's logs in $OUT: the machine may be gone before another call.
 trap 'rc=$?; [ "$rc" -eq 0 ] || [ "$1" = caps ] || save_logs; exit "$rc"' EXIT
@@ -64,10 +82,14 @@ case $1 in
     kubectl get pods -A ;;
   test)
     shift
-    python3 -m pytest -p no:cacheprovider -rA -s tests/gpu/test_e2e_gpu.py "$@" 2>&1 | tee "$OUT/e2e-gpu.log" ;;
+    background e2e-gpu python3 -m pytest -p no:cacheprovider -rA -s tests/gpu/test_e2e_gpu.py "$@"
+    follow e2e-gpu 540 ;;
   bench)
     shift
-    python3 benchmarks/cluster_vs_local.py --out "$OUT/cluster-vs-local.json" "$@" 2>&1 | tee "$OUT/bench.log" ;;
+    background bench python3 benchmarks/cluster_vs_local.py --out /root/cluster-vs-local.json "$@"
+    follow bench 540
+    cp /root/cluster-vs-local.* "$OUT"/ 2>/dev/null || true ;;
+  wait) follow "${2:-e2e-gpu}" "${3:-540}" ;;
   logs) save_logs ;;
   *) echo "unknown step $1"; exit 2 ;;
 esac

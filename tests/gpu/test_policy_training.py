@@ -70,3 +70,25 @@ def test_bf16_training_keeps_float32_master_weights_and_matches_float32(tmp_path
     )
     assert metrics_bf16["loss"] == pytest.approx(metrics_fp32["loss"], abs=2e-2)
     assert metrics_bf16["grad_norm"] == pytest.approx(metrics_fp32["grad_norm"], rel=0.1)
+
+
+def test_a_policy_too_large_for_the_gpu_is_refused_before_its_weights_load(tmp_path):
+    from grpojob_api.v1alpha1 import GRPOJobSpec
+    from grpojob_trainer.models.tiny import SHAPES, build_tokenizer, llama_config
+    from grpojob_trainer.policy.memory import PolicyDoesNotFit
+    from grpojob_trainer.policy.worker import PolicyWorker
+
+    model = tmp_path / "model"  # a config and a tokenizer, no weights: loading them would fail otherwise
+    llama_config(SHAPES["qwen2.5-7b"]).save_pretrained(model)
+    build_tokenizer(SHAPES["qwen2.5-7b"].vocab_size).save_pretrained(model)
+    spec = GRPOJobSpec.model_validate(
+        {
+            "model": {"path": str(model)},
+            "dataset": {"path": "unused.jsonl"},
+            "environments": [{"name": "arithmetic"}],
+            "training": {"replicas": 1, "gpusPerReplica": 1},
+        }
+    )
+    worker = PolicyWorker(spec.model_dump(by_alias=True), str(model), seed=0)
+    with pytest.raises(PolicyDoesNotFit, match=r"spec\.training\.lora"):
+        worker.start("127.0.0.1", 0)

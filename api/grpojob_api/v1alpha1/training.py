@@ -92,9 +92,10 @@ class TrainingSpec(ApiModel):
     precision: Literal["bf16", "fp32"] = "bf16"
     """On GPUs: `bf16` runs forward and backward in bfloat16 autocast over float32 master weights and
     optimizer state; `fp32` runs in float32. On the CPU training is always float32."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | None = None
     """Recompute activations in the backward pass: less memory for longer sequences, about a third more
-    compute."""
+    compute. Unset: on GPUs, only the micro-batches whose activations would not fit the GPU's free memory
+    recompute them (the others keep them and run at full speed); off on the CPU."""
     torch_compile: bool = False
     """On GPUs: compile each decoder layer with `torch.compile` (dynamic shapes). On the H200 the training
     phase ran about 1.4x faster with it; the first step spends 10-20 s compiling, and the trainer image

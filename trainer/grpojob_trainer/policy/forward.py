@@ -15,10 +15,11 @@ on the right-padded ``[B, L]`` batch. On the H200 at the GRPO benchmark's length
 at 32 sequences per micro-batch and 1.5x at 64, and about even at 16, where launching the kernels from the
 CPU takes longer than running them (`benchmarks/packing.py`, docs/benchmarks.md).
 
-Logits. Up to `FULL_LOGITS_BYTES` the float32 logits are materialised and log-softmaxed: at the GRPO
-benchmark's sizes that is faster than the chunked head of `grpojob_trainer.policy.logprobs` (which recomputes
-each chunk's logits in the backward pass). Above it (long sequences, large micro-batches) the chunked
-head computes the same log-probabilities without the vocabulary-wide tensor.
+Logits. The log-probabilities come from the chunked head of `grpojob_trainer.policy.logprobs`: a
+micro-batch's float32 logits over the vocabulary never exist at once (at 8 sequences of 600 tokens over
+152k tokens they alone were 2.9 GB, with as much again for the softmax and its gradient). Models whose
+logits are more than the output embedding's product (soft-capped or scaled) are log-softmaxed from their
+materialised logits instead.
 
 Temperature. Rollouts are sampled from ``softmax(logits / temperature)``, so the trainer computes its
 log-probabilities from logits divided by the same temperature: this is the distribution the samples
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from grpojob_trainer.algorithm.samples import TrainingSample
-from grpojob_trainer.policy.logprobs import logprob_head
+from grpojob_trainer.policy.logprobs import logprob_head, plain_head
 from grpojob_trainer.policy.packing import attention_per_sequence, forward_kwargs, pack
 
 
@@ -107,11 +108,6 @@ def padding_batch(sample: TrainingSample, pad_token_id: int) -> TokenBatch:
     return batch
 
 
-FULL_LOGITS_BYTES = 8 << 30
-"""Up to this size (8 GiB) a micro-batch's ``[B, L, V]`` float32 logits are materialised; above it the
-chunked head computes the log-probabilities without them (see the module's docstring)."""
-
-
 def token_logprobs(
     model: torch.nn.Module, batch: TokenBatch, temperature: float, *, packed: bool = False
 ) -> torch.Tensor:
@@ -125,27 +121,25 @@ def token_logprobs(
     if packed:
         return packed_token_logprobs(model, batch, temperature)
     inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
-    vocabulary = model.get_output_embeddings().weight.shape[0]
-    if batch.input_ids.numel() * vocabulary * 4 <= FULL_LOGITS_BYTES:
-        logits = model(**inputs).logits[:, :-1].float() / temperature
-        picked = logits.gather(-1, batch.target_ids.unsqueeze(-1)).squeeze(-1)
-        return picked - torch.logsumexp(logits, dim=-1)
     targets = torch.nn.functional.pad(batch.target_ids, (0, 1))  # the last position predicts no target
-    with logprob_head(model, targets, temperature):
-        return model(**inputs).logits[:, :-1]
+    return _target_logprobs(model, inputs, targets, temperature)[:, :-1]
 
 
 def packed_token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
-    """`token_logprobs` through one packed row: no padding token is computed, and the float32 logits (or,
-    above `FULL_LOGITS_BYTES`, the chunked head) cover only the positions that predict a real token."""
+    """`token_logprobs` through one packed row: no padding token is computed, and the head covers only the
+    positions that predict a real token."""
     row = pack(batch.input_ids, batch.attention_mask)
-    vocabulary = model.get_output_embeddings().weight.shape[0]
     with attention_per_sequence(model):
-        if row.keep.numel() * vocabulary * 4 <= FULL_LOGITS_BYTES:
-            logits = model(**forward_kwargs(row)).logits[0].float() / temperature
-            values = logits.gather(-1, row.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-        else:
-            with logprob_head(model, row.targets[None], temperature):
-                values = model(**forward_kwargs(row)).logits[0]
+        values = _target_logprobs(model, forward_kwargs(row), row.targets[None], temperature)[0]
     grid = torch.zeros(batch.target_ids.shape, dtype=torch.float32, device=values.device)
     return grid.masked_scatter(row.grid, values)
+
+
+def _target_logprobs(model: torch.nn.Module, inputs: dict, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The float32 log-probability of each of ``targets`` (shaped as the forward's logits without the
+    vocabulary) under ``model(**inputs)``: through the chunked head where the model's head is plain."""
+    if plain_head(model):
+        with logprob_head(model, targets, temperature):
+            return model(**inputs).logits
+    logits = model(**inputs).logits.float() / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)

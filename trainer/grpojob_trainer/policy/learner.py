@@ -51,6 +51,7 @@ from grpojob_trainer.algorithm.grpo import (
 )
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.observability.metrics import PREPARE, TRAINING, StepTimer, tokens_per_second
+from grpojob_trainer.policy import memory
 from grpojob_trainer.policy.forward import TokenBatch, build_batch, padding_batch, token_logprobs
 from grpojob_trainer.policy.lora import adapter_dropout, is_lora
 from grpojob_trainer.policy.packing import (
@@ -126,6 +127,7 @@ class PolicyLearner:
         mini_batches: int = 1,
         packed: bool | None = None,
         compile_layers: bool = False,
+        checkpointing: bool | None = None,
     ) -> None:
         if precision not in ("bf16", "fp32"):
             raise ValueError(f"precision must be bf16 or fp32, got {precision!r}")
@@ -155,6 +157,11 @@ class PolicyLearner:
             packed = varlen_available(self.device) and self.autocast_dtype is not None and supports_packing(model)
         self.packed = packed
         """Whether forwards run on packed rows (`packed_token_logprobs`) rather than padded batches."""
+        self.checkpointing = checkpointing
+        """Whether the layers that can (`gradient_checkpointing_enable`) recompute their activations in the
+        backward pass: always, never, or (None) for the micro-batches whose activations would not fit."""
+        self.shape = memory.ModelShape.from_config(model.config, sum(p.numel() for p in model.parameters()))
+        self._told_recompute = False
         log.info("policy forwards: %s", "packed, variable-length attention" if packed else "right-padded")
         self.lora = is_lora(model)
         self.reference_model: torch.nn.Module | None = None
@@ -202,6 +209,7 @@ class PolicyLearner:
             mesh=mesh,
             mini_batches=spec.grpo.mini_batches,
             compile_layers=spec.training.torch_compile,
+            checkpointing=spec.training.gradient_checkpointing,
         )
 
     @property
@@ -313,7 +321,8 @@ class PolicyLearner:
         total_loss: torch.Tensor | float = 0.0
         for part in prepared:
             dropout = adapter_dropout(self.model) if self.lora else contextlib.nullcontext()
-            with self._autocast(), dropout, checkpointed_layers(self.model):
+            recompute = checkpointed_layers(self.model) if self._recomputes(part.batch) else contextlib.nullcontext()
+            with self._autocast(), dropout, recompute:
                 logprobs = token_logprobs(self.model, part.batch, self.temperature, packed=self.packed)
             inputs = LossInputs(
                 logprobs=logprobs,
@@ -338,6 +347,32 @@ class PolicyLearner:
         host = tensors_to_floats({"loss": torch.as_tensor(total_loss), **sums, **maxima})
         host_sums, host_maxima = {k: host[k] for k in sums}, {k: host[k] for k in maxima}
         return combine_rank_metrics(host["loss"], host_sums, weights, host_maxima)
+
+    def _recomputes(self, batch: TokenBatch) -> bool:
+        """Whether ``batch``'s forward recomputes its activations in the backward pass: as
+        ``checkpointing`` says, or when unset, where keeping them would not fit the GPU's free memory."""
+        if self.checkpointing is not None:
+            return self.checkpointing
+        if self.device.type != "cuda":  # the layers the model enabled, if any (the worker enables none here)
+            return True
+        free = torch.cuda.mem_get_info(self.device)[0] + torch.cuda.memory_reserved(self.device)
+        free -= torch.cuda.memory_allocated(self.device)
+        trained = [p for group in self.optimizer.param_groups for p in group["params"]]
+        pending = 0.0  # gradients and AdamW's state not yet allocated, float32, this rank's shard
+        if any(p.grad is None for p in trained):
+            pending += 4 * sum(p.numel() for p in trained) / self.world
+        if not self.optimizer.state:
+            pending += 8 * sum(p.numel() for p in trained) / self.world
+        bf16 = self.autocast_dtype is not None
+        recompute = memory.needs_checkpointing(
+            self.shape, tokens=batch.tokens, free_bytes=free, pending_bytes=pending, bf16=bf16
+        )
+        if self.world > 1:  # the ranks run each micro-batch's collectives alike
+            recompute = all_reduce([float(recompute)], "max")[0] > 0
+        if recompute and not self._told_recompute:
+            log.info("a micro-batch of %d tokens recomputes its activations to fit the GPU", batch.tokens)
+            self._told_recompute = True
+        return recompute
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip the accumulated gradients to ``max_grad_norm`` (their norm over all ranks' shards) and

@@ -19,6 +19,7 @@ import torch
 
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.policy import memory
 from grpojob_trainer.policy.config import RankConfig
 
 if TYPE_CHECKING:
@@ -46,6 +47,25 @@ def _free_address() -> tuple[str, int]:
         sock.bind(("", 0))
         port = sock.getsockname()[1]
     return ray.util.get_node_ip_address(), port
+
+
+def memory_shape(model_path: str, lora: api.LoraSpec | None) -> tuple[memory.ModelShape, int]:
+    """The `ModelShape` of the model at ``model_path`` and how many parameters its training updates (all,
+    or a LoRA adapter's), counted on the meta device: nothing is loaded."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grpojob_trainer.policy.lora import target_modules
+
+    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    parameters = sum(p.numel() for p in model.parameters())
+    trained = parameters
+    if lora is not None:
+        targets = set(target_modules(model, lora))
+        linears = [m for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in targets]
+        trained = sum(lora.rank * (m.in_features + m.out_features) for m in linears)
+    return memory.ModelShape.from_config(config, parameters), trained
 
 
 class PolicyWorker:
@@ -86,18 +106,22 @@ class PolicyWorker:
         training = self.spec.training
         on_gpu = torch.cuda.is_available()  # the GPU Ray gave this actor (none on a CPU worker)
         tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+        if on_gpu:
+            self._check_fits()
         # A LoRA policy's base is frozen: it needs no float32 master weights, only the adapter does.
         frozen_bf16 = training.lora is not None and on_gpu and training.precision == "bf16"
         dtype = torch.bfloat16 if frozen_bf16 else torch.float32
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, local_files_only=True)
         if on_gpu:
             model.to("cuda")
-        if training.gradient_checkpointing:
+        # Unset: the layers can recompute their activations, and each micro-batch decides (PolicyLearner).
+        checkpointing = training.gradient_checkpointing is True or (training.gradient_checkpointing is None and on_gpu)
+        if checkpointing:
             model.gradient_checkpointing_enable()
         if training.lora is not None:
             from grpojob_trainer.policy.lora import apply_lora
 
-            if training.gradient_checkpointing:  # the frozen embeddings' output must carry gradients through
+            if checkpointing:  # the frozen embeddings' output must carry gradients through
                 model.enable_input_require_grads()
             model = apply_lora(model, training.lora)
         mesh = None
@@ -105,6 +129,35 @@ class PolicyWorker:
             mesh = init_ranks(host, port, rank=self.rank, world=self.world, backend="nccl" if on_gpu else "gloo")
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.learner = PolicyLearner.from_spec(model, self.spec, pad_token_id=pad, mesh=mesh)
+
+    def _check_fits(self) -> None:
+        """Refuse (`PolicyDoesNotFit`) a policy that cannot fit this GPU beside what already holds memory
+        on it (a colocated engine, started first), before the model loads."""
+        training = self.spec.training
+        shape, trained = memory_shape(self.model_path, training.lora)
+        # The shortest micro-batch the job can train: its sequences one token of prompt and all generated.
+        tokens = training.micro_batch_size * (self.spec.generation.max_new_tokens + 1)
+        estimate = memory.estimate_policy_memory(
+            shape,
+            trained_parameters=trained,
+            lora=training.lora is not None,
+            reference=self.spec.grpo.kl_coef > 0,
+            ranks=self.world,
+            micro_batch_tokens=tokens,
+            checkpointing=training.gradient_checkpointing is not False,
+            bf16=training.precision == "bf16",
+        )
+        free, total = torch.cuda.mem_get_info()
+        others = max(0.0, total - free - torch.cuda.memory_reserved())
+        shares_gpu = others > memory.CUDA_CONTEXT_BYTES  # a colocated engine holds its share
+        memory.check_policy_fits(
+            estimate,
+            free_bytes=free,
+            engine_bytes=others if shares_gpu else 0.0,
+            engine_sleeps=self.spec.engine_sleeps(shares_gpu),
+            micro_batch=f"a micro-batch of {training.micro_batch_size} sequences of "
+            f"{self.spec.generation.max_new_tokens} generated tokens",
+        )
 
     def train_step(self, samples: list[TrainingSample]) -> dict[str, float]:
         """Every rank: one GRPO step on the step's samples (this rank trains its slice); the step's metrics."""

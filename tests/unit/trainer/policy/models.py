@@ -6,7 +6,7 @@ import torch
 import transformers
 
 
-def tiny_causal_lm(seed: int = 0, tied: bool = False) -> torch.nn.Module:
+def tiny_causal_lm(seed: int = 0, tied: bool = False, intermediate_size: int = 64) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = transformers.Qwen2Config(
         vocab_size=64,
@@ -14,7 +14,7 @@ def tiny_causal_lm(seed: int = 0, tied: bool = False) -> torch.nn.Module:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        intermediate_size=64,
+        intermediate_size=intermediate_size,
         tie_word_embeddings=tied,
     )
     return transformers.AutoModelForCausalLM.from_config(config).eval()

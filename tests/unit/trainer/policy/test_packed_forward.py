@@ -15,7 +15,7 @@ import torch
 from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
 from grpojob_trainer.algorithm.grpo import LossConfig
 from grpojob_trainer.algorithm.samples import TrainingSample
-from grpojob_trainer.policy import forward, logprobs, packing
+from grpojob_trainer.policy import logprobs, packing
 from grpojob_trainer.policy.forward import build_batch, padding_batch, token_logprobs
 from grpojob_trainer.policy.learner import PolicyLearner, PreparedBatch
 from grpojob_trainer.policy.packing import attention_per_sequence, pack
@@ -77,10 +77,10 @@ def assert_same(packed, padded, atol: float = 1e-5, rtol: float = 1e-4) -> None:
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-@pytest.mark.parametrize("head", ["full-logits", "chunked-head"])
+@pytest.mark.parametrize("head", ["one-chunk", "chunks-recomputed"])
 def test_packed_logprobs_and_gradients_equal_the_padded_forwards(tied, head, monkeypatch):
-    if head == "chunked-head":  # every micro-batch through the chunked head, in chunks of 3 positions
-        monkeypatch.setattr(forward, "FULL_LOGITS_BYTES", 0)
+    if head == "chunks-recomputed":  # chunks of 3 positions, their logits recomputed in the backward pass
+        monkeypatch.setattr(logprobs, "KEPT_PROBABILITIES_BYTES", 0)
         monkeypatch.setattr(logprobs, "CHUNK_BYTES", 4 * 64 * 3)
     model = tiny_causal_lm(seed=2, tied=tied)
     padded = loss_and_gradients(model, samples(), packed=False)
