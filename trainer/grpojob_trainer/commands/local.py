@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpojob_api import hub, nemo_gym, paths, placement
 from grpojob_api import v1alpha1 as api
@@ -18,6 +19,9 @@ from grpojob_trainer.errors import UsageError
 from grpojob_trainer.local import nemo_gym_containers
 from grpojob_trainer.nemo_gym.protocol import Row
 from grpojob_trainer.training.data import Prompts
+
+if TYPE_CHECKING:
+    from grpojob_trainer.training.loop import LoopResult
 
 log = logging.getLogger("grpojob")
 
@@ -124,7 +128,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     from grpojob_trainer.cluster import connection
     from grpojob_trainer.local import reaper
     from grpojob_trainer.local.environment_processes import EnvironmentProcesses
-    from grpojob_trainer.observability import report, tracking
+    from grpojob_trainer.observability import tracking
     from grpojob_trainer.observability.console import StepDisplay
     from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
     from grpojob_trainer.training.loop import run_loop
@@ -161,15 +165,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
             evaluation_token=evaluation_token,
         )
         generation, policy, base_urls = placed.generation, placed.policy, placed.generation.base_urls
-        processes_count = sum(env.replicas for env in spec.environments if env.nemo_gym is None)
-        if len(base_urls) > max(processes_count, 1):
-            log.warning(
-                "%d engines but %d environment processes, each calling one engine: engines beyond them get no "
-                "requests (set spec.environments[].replicas to %d or more)",
-                len(base_urls),
-                processes_count,
-                len(base_urls),
-            )
+        warn_of_idle_engines(spec, len(base_urls))
         processes = EnvironmentProcesses(
             [env for env in spec.environments if env.nemo_gym is None],
             policy_base_urls=base_urls,
@@ -206,6 +202,29 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
             )
     finally:
         ray.shutdown()
+    print_summary(job, out, result)
+    return 0
+
+
+def warn_of_idle_engines(spec: api.GRPOJobSpec, engines: int) -> None:
+    """Warn when some engines will get no requests: each local environment process calls one engine."""
+    processes = sum(env.replicas for env in spec.environments if env.nemo_gym is None)
+    if engines > max(processes, 1):
+        log.warning(
+            "%d engines but %d environment processes, each calling one engine: engines beyond them get no "
+            "requests (set spec.environments[].replicas to %d or more)",
+            engines,
+            processes,
+            engines,
+        )
+
+
+def print_summary(job: api.GRPOJob, out: Path, result: LoopResult) -> None:
+    """What `grpojob run` ends with: the reward curve's summary, the evaluations, the failed rollouts, and
+    where the model, the curve and the logs are."""
+    from grpojob_trainer.observability import report
+
+    spec = job.spec
     curve = report.reward_curve(out / "metrics.jsonl")
     evaluations = report.reward_curve(out / "metrics.jsonl", report.EVALUATION_REWARD_KEY)
     title = f"{job.metadata.name}: mean reward per step"
@@ -217,4 +236,3 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     print(f"trained model: {Path(paths.output_dir(job)) / paths.FINAL_MODEL_DIR}  (vllm serve DIR)")
     print(f"reward curve: {png}")
     print(f"TensorBoard logs: {out}  (tensorboard --logdir {out})")
-    return 0
