@@ -126,7 +126,6 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     import ray
 
     from grpojob_trainer.cluster import connection
-    from grpojob_trainer.local import reaper
     from grpojob_trainer.local.environment_processes import EnvironmentProcesses
     from grpojob_trainer.observability import tracking
     from grpojob_trainer.observability.console import StepDisplay
@@ -145,11 +144,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
 
     gpus = machine_gpus(placement.layout(spec))
     layout = local_layout(spec, gpus)
-    # Ray's processes and the environment servers end with this one, and its NeMo Gym containers are removed.
-    gym_containers = (
-        nemo_gym_containers.remove_command(os.getpid()) if nemo_gym_containers.nemo_gym_environments(spec) else []
-    )
-    reaper.reap_children_at_exit(then=gym_containers)
+    reap_at_exit(spec)
     gcs = connection.start_local(layout.ray_resources, num_gpus=gpus)
     print(
         f"Ray is up (GCS {gcs}, {gpus} GPUs, {layout.placement} placement); loading the model from {model}", flush=True
@@ -236,3 +231,14 @@ def print_summary(job: api.GRPOJob, out: Path, result: LoopResult) -> None:
     print(f"trained model: {Path(paths.output_dir(job)) / paths.FINAL_MODEL_DIR}  (vllm serve DIR)")
     print(f"reward curve: {png}")
     print(f"TensorBoard logs: {out}  (tensorboard --logdir {out})")
+
+
+def reap_at_exit(spec: api.GRPOJobSpec) -> None:
+    """Ray's processes and the environment servers end with this process, however it ends, and its NeMo Gym
+    containers are removed."""
+    from grpojob_trainer.local import reaper
+
+    gym_containers = (
+        nemo_gym_containers.remove_command(os.getpid()) if nemo_gym_containers.nemo_gym_environments(spec) else []
+    )
+    reaper.reap_children_at_exit(then=gym_containers)

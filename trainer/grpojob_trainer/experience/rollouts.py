@@ -200,19 +200,32 @@ async def collect_rollouts(
             )
 
         tasks = [asyncio.create_task(one(i)) for i in range(len(rows))]
-        if tasks:
-            await asyncio.wait(tasks, timeout=deadline_s)
-        outcomes = []
-        for index, task in enumerate(tasks):
-            if task.done():
-                outcomes.append(task.result())
-            else:
-                task.cancel()
-                error = (
-                    f"abandoned: not done within the step's rollout deadline (rolloutDeadlineSeconds: {deadline_s:g}s)"
-                )
-                outcomes.append(RolloutOutcome(index, names[index], attempts=0, error=error))
-        await asyncio.gather(*tasks, return_exceptions=True)
+        outcomes = await _outcomes_by_deadline(tasks, names, deadline_s)
+    return batch_of(outcomes)
+
+
+async def _outcomes_by_deadline(
+    tasks: list[asyncio.Task[RolloutOutcome]], names: list[str], deadline_s: float | None
+) -> list[RolloutOutcome]:
+    """Wait for ``tasks`` (row by row) up to ``deadline_s``; their outcomes, those not done by then cancelled and
+    reported as failed (with no attempts counted)."""
+    if tasks:
+        await asyncio.wait(tasks, timeout=deadline_s)
+    outcomes = []
+    for index, task in enumerate(tasks):
+        if task.done():
+            outcomes.append(task.result())
+        else:
+            task.cancel()
+            error = f"abandoned: not done within the step's rollout deadline (rolloutDeadlineSeconds: {deadline_s:g}s)"
+            outcomes.append(RolloutOutcome(index, names[index], attempts=0, error=error))
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return outcomes
+
+
+def batch_of(outcomes: list[RolloutOutcome]) -> RolloutBatch:
+    """The batch of ``outcomes``: with the samples' metrics, the successful rollouts' timing and how many
+    prompts were too long."""
     samples = [o.sample for o in outcomes if o.sample is not None]
     timed = [
         (o.started_s, o.finished_s) for o in outcomes if o.ok and o.started_s is not None and o.finished_s is not None
