@@ -194,7 +194,7 @@ def leg_generation_http(out: Path, workload: Workload) -> dict[str, Any]:
         seconds, answers = client.apply(send_chat_requests, (server.base_url, messages, workload.new_tokens))
     prompt_lengths = {a["usage"]["prompt_tokens"] for a in answers}
     generated = sum(a["usage"]["completion_tokens"] for a in answers)
-    limits = scheduler_limits(backend.engine)
+    limits = scheduler_limits(backend.async_llm)
     backend.shutdown()
     return {
         "seconds": seconds,
@@ -553,7 +553,7 @@ def record_requests(engine: Any, records: list[EngineRecord]) -> None:
 
 
 def drive_rollout_step(
-    env_urls: dict[str, str], rows: list[dict[str, Any]], generations: int, sampling: tuple[float, float, int]
+    environment_urls: dict[str, str], rows: list[dict[str, Any]], generations: int, sampling: tuple[float, float, int]
 ) -> dict[str, Any]:
     """One step's rollouts as the driver collects them (run in a process of its own): every row
     ``generations`` times, all in flight at once. Returns the step's start and end on the machine's clock and
@@ -567,7 +567,7 @@ def drive_rollout_step(
     batch = asyncio.run(
         collect_rollouts(
             expanded,
-            env_urls,
+            environment_urls,
             concurrency=len(expanded),
             group_indices=groups,
             sampling=PolicySampling(*sampling),
@@ -679,7 +679,7 @@ def leg_generation_breakdown(out: Path, workload: Workload) -> dict[str, Any]:
         backend = VLLMBackend(model, **engine_settings)
 
         def drop_prefix_cache() -> None:  # as every weight load does in the job
-            backend._run(backend.engine.reset_prefix_cache())
+            backend._run(backend.async_llm.reset_prefix_cache())
     else:
         from grpojob_trainer.generation.transformers_backend import TransformersBackend
 
@@ -708,7 +708,7 @@ def leg_generation_breakdown(out: Path, workload: Workload) -> dict[str, Any]:
             policy_model_name="policy",
             gcs_address="unused",
             log_dir=out / "breakdown-environments",
-        ) as env_urls,
+        ) as environment_urls,
         multiprocessing.get_context("spawn").Pool(1) as driver,
     ):
         for step in range(workload.steps):
@@ -716,7 +716,9 @@ def leg_generation_breakdown(out: Path, workload: Workload) -> dict[str, Any]:
             records.clear()
             batch = rows[step * workload.prompts_per_step : (step + 1) * workload.prompts_per_step]
             sampling = (1.0, 1.0, workload.max_new_tokens)
-            result = driver.apply(drive_rollout_step, (env_urls, batch, workload.generations_per_prompt, sampling))
+            result = driver.apply(
+                drive_rollout_step, (environment_urls, batch, workload.generations_per_prompt, sampling)
+            )
             steps.append(step_breakdown(result, list(records)))
             replay.append(replay_step(list(records)))
             print(f"step {step + 1}: " + json.dumps({k: v for k, v in steps[-1].items() if not isinstance(v, dict)}))

@@ -1,4 +1,4 @@
-"""The training phase of a GRPO step alone on a GPU: `PolicyTrainer.train_step` over a step's samples,
+"""The training phase of a GRPO step alone on a GPU: `PolicyLearner.train_step` over a step's samples,
 padded against packed (varlen attention), at several micro-batch sizes; train tokens/s and MFU as
 `benchmarks/gpu_grpo.py` computes them (no generation engine beside it on the GPU).
 
@@ -21,8 +21,8 @@ import transformers
 from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
 from grpojob_trainer.algorithm.grpo import LossConfig
 from grpojob_trainer.algorithm.samples import TrainingSample
+from grpojob_trainer.policy.learner import PolicyLearner
 from grpojob_trainer.policy.packing import varlen_available
-from grpojob_trainer.policy.trainer import PolicyTrainer
 
 BF16_PEAK_TFLOPS = 790.0
 """As `benchmarks/gpu_grpo.py`: dense bf16 matmul peak measured on the H200."""
@@ -72,7 +72,7 @@ def main() -> None:
     for micro in [int(m) for m in args.micro_batches.split(",")]:
         for way in args.ways.split(","):
             model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).cuda()
-            trainer = PolicyTrainer(
+            trainer = PolicyLearner(
                 model,
                 optimizer=OptimizerSpec(learningRate=1e-6),
                 loss=LossConfig(),

@@ -10,7 +10,7 @@ Checks, each printed with its figures and PASS or FAIL (exit status 1 if any fai
   fp32       packed vs padded forward in float32 (the exact SDPA-per-sequence path on CUDA)
   bf16       packed (varlen_attn) vs padded under bf16 autocast, tied and untied embeddings: log-probs and
              gradients, judged against the padded forward's own bf16 error (bf16 padded vs fp32 padded)
-  trainer    the PolicyTrainer chooses the packed forward here (CUDA, bf16, varlen_attn present)
+  trainer    the PolicyLearner chooses the packed forward here (CUDA, bf16, varlen_attn present)
 """
 
 from __future__ import annotations
@@ -158,9 +158,9 @@ def check_forwards() -> None:
 def check_trainer() -> None:
     from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
     from grpojob_trainer.algorithm.grpo import LossConfig
-    from grpojob_trainer.policy.trainer import PolicyTrainer
+    from grpojob_trainer.policy.learner import PolicyLearner
 
-    trainer = PolicyTrainer(
+    trainer = PolicyLearner(
         random_model(tied=True),
         optimizer=OptimizerSpec(learningRate=1e-5),
         loss=LossConfig(),

@@ -1,7 +1,7 @@
 """NeMo Gym's config for a `nemoGym` environment, rendered one way for the cluster and for `grpojob run`.
 
 NeMo Gym (`gym env start`, formerly `ng_run`) reads an `env.yaml` in its working directory over its config
-files; the rendered config is that file. The operator writes it into `<job>-nemo-gym-<env>` for the
+files; the rendered config is that file. The operator writes it into `<job>-env-<env>-nemo-gym` for the
 environment's pods (`grpojob_operator.children.nemo_gym`); `grpojob run` writes it for the NeMo Gym image it
 starts under podman (`grpojob_trainer.local.nemo_gym_containers`). Both run the same image, so the servers,
 their versions and the config are the same on a laptop and on the cluster; only the addresses differ

@@ -1,9 +1,10 @@
 """Kopf wiring: watch caches of the children, and the one reconcile pass every GRPOJob gets.
 
 Every child kind is watched into a Kopf index keyed by (namespace, job name), filtered by the
-`grpo.dev/job` label, holding only the summaries of `grpojob_operator.observe`. A daemon per GRPOJob
-calls `reconcile` as soon as the job is seen, again whenever a child or the job itself changes (the
-index functions and an event handler wake it), and at least every `reconcile_interval_seconds`.
+`grpo.dev/job` label, holding only the summaries of `grpojob_operator.observe`. A reconcile loop per
+GRPOJob (an asyncio task of ours, not a Kopf daemon: see `register`) calls `reconcile` as soon as the job is
+seen, again whenever a child or the job itself changes (the index functions and an event handler wake it),
+and at least every `reconcile_interval_seconds`.
 `reconcile` reads those indexes (no API read), asks the state machine for a plan, carries it out,
 writes the status once if it changed, and posts the events.
 """
@@ -23,6 +24,7 @@ import kopf
 
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import config_cache, kinds, metrics, names
+from grpojob_operator.expectations import Expectations
 from grpojob_operator.kube import ApiError, Kube, new_api_client
 from grpojob_operator.observe import KueueContext, Observed, summarize
 from grpojob_operator.plan import BuildError, build_failed, current_status, plan
@@ -30,7 +32,6 @@ from grpojob_operator.plan.actions import Action, Create, Delete, DeleteJob, Pat
 from grpojob_operator.plan.conditions import quota_available, quota_exceeded, reject
 from grpojob_operator.plan.events import transition_events
 from grpojob_operator.settings import OperatorSettings
-from grpojob_operator.unseen import Unseen
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def reconcile(
     settings: OperatorSettings,
     kube: Kube,
     now: datetime,
-    unseen: Unseen | None = None,
+    expectations: Expectations | None = None,
     pool: Executor | None = None,
     build_failures: int = 0,
 ) -> Plan | None:
@@ -77,14 +78,14 @@ def reconcile(
 
     Raises `WaitingForQuota` after writing the status when a child would exceed a ResourceQuota: the job
     keeps its phase (condition QuotaExceeded) and its loop retries with backoff, as KubeRay requeues."""
-    unseen = unseen if unseen is not None else Unseen()
+    expectations = expectations if expectations is not None else Expectations()
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    job = unseen.job(body)
+    job = expectations.job(body)
     cached = kueue_context(job, cached, kube)
     old_status = current_status(job)
     try:
-        result = plan(job, unseen.observed(cached), settings, now, config_cache.config_map)
+        result = plan(job, expectations.observed(cached), settings, now, config_cache.config_map)
     except BuildError as error:
         if build_failures + 1 < settings.build_tries:
             raise  # the loop retries with backoff
@@ -92,7 +93,7 @@ def reconcile(
     where = f"{namespace}/{name}"
     over_quota: ApiError | None = None
     try:
-        _carry_out(result, kube, cached, unseen, namespace, name, where, pool)
+        _carry_out(result, kube, cached, expectations, namespace, name, where, pool)
     except ApiError as error:
         if error.is_transient():
             raise  # the loop retries with backoff
@@ -117,7 +118,7 @@ def reconcile(
             if error.status != 404:
                 raise
             return None  # the job is gone; its worker stops at the deletion event
-        unseen.wrote_status(meta.get("resourceVersion"), document, version)
+        expectations.wrote_status(meta.get("resourceVersion"), document, version)
         log.info("%s: status %s", where, _status_change(old_status, result.status))
     for event in result.events:
         try:
@@ -196,7 +197,7 @@ def _carry_out(
     result: Plan,
     kube: Kube,
     cached: Observed,
-    unseen: Unseen,
+    expectations: Expectations,
     namespace: str,
     name: str,
     where: str,
@@ -206,32 +207,34 @@ def _carry_out(
     for group in write_groups(result.actions):
         if pool is None or len(group) == 1:
             for action in group:
-                _act(action, kube, cached, unseen, namespace, name, where)
+                _act(action, kube, cached, expectations, namespace, name, where)
             continue
-        futures = [pool.submit(_act, action, kube, cached, unseen, namespace, name, where) for action in group]
+        futures = [pool.submit(_act, action, kube, cached, expectations, namespace, name, where) for action in group]
         errors = [error for error in (future.exception() for future in futures) if error is not None]
         if errors:
             raise errors[0]
 
 
-def _act(action: Action, kube: Kube, cached: Observed, unseen: Unseen, namespace: str, name: str, where: str) -> None:
+def _act(
+    action: Action, kube: Kube, cached: Observed, expectations: Expectations, namespace: str, name: str, where: str
+) -> None:
     if isinstance(action, Create):
         kind, child = action.manifest["kind"], action.manifest["metadata"]["name"]
         if kube.create(action.manifest):
             log.info("%s: created %s %s", where, kind, child)
-        unseen.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
+        expectations.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
     elif isinstance(action, Replace):
         kind, child = action.manifest["kind"], action.manifest["metadata"]["name"]
         kube.replace_data(action.manifest, action.stale_keys)
         log.info("%s: updated %s %s", where, kind, child)
-        unseen.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
+        expectations.wrote_child(kind, child, cached.get(kind, child), summarize(kind, action.manifest))
     elif isinstance(action, Patch):
         kube.patch(action.kind, namespace, action.name, action.patch, action.subresource)
         log.info("%s: patched %s %s", where, action.kind, action.name)
     elif isinstance(action, Delete):
         kube.delete(action.kind, namespace, action.name, action.propagation)
         log.info("%s: deleted %s %s", where, action.kind, action.name)
-        unseen.deleted_child(action.kind, action.name, cached.get(action.kind, action.name))
+        expectations.deleted_child(action.kind, action.name, cached.get(action.kind, action.name))
     elif isinstance(action, DeleteJob):
         kube.delete(api.KIND, namespace, name)
         log.info("%s: deleted (ttlSecondsAfterFinished)", where)
@@ -244,7 +247,7 @@ class JobWorker:
     uid: str
     body: dict[str, Any]
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    unseen: Unseen = field(default_factory=Unseen)
+    expectations: Expectations = field(default_factory=Expectations)
     task: asyncio.Task[None] | None = None
 
 
@@ -275,7 +278,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         if worker is None:
             worker = memo.workers[key] = JobWorker(uid, raw)
             worker.task = asyncio.create_task(_run_worker(memo, namespace, name, worker))
-        elif worker.unseen.echoes_status(raw):
+        elif worker.expectations.echoes_status(raw):
             worker.body = raw  # our own status write coming back: a pass would plan from the same inputs
             return
         worker.body = raw
@@ -313,7 +316,7 @@ async def _run_worker(memo: kopf.Memo, namespace: str, name: str, worker: JobWor
             raw = worker.body
             cached = observed_from_indexes(memo.indexes, namespace, name, worker.uid)
             inputs = (raw.get("metadata", {}).get("resourceVersion"), cached)
-            if not woken and inputs == settled and not waits_on_the_clock(raw, cached, worker.unseen):
+            if not woken and inputs == settled and not waits_on_the_clock(raw, cached, worker.expectations):
                 woken = await _wait_for_wake(worker, memo.settings.reconcile_interval_seconds)
                 continue  # nothing changed and nothing is due: the pass would change nothing either
             try:
@@ -325,7 +328,7 @@ async def _run_worker(memo: kopf.Memo, namespace: str, name: str, worker: JobWor
                     memo.settings,
                     memo.kube,
                     datetime.now(UTC),
-                    worker.unseen,
+                    worker.expectations,
                     memo.write_pool,
                     build_failures,
                 )
@@ -380,7 +383,7 @@ async def _wait_for_wake(worker: JobWorker, seconds: float) -> bool:
     return True
 
 
-def waits_on_the_clock(body: dict[str, Any], cached: Observed, unseen: Unseen) -> bool:
+def waits_on_the_clock(body: dict[str, Any], cached: Observed, expectations: Expectations) -> bool:
     """Whether a pass over unchanged inputs may still decide something new as time passes: a deadline
     (spec.activeDeadlineSeconds, spec.progressDeadlineSeconds: a stalled trainer changes nothing that a
     watch sees), a pod stuck for its grace period, ttlSecondsAfterFinished, or an unseen
@@ -393,7 +396,7 @@ def waits_on_the_clock(body: dict[str, Any], cached: Observed, unseen: Unseen) -
         spec.get("activeDeadlineSeconds") is not None
         or spec.get("progressDeadlineSeconds") is not None
         or any(pod.stuck for pod in cached.pods())
-        or bool(unseen.children)
+        or bool(expectations.children)
     )
 
 
@@ -415,7 +418,7 @@ def _echoes_own_write(memo: kopf.Memo, key: tuple[str, str, str], kind: kinds.Ki
     burst of 100 jobs, those echoes were a quarter of all passes, each queued behind other jobs' real work."""
     namespace, job, uid = key
     worker = memo.workers.get((namespace, job))
-    return worker is not None and worker.uid == uid and worker.unseen.echoes_child(kind.kind, summary)
+    return worker is not None and worker.uid == uid and worker.expectations.echoes_child(kind.kind, summary)
 
 
 def _register_index(registry: kopf.OperatorRegistry, kind: kinds.Kind) -> None:

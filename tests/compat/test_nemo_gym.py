@@ -43,10 +43,10 @@ def collect(
     gym: Gym, agent: str, rows: list[dict], sampling: PolicySampling | None = None, generation_url: str | None = None
 ) -> RolloutBatch:
     """Our rollout collection, as the trainer runs it, against one NeMo Gym agent."""
-    env_urls = {agent: gym.agents[agent]}
+    environment_urls = {agent: gym.agents[agent]}
     collecting = collect_rollouts(
         rows,
-        env_urls,
+        environment_urls,
         concurrency=4,
         timeout_s=120,
         retries=2,

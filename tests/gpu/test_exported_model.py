@@ -34,12 +34,14 @@ SPEC = {
 def exported(tmp_path_factory) -> tuple[Path, Path]:
     """A policy trained one step on the GPU from the small model (head_dim 64, as vLLM wants), exported in
     bfloat16 shards: (the base model, the exported directory)."""
+    from grpojob_api.v1alpha1 import GRPOJobSpec
     from grpojob_trainer.algorithm.samples import TrainingSample
     from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
+    from grpojob_trainer.policy.config import RankConfig
     from grpojob_trainer.policy.worker import PolicyWorker
 
     base = write_tiny_model(tmp_path_factory.mktemp("base") / "small", dataclasses.replace(SHAPES["small"], seed=3))
-    worker = PolicyWorker(SPEC, str(base), seed=0)
+    worker = PolicyWorker(RankConfig(GRPOJobSpec.model_validate(SPEC), str(base), seed=0))
     worker.start("127.0.0.1", 0)
     sample = TrainingSample(
         token_ids=tuple(range(10, 40)),
@@ -53,7 +55,7 @@ def exported(tmp_path_factory) -> tuple[Path, Path]:
     from grpojob_trainer.policy.export import write_model
 
     out = write_model(
-        gather_model_state(worker.trainer.model),
+        gather_model_state(worker.learner.model),
         tmp_path_factory.mktemp("out") / "final",
         base=base,
         dtype="bfloat16",

@@ -42,10 +42,10 @@ def trainer(model_dir: str, mesh=None):
 
     from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
     from grpojob_trainer.algorithm.grpo import LossConfig
-    from grpojob_trainer.policy.trainer import PolicyTrainer
+    from grpojob_trainer.policy.learner import PolicyLearner
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).cuda()
-    return PolicyTrainer(
+    return PolicyLearner(
         model,
         optimizer=OptimizerSpec(learning_rate=1e-4),
         loss=LossConfig(kl_coef=0.01),

@@ -156,7 +156,7 @@ def test_later_versions_are_written_in_place_and_sampled_from(engine, model_dir)
             before = logprob_gap(policies[index - 1], requests, results)
             assert now < 0.05 and before > 4 * now, (index, now, before)
     # The first version each LoRA id serves is registered; every later one is written in place.
-    from grpojob_trainer.generation.vllm_worker import ADAPTERS_KEPT
+    from grpojob_trainer.generation.vllm_extension import ADAPTERS_KEPT
 
     registered = max(0, ADAPTERS_KEPT - versions_before)
     assert engine.adapters_written_in_place - written_before == 4 - registered

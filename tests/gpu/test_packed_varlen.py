@@ -24,11 +24,11 @@ def trainer(tmp_path, precision: str, packed: bool | None):
     from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
     from grpojob_trainer.algorithm.grpo import LossConfig
     from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
-    from grpojob_trainer.policy.trainer import PolicyTrainer
+    from grpojob_trainer.policy.learner import PolicyLearner
 
     path = write_tiny_model(tmp_path / "model", SHAPES["small"])
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).cuda()
-    return PolicyTrainer(
+    return PolicyLearner(
         model,
         optimizer=OptimizerSpec(learning_rate=1e-4),
         loss=LossConfig(kl_coef=0.01),

@@ -52,7 +52,7 @@ def start_environment(name: str, policy_base_url: str, **config):
 
 
 @pytest.fixture(scope="session")
-def env_urls(generation_server) -> Iterator[dict[str, str]]:
+def environment_urls(generation_server) -> Iterator[dict[str, str]]:
     """Base URLs of the `arithmetic` and `lookup` environment servers."""
     servers = {name: start_environment(name, generation_server.base_url) for name in ("arithmetic", "lookup")}
     yield {name: server.url for name, server in servers.items()}

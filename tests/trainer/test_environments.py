@@ -31,15 +31,15 @@ def example_row(name: str, seed: int, policy_sampling) -> dict:
     return policy_sampling.apply(row).model_dump(mode="json", exclude_unset=True)
 
 
-def test_root_answers_ok(env_urls):
-    for url in env_urls.values():
+def test_root_answers_ok(environment_urls):
+    for url in environment_urls.values():
         assert httpx.get(url).json() == {"status": "ok"}
 
 
-def test_arithmetic_run_returns_the_row_the_episode_and_a_partial_credit_reward(env_urls, policy_sampling):
+def test_arithmetic_run_returns_the_row_the_episode_and_a_partial_credit_reward(environment_urls, policy_sampling):
     row = example_row("arithmetic", 3, policy_sampling)
 
-    result = run(env_urls["arithmetic"], row).json()
+    result = run(environment_urls["arithmetic"], row).json()
 
     assert result["expected_answer"] == row["expected_answer"]
     assert result["agent_ref"] == {"type": "responses_api_agents", "name": "arithmetic"}
@@ -52,10 +52,10 @@ def test_arithmetic_run_returns_the_row_the_episode_and_a_partial_credit_reward(
     assert sample.turns == 1
 
 
-def test_lookup_run_spans_several_contiguous_model_calls(env_urls, policy_sampling):
+def test_lookup_run_spans_several_contiguous_model_calls(environment_urls, policy_sampling):
     row = example_row("lookup", 1, policy_sampling)
 
-    result = run(env_urls["lookup"], row).json()
+    result = run(environment_urls["lookup"], row).json()
 
     turns = [item for item in result["response"]["output"] if item.get("generation_token_ids")]
     assert len(turns) >= 2, "the random model gets nudged (or calls the tool), so the episode has several turns"
@@ -67,8 +67,8 @@ def test_lookup_run_spans_several_contiguous_model_calls(env_urls, policy_sampli
     assert sample.group_index == 4
 
 
-def test_the_lookup_tool_remembers_keys_per_session_through_the_re_issued_cookie(env_urls):
-    url = env_urls["lookup"]
+def test_the_lookup_tool_remembers_keys_per_session_through_the_re_issued_cookie(environment_urls):
+    url = environment_urls["lookup"]
     seeded = httpx.post(f"{url}/seed_session", json={"responses_create_params": {"input": "hi"}})
     cookies = dict(seeded.cookies)
     assert list(cookies) == ["LookupEnvironment___lookup"]
@@ -86,16 +86,16 @@ def test_the_lookup_tool_remembers_keys_per_session_through_the_re_issued_cookie
     assert without_session["reward_components"]["tool"] == 0.0
 
 
-def test_unknown_keys_in_responses_create_params_are_refused_with_422(env_urls):
+def test_unknown_keys_in_responses_create_params_are_refused_with_422(environment_urls):
     row = {"responses_create_params": {"input": "hi", "frequency_penalty": 1.0}, "agent_ref": {"name": "arithmetic"}}
-    assert run(env_urls["arithmetic"], row).status_code == 422
+    assert run(environment_urls["arithmetic"], row).status_code == 422
 
 
-def test_a_row_without_sampling_parameters_samples_with_the_jobs(env_urls):
+def test_a_row_without_sampling_parameters_samples_with_the_jobs(environment_urls):
     row = get_environment("arithmetic").make_rows(1)[0]
     assert "temperature" not in row["responses_create_params"]
 
-    response = run(env_urls["arithmetic"], row)
+    response = run(environment_urls["arithmetic"], row)
 
     assert response.status_code == 200, response.text
     assert result_to_sample(RunResult.model_validate(response.json()), group_index=0).generated_tokens > 0
@@ -376,8 +376,8 @@ ODD_ROWS = {
 
 
 @pytest.mark.parametrize("case", [*MALFORMED_ROWS.values(), *ODD_ROWS.values()], ids=[*MALFORMED_ROWS, *ODD_ROWS])
-def test_each_malformed_or_odd_row_gets_its_answer_naming_the_field(env_urls, case):
-    url = env_urls[case.environment] + case.path
+def test_each_malformed_or_odd_row_gets_its_answer_naming_the_field(environment_urls, case):
+    url = environment_urls[case.environment] + case.path
     response = httpx.post(url, content=json.dumps(case.body), headers={"content-type": "application/json"}, timeout=60)
 
     assert response.status_code == case.status, response.text

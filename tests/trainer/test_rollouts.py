@@ -21,11 +21,11 @@ def rows(name: str, count: int, seed: int = 0) -> list[dict]:
     return get_environment(name).make_rows(count, seed)
 
 
-def test_rollouts_of_two_environments_come_back_in_input_order_with_metrics(env_urls, policy_sampling):
+def test_rollouts_of_two_environments_come_back_in_input_order_with_metrics(environment_urls, policy_sampling):
     batch_rows = [row for pair in zip(rows("arithmetic", 3), rows("lookup", 3), strict=True) for row in pair]
 
     batch = asyncio.run(
-        collect_rollouts(batch_rows, env_urls, concurrency=4, timeout_s=60, retries=1, sampling=policy_sampling)
+        collect_rollouts(batch_rows, environment_urls, concurrency=4, timeout_s=60, retries=1, sampling=policy_sampling)
     )
 
     assert [o.row_index for o in batch.outcomes] == list(range(6))
@@ -83,8 +83,8 @@ def silent_server() -> Iterator[str]:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-def test_500s_are_retried_and_rows_that_keep_failing_are_counted_not_dropped(env_urls, policy_sampling):
-    proxy = FlakyProxy(env_urls["arithmetic"])
+def test_500s_are_retried_and_rows_that_keep_failing_are_counted_not_dropped(environment_urls, policy_sampling):
+    proxy = FlakyProxy(environment_urls["arithmetic"])
     batch_rows = rows("arithmetic", 6, seed=5)
     for index in (1, 4):
         batch_rows[index] = batch_rows[index] | {"always_fail": True}
@@ -242,8 +242,8 @@ def closed_port_url() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-def test_rollouts_are_spread_evenly_over_an_environments_replicas(env_urls, policy_sampling):
-    first, second = CountingProxy(env_urls["arithmetic"]), CountingProxy(env_urls["arithmetic"])
+def test_rollouts_are_spread_evenly_over_an_environments_replicas(environment_urls, policy_sampling):
+    first, second = CountingProxy(environment_urls["arithmetic"]), CountingProxy(environment_urls["arithmetic"])
 
     with ThreadedServer(first.app) as one, ThreadedServer(second.app) as two:
         batch = asyncio.run(
@@ -261,8 +261,8 @@ def test_rollouts_are_spread_evenly_over_an_environments_replicas(env_urls, poli
     assert (first.runs, second.runs) == (4, 4)
 
 
-def test_a_rollout_whose_replica_is_down_is_retried_on_the_next_replica(env_urls, policy_sampling):
-    replica = CountingProxy(env_urls["arithmetic"])
+def test_a_rollout_whose_replica_is_down_is_retried_on_the_next_replica(environment_urls, policy_sampling):
+    replica = CountingProxy(environment_urls["arithmetic"])
 
     with ThreadedServer(replica.app) as alive:
         batch = asyncio.run(
@@ -339,8 +339,8 @@ def test_a_step_line_says_how_many_prompts_were_too_long():
     assert "too long" not in step_line(1, 4, metrics | {"rollout/prompt_too_long": 0.0})
 
 
-def test_rollouts_to_a_service_name_are_spread_over_the_pods_it_resolves_to(env_urls, policy_sampling):
-    first, second = CountingProxy(env_urls["arithmetic"]), CountingProxy(env_urls["arithmetic"])
+def test_rollouts_to_a_service_name_are_spread_over_the_pods_it_resolves_to(environment_urls, policy_sampling):
+    first, second = CountingProxy(environment_urls["arithmetic"]), CountingProxy(environment_urls["arithmetic"])
 
     async def headless_service(host: str, port: int) -> list[str]:
         assert host == "demo-env-arithmetic.rl.svc.cluster.local"

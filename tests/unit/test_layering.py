@@ -86,7 +86,7 @@ def test_the_tree_keeps_every_contract(tree: Path):
         ("operator/grpojob_operator/kueue.py", "from grpojob_operator import plan", "The operator imports downwards"),
         ("trainer/grpojob_trainer/algorithm/samples.py", "import ray", "The GRPO math imports no Ray, HTTP"),
         ("trainer/grpojob_trainer/policy/group.py", "from grpojob_trainer.training import loop", TRAINER_LAYERS),
-        ("trainer/grpojob_trainer/generation/app.py", "from grpojob_trainer.policy import trainer", TRAINER_LAYERS),
+        ("trainer/grpojob_trainer/generation/app.py", "from grpojob_trainer.policy import learner", TRAINER_LAYERS),
         ("trainer/grpojob_trainer/weight_sync/buckets.py", "from grpojob_trainer.policy import ranks", TRAINER_LAYERS),
         ("trainer/grpojob_trainer/weight_sync/paths.py", "from grpojob_trainer.policy import group", TRAINER_LAYERS),
         ("trainer/grpojob_trainer/algorithm/grpo.py", "from grpojob_trainer.nemo_gym import protocol", TRAINER_LAYERS),

@@ -54,7 +54,8 @@ def _failed(reason: str, termination_log: Path | None) -> None:
     write_termination_message(termination_log, reason)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `grpojob` command's arguments: one subcommand each for running, training, exporting and downloading."""
     parser = argparse.ArgumentParser(prog="grpojob", description="GRPO post-training, on Kubernetes or this machine.")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run a GRPOJob YAML on this machine")
@@ -120,71 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     data.add_argument("--rows", type=int, default=256)
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`grpojob`: parse the arguments, run the subcommand, and report a failure the user can act on in one line
+    (exit status 2 for a usage error, 1 for a run that failed), a bug with its traceback."""
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     termination_log: Path | None = getattr(args, "termination_log", None)
     try:
-        if args.command == "run":
-            # Before anything imports Ray, which reads its authentication mode once, at import.
-            ask_for_token_auth()
-            bar = wants_bar(sys.stderr, verbose=args.verbose, no_progress=args.no_progress)
-            return run_local(args.job, args.out, show_progress=bar, tensorboard=not args.no_tensorboard)
-        if args.command == "train":
-            return train_in_cluster(args.config)
-        if args.command == "export":
-            from grpojob_trainer.policy.export import export_checkpoint
-
-            try:
-                out = export_checkpoint(
-                    args.checkpoint,
-                    args.out,
-                    base=args.base,
-                    dtype=args.dtype,
-                    max_shard_size=args.max_shard_size,
-                    adapter=args.adapter,
-                )
-            except (FileNotFoundError, ValueError) as error:
-                raise UsageError(str(error)) from None
-            print(out)
-            return 0
-        if args.command == "download":
-            return download_repos(args.repos, args.cache, args.termination_log)
-        if args.command == "download-model":
-            return download_step(args.model_id, args.revision, args.cache, args.termination_log)
-        if args.command == "cache-model":
-            from grpojob_trainer.models.hub import place_in_cache
-
-            print(place_in_cache(args.model_dir, args.model_id, args.cache, args.revision).path)
-            return 0
-        if args.command == "cache-dataset":
-            from grpojob_trainer.models.hub import place_in_cache
-
-            try:
-                placed = place_in_cache(args.dataset_dir, args.dataset_id, args.cache, args.revision, "dataset")
-            except FileNotFoundError as error:
-                raise UsageError(str(error)) from None
-            print(placed.path)
-            return 0
-        if args.command == "tiny-model":
-            from grpojob_trainer.models.tiny import TinyModelConfig, write_tiny_model
-
-            if args.shape is not None:
-                config = dataclasses.replace(SHAPES[args.shape], seed=args.seed)
-            else:
-                config = TinyModelConfig(
-                    hidden_size=args.hidden_size,
-                    intermediate_size=3 * args.hidden_size,
-                    num_attention_heads=args.heads,
-                    num_key_value_heads=max(1, args.heads // 2),
-                    seed=args.seed,
-                )
-            print(write_tiny_model(args.out, config))
-            return 0
-        from grpojob_trainer.environments.dataset import write_rows
-
-        print(write_rows(args.name, args.rows, args.out, args.seed))
-        return 0
+        return run_command(args)
     except UsageError as error:
         _failed(str(error), termination_log)
         return 2
@@ -200,6 +148,70 @@ def main(argv: list[str] | None = None) -> int:
         exception = "".join(traceback.format_exception_only(error)).strip().splitlines()
         write_termination_message(termination_log, exception[-1] if exception else type(error).__name__)
         raise
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the subcommand ``args`` names; its exit status."""
+    if args.command == "run":
+        # Before anything imports Ray, which reads its authentication mode once, at import.
+        ask_for_token_auth()
+        bar = wants_bar(sys.stderr, verbose=args.verbose, no_progress=args.no_progress)
+        return run_local(args.job, args.out, show_progress=bar, tensorboard=not args.no_tensorboard)
+    if args.command == "train":
+        return train_in_cluster(args.config)
+    if args.command == "export":
+        from grpojob_trainer.policy.export import export_checkpoint
+
+        try:
+            out = export_checkpoint(
+                args.checkpoint,
+                args.out,
+                base=args.base,
+                dtype=args.dtype,
+                max_shard_size=args.max_shard_size,
+                adapter=args.adapter,
+            )
+        except (FileNotFoundError, ValueError) as error:
+            raise UsageError(str(error)) from None
+        print(out)
+        return 0
+    if args.command == "download":
+        return download_repos(args.repos, args.cache, args.termination_log)
+    if args.command == "download-model":
+        return download_step(args.model_id, args.revision, args.cache, args.termination_log)
+    if args.command == "cache-model":
+        from grpojob_trainer.models.hub import place_in_cache
+
+        print(place_in_cache(args.model_dir, args.model_id, args.cache, args.revision).path)
+        return 0
+    if args.command == "cache-dataset":
+        from grpojob_trainer.models.hub import place_in_cache
+
+        try:
+            placed = place_in_cache(args.dataset_dir, args.dataset_id, args.cache, args.revision, "dataset")
+        except FileNotFoundError as error:
+            raise UsageError(str(error)) from None
+        print(placed.path)
+        return 0
+    if args.command == "tiny-model":
+        from grpojob_trainer.models.tiny import TinyModelConfig, write_tiny_model
+
+        if args.shape is not None:
+            config = dataclasses.replace(SHAPES[args.shape], seed=args.seed)
+        else:
+            config = TinyModelConfig(
+                hidden_size=args.hidden_size,
+                intermediate_size=3 * args.hidden_size,
+                num_attention_heads=args.heads,
+                num_key_value_heads=max(1, args.heads // 2),
+                seed=args.seed,
+            )
+        print(write_tiny_model(args.out, config))
+        return 0
+    from grpojob_trainer.environments.dataset import write_rows
+
+    print(write_rows(args.name, args.rows, args.out, args.seed))
+    return 0
 
 
 if __name__ == "__main__":

@@ -138,13 +138,9 @@ def build_trainer_job(
     evaluation = claims.evaluation_dataset_mount(job, dataset_commits) or claims.Mounted("")
     logs = claims.log_mount(job, read_only=False)
     endpoints_vol, endpoints_mount = endpoints_volume(job)
-    config_volume = {  # the config's file only, not the progress the trainer writes beside it
-        "name": "config",
-        "configMap": {"name": child.config, "items": [{"key": CONFIG_FILE, "path": CONFIG_FILE}]},
-    }
     volumes, mounts = claims.share_claims(
         [
-            config_volume,
+            _config_volume(child),
             endpoints_vol,
             {"name": "tmp", "emptyDir": {}},
             *model.volumes,
@@ -200,3 +196,11 @@ def build_trainer_job(
         run_once=True,
     )
     return pod.run_once_job(metadata(job, child.trainer, "trainer", attempt_label), template)
+
+
+def _config_volume(child: names.ChildNames) -> Manifest:
+    """The trainer's config file from its ConfigMap: the file only, not the progress the trainer writes beside it."""
+    return {
+        "name": "config",
+        "configMap": {"name": child.config, "items": [{"key": CONFIG_FILE, "path": CONFIG_FILE}]},
+    }

@@ -10,6 +10,7 @@ import pytest
 
 from grpojob_api.admission import parse_job
 from grpojob_operator import handlers, kinds
+from grpojob_operator.expectations import Expectations
 from grpojob_operator.handlers import (
     JobWorker,
     WaitingForQuota,
@@ -24,7 +25,6 @@ from grpojob_operator.observe import Observed, OtherInfo, PodInfo
 from grpojob_operator.plan import BuildError, plan, ray_cluster
 from grpojob_operator.plan.actions import Create, Delete, Replace
 from grpojob_operator.settings import OperatorSettings
-from grpojob_operator.unseen import Unseen
 
 from .conftest import children_up_to_the_head, job_body
 
@@ -64,17 +64,17 @@ def test_independent_writes_are_grouped_and_a_config_map_or_claim_is_written_bef
 
 def test_only_a_job_with_something_due_is_reconciled_again_when_nothing_changed():
     running = {"spec": {}, "status": {"phase": "Running"}}
-    assert not waits_on_the_clock(running, Observed({}), Unseen())
-    assert waits_on_the_clock({"spec": {"activeDeadlineSeconds": 60}, "status": {}}, Observed({}), Unseen())
-    assert waits_on_the_clock({"spec": {"progressDeadlineSeconds": 60}, "status": {}}, Observed({}), Unseen())
+    assert not waits_on_the_clock(running, Observed({}), Expectations())
+    assert waits_on_the_clock({"spec": {"activeDeadlineSeconds": 60}, "status": {}}, Observed({}), Expectations())
+    assert waits_on_the_clock({"spec": {"progressDeadlineSeconds": 60}, "status": {}}, Observed({}), Expectations())
     finished = {"spec": {"ttlSecondsAfterFinished": 5, "activeDeadlineSeconds": 60}, "status": {"phase": "Failed"}}
-    assert waits_on_the_clock(finished, Observed({}), Unseen())
+    assert waits_on_the_clock(finished, Observed({}), Expectations())
     assert not waits_on_the_clock(
-        {"spec": {"activeDeadlineSeconds": 60}, "status": {"phase": "Succeeded"}}, Observed({}), Unseen()
+        {"spec": {"activeDeadlineSeconds": 60}, "status": {"phase": "Succeeded"}}, Observed({}), Expectations()
     )
-    unseen = Unseen()
-    unseen.wrote_child("Service", "demo-env-a", None, OtherInfo("demo-env-a", False))
-    assert waits_on_the_clock(running, Observed({}), unseen), "an unseen write expires"
+    expectations = Expectations()
+    expectations.wrote_child("Service", "demo-env-a", None, OtherInfo("demo-env-a", False))
+    assert waits_on_the_clock(running, Observed({}), expectations), "an unseen write expires"
 
 
 class RefusingKube:

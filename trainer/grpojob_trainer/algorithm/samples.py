@@ -3,7 +3,7 @@
 Rollout collection (`grpojob_trainer.nemo_gym`) builds `TrainingSample`s from the `/run` results of
 the environment servers, checking that the token ids of successive model calls are contiguous
 (NeMo-RL's rule: each call's `prompt_token_ids` starts with every token seen so far). Training
-(`grpojob_trainer.algorithm.grpo`, `grpojob_trainer.policy.trainer`) only ever sees these samples.
+(`grpojob_trainer.algorithm.grpo`, `grpojob_trainer.policy.learner`) only ever sees these samples.
 """
 
 from __future__ import annotations

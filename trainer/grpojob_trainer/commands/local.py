@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpojob_api import hub, nemo_gym, paths, placement
 from grpojob_api import v1alpha1 as api
@@ -18,6 +19,9 @@ from grpojob_trainer.errors import UsageError
 from grpojob_trainer.local import nemo_gym_containers
 from grpojob_trainer.nemo_gym.protocol import Row
 from grpojob_trainer.training.data import Prompts
+
+if TYPE_CHECKING:
+    from grpojob_trainer.training.loop import LoopResult
 
 log = logging.getLogger("grpojob")
 
@@ -122,9 +126,8 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     import ray
 
     from grpojob_trainer.cluster import connection
-    from grpojob_trainer.local import reaper
     from grpojob_trainer.local.environment_processes import EnvironmentProcesses
-    from grpojob_trainer.observability import report, tracking
+    from grpojob_trainer.observability import tracking
     from grpojob_trainer.observability.console import StepDisplay
     from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
     from grpojob_trainer.training.loop import run_loop
@@ -138,15 +141,10 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     out = out or Path("runs") / job.metadata.name
     out.mkdir(parents=True, exist_ok=True)
     evaluation_token = new_evaluation_token(spec)
-    spec_json = spec.model_dump(mode="json", by_alias=True)
 
     gpus = machine_gpus(placement.layout(spec))
     layout = local_layout(spec, gpus)
-    # Ray's processes and the environment servers end with this one, and its NeMo Gym containers are removed.
-    gym_containers = (
-        nemo_gym_containers.remove_command(os.getpid()) if nemo_gym_containers.nemo_gym_environments(spec) else []
-    )
-    reaper.reap_children_at_exit(then=gym_containers)
+    reap_at_exit(spec)
     gcs = connection.start_local(layout.ray_resources, num_gpus=gpus)
     print(
         f"Ray is up (GCS {gcs}, {gpus} GPUs, {layout.placement} placement); loading the model from {model}", flush=True
@@ -154,23 +152,15 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     try:
         placed = place_actors(
             layout,
-            spec_json,
+            spec,
             str(model),
             host="127.0.0.1",
             port=None,
             seed=spec.grpo.seed,
             evaluation_token=evaluation_token,
         )
-        engines, policy, base_urls = placed.engines, placed.policy, placed.base_urls
-        processes_count = sum(env.replicas for env in spec.environments if env.nemo_gym is None)
-        if len(base_urls) > max(processes_count, 1):
-            log.warning(
-                "%d engines but %d environment processes, each calling one engine: engines beyond them get no "
-                "requests (set spec.environments[].replicas to %d or more)",
-                len(base_urls),
-                processes_count,
-                len(base_urls),
-            )
+        generation, policy, base_urls = placed.generation, placed.policy, placed.generation.base_urls
+        warn_of_idle_engines(spec, len(base_urls))
         processes = EnvironmentProcesses(
             [env for env in spec.environments if env.nemo_gym is None],
             policy_base_urls=base_urls,
@@ -183,8 +173,8 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
         )
         sinks = tracking.tracking_sinks(job, attempt=1, run_dir=out)
         with contextlib.ExitStack() as started:
-            env_urls = started.enter_context(processes) | started.enter_context(containers)
-            env_urls = nemo_gym.with_agent_names(spec.environments, env_urls)
+            environment_urls = started.enter_context(processes) | started.enter_context(containers)
+            environment_urls = nemo_gym.with_agent_names(spec.environments, environment_urls)
             logger = started.enter_context(MetricsLogger(out, tensorboard=tensorboard, sinks=sinks))
             name, steps = job.metadata.name, spec.grpo.max_steps
             display = started.enter_context(StepDisplay(name, steps, out / "run.log", bar=show_progress))
@@ -193,8 +183,8 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
                 run_loop(
                     job,
                     policy=policy,
-                    engines=engines,
-                    env_urls=env_urls,
+                    generation=generation,
+                    environment_urls=environment_urls,
                     dataset=dataset,
                     logger=logger,
                     progress=FileProgressPublisher(out / "progress.json"),
@@ -207,6 +197,29 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
             )
     finally:
         ray.shutdown()
+    print_summary(job, out, result)
+    return 0
+
+
+def warn_of_idle_engines(spec: api.GRPOJobSpec, engines: int) -> None:
+    """Warn when some engines will get no requests: each local environment process calls one engine."""
+    processes = sum(env.replicas for env in spec.environments if env.nemo_gym is None)
+    if engines > max(processes, 1):
+        log.warning(
+            "%d engines but %d environment processes, each calling one engine: engines beyond them get no "
+            "requests (set spec.environments[].replicas to %d or more)",
+            engines,
+            processes,
+            engines,
+        )
+
+
+def print_summary(job: api.GRPOJob, out: Path, result: LoopResult) -> None:
+    """What `grpojob run` ends with: the reward curve's summary, the evaluations, the failed rollouts, and
+    where the model, the curve and the logs are."""
+    from grpojob_trainer.observability import report
+
+    spec = job.spec
     curve = report.reward_curve(out / "metrics.jsonl")
     evaluations = report.reward_curve(out / "metrics.jsonl", report.EVALUATION_REWARD_KEY)
     title = f"{job.metadata.name}: mean reward per step"
@@ -218,4 +231,14 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     print(f"trained model: {Path(paths.output_dir(job)) / paths.FINAL_MODEL_DIR}  (vllm serve DIR)")
     print(f"reward curve: {png}")
     print(f"TensorBoard logs: {out}  (tensorboard --logdir {out})")
-    return 0
+
+
+def reap_at_exit(spec: api.GRPOJobSpec) -> None:
+    """Ray's processes and the environment servers end with this process, however it ends, and its NeMo Gym
+    containers are removed."""
+    from grpojob_trainer.local import reaper
+
+    gym_containers = (
+        nemo_gym_containers.remove_command(os.getpid()) if nemo_gym_containers.nemo_gym_environments(spec) else []
+    )
+    reaper.reap_children_at_exit(then=gym_containers)

@@ -42,7 +42,6 @@ def train_in_cluster(config_path: Path) -> int:
     gcs = connection.join(endpoints.ray_gcs_address)
     log.info("joined the Ray cluster; GCS address %s", gcs)
     head = connection.HeadWatch()
-    spec_json = spec.model_dump(mode="json", by_alias=True)
     dataset = read_training_prompts(spec, pod.dataset_paths)
     evaluation_rows = read_evaluation_rows(spec, pod.evaluation_dataset_path)
     evaluation_token = new_evaluation_token(spec)
@@ -51,7 +50,7 @@ def train_in_cluster(config_path: Path) -> int:
         # gets them is ended by the operator's deadline or stuck-pod checks, and this gives up after an hour.
         placed = place_actors(
             placement.layout(spec),
-            spec_json,
+            spec,
             pod.model_path,
             host="0.0.0.0",
             port=GENERATION_PORT,
@@ -68,8 +67,8 @@ def train_in_cluster(config_path: Path) -> int:
                 run_loop(
                     job,
                     policy=placed.policy,
-                    engines=placed.engines,
-                    env_urls=endpoints.environment_urls,
+                    generation=placed.generation,
+                    environment_urls=endpoints.environment_urls,
                     dataset=dataset,
                     logger=logger,
                     progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),

@@ -86,24 +86,7 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
         except ValidationError as error:
             raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
 
-    @app.exception_handler(PolicyRefused)
-    async def policy_refused(_: Request, error: PolicyRefused) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=400)
-
-    @app.exception_handler(PolicyCallFailed)
-    async def policy_failed(_: Request, error: PolicyCallFailed) -> JSONResponse:
-        return JSONResponse({"detail": f"the policy call failed: {error}"}, status_code=502)
-
-    @app.exception_handler(VerificationFailed)
-    async def verification_failed(_: Request, error: VerificationFailed) -> JSONResponse:
-        body = {"message": str(error), "type": "verification_failed", "code": 422}
-        return JSONResponse({"error": body}, status_code=422)
-
-    @app.exception_handler(ResourcesServerError)
-    async def resources_failed(_: Request, error: ResourcesServerError) -> Response:
-        if 400 <= error.status < 500:  # the resources server's refusal, as it gave it (retrying cannot help)
-            return Response(error.body, status_code=error.status, media_type="application/json")
-        return JSONResponse({"detail": str(error)}, status_code=502)
+    answer_agent_errors(app)
 
     @app.get("/")
     async def root() -> dict[str, str]:
@@ -132,6 +115,31 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
     for tool in environment.tools():
         app.add_api_route(f"/{tool.name}", _tool_route(tool), methods=["POST"], name=tool.name)
     return app
+
+
+def answer_agent_errors(app: FastAPI) -> None:
+    """How ``app`` answers a rollout that failed past the body: the policy refusing (400) or failing (502), a
+    verification failing (422, in OpenAI's error shape), the resources server refusing (its answer) or failing
+    (502)."""
+
+    @app.exception_handler(PolicyRefused)
+    async def policy_refused(_: Request, error: PolicyRefused) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=400)
+
+    @app.exception_handler(PolicyCallFailed)
+    async def policy_failed(_: Request, error: PolicyCallFailed) -> JSONResponse:
+        return JSONResponse({"detail": f"the policy call failed: {error}"}, status_code=502)
+
+    @app.exception_handler(VerificationFailed)
+    async def verification_failed(_: Request, error: VerificationFailed) -> JSONResponse:
+        body = {"message": str(error), "type": "verification_failed", "code": 422}
+        return JSONResponse({"error": body}, status_code=422)
+
+    @app.exception_handler(ResourcesServerError)
+    async def resources_failed(_: Request, error: ResourcesServerError) -> Response:
+        if 400 <= error.status < 500:  # the resources server's refusal, as it gave it (retrying cannot help)
+            return Response(error.body, status_code=error.status, media_type="application/json")
+        return JSONResponse({"detail": str(error)}, status_code=502)
 
 
 def _tool_route(tool: Tool) -> Any:

@@ -18,9 +18,9 @@ Lookup = Callable[[str, int], Awaitable[Sequence[str]]]
 """A host name and port to the addresses it resolves to."""
 
 
-def replica_urls(env_urls: EnvironmentURLs) -> dict[str, tuple[str, ...]]:
+def replica_urls(environment_urls: EnvironmentURLs) -> dict[str, tuple[str, ...]]:
     """Every environment's URLs as a tuple (one for a single URL); raises `ValueError` for an empty list."""
-    urls = {name: (value,) if isinstance(value, str) else tuple(value) for name, value in env_urls.items()}
+    urls = {name: (value,) if isinstance(value, str) else tuple(value) for name, value in environment_urls.items()}
     if empty := sorted(name for name, value in urls.items() if not value):
         raise ValueError(f"environments without a URL: {empty}")
     return urls

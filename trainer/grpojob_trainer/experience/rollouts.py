@@ -116,20 +116,20 @@ class _Permanent(Exception):
     """A failure that retrying will not fix."""
 
 
-def env_name_of(row: Row, env_urls: Mapping[str, tuple[str, ...]]) -> str:
+def env_name_of(row: Row, environment_urls: Mapping[str, tuple[str, ...]]) -> str:
     """The environment a row goes to: ``agent_ref.name``, or the only environment when there is one (a
-    NeMo Gym environment's URL is listed under its name and its agent's). ``env_urls``: `replica_urls`'."""
+    NeMo Gym environment's URL is listed under its name and its agent's). ``environment_urls``: `replica_urls`'."""
     name = row.agent_ref.name if row.agent_ref is not None else None
-    if name is None and len(set(env_urls.values())) == 1:
-        return next(iter(env_urls))
-    if name not in env_urls:
-        raise KeyError(f"row routed to environment {name!r}, but only {sorted(env_urls)} have URLs")
+    if name is None and len(set(environment_urls.values())) == 1:
+        return next(iter(environment_urls))
+    if name not in environment_urls:
+        raise KeyError(f"row routed to environment {name!r}, but only {sorted(environment_urls)} have URLs")
     return name
 
 
 async def collect_rollouts(
     rows: Sequence[Row | Mapping[str, Any]],
-    env_urls: EnvironmentURLs,
+    environment_urls: EnvironmentURLs,
     *,
     concurrency: int = 32,
     timeout_s: float = 300.0,
@@ -161,7 +161,7 @@ async def collect_rollouts(
     if group_indices is not None and len(group_indices) != len(rows):
         raise ValueError(f"group_indices has {len(group_indices)} entries for {len(rows)} rows")
     parsed = [row if isinstance(row, Row) else Row.model_validate(row) for row in rows]
-    urls = replica_urls(env_urls)
+    urls = replica_urls(environment_urls)
     names = [env_name_of(row, urls) for row in parsed]
     bodies = [(sampling.apply(row) if sampling else row).model_dump_json(exclude_unset=True) for row in parsed]
     groups = list(group_indices) if group_indices is not None else list(range(len(rows)))
@@ -200,19 +200,32 @@ async def collect_rollouts(
             )
 
         tasks = [asyncio.create_task(one(i)) for i in range(len(rows))]
-        if tasks:
-            await asyncio.wait(tasks, timeout=deadline_s)
-        outcomes = []
-        for index, task in enumerate(tasks):
-            if task.done():
-                outcomes.append(task.result())
-            else:
-                task.cancel()
-                error = (
-                    f"abandoned: not done within the step's rollout deadline (rolloutDeadlineSeconds: {deadline_s:g}s)"
-                )
-                outcomes.append(RolloutOutcome(index, names[index], attempts=0, error=error))
-        await asyncio.gather(*tasks, return_exceptions=True)
+        outcomes = await _outcomes_by_deadline(tasks, names, deadline_s)
+    return batch_of(outcomes)
+
+
+async def _outcomes_by_deadline(
+    tasks: list[asyncio.Task[RolloutOutcome]], names: list[str], deadline_s: float | None
+) -> list[RolloutOutcome]:
+    """Wait for ``tasks`` (row by row) up to ``deadline_s``; their outcomes, those not done by then cancelled and
+    reported as failed (with no attempts counted)."""
+    if tasks:
+        await asyncio.wait(tasks, timeout=deadline_s)
+    outcomes = []
+    for index, task in enumerate(tasks):
+        if task.done():
+            outcomes.append(task.result())
+        else:
+            task.cancel()
+            error = f"abandoned: not done within the step's rollout deadline (rolloutDeadlineSeconds: {deadline_s:g}s)"
+            outcomes.append(RolloutOutcome(index, names[index], attempts=0, error=error))
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return outcomes
+
+
+def batch_of(outcomes: list[RolloutOutcome]) -> RolloutBatch:
+    """The batch of ``outcomes``: with the samples' metrics, the successful rollouts' timing and how many
+    prompts were too long."""
     samples = [o.sample for o in outcomes if o.sample is not None]
     timed = [
         (o.started_s, o.finished_s) for o in outcomes if o.ok and o.started_s is not None and o.finished_s is not None

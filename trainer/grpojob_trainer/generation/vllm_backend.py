@@ -7,7 +7,7 @@ tests can all call in. Each request goes to the engine as it arrives (no batchin
 continuously. Log-probabilities are vLLM's `processed_logprobs`: after temperature and top-p, as the
 trainer's importance-sampling correction expects (see `GenerationResult`).
 
-Weights reach the GPU workers through `WeightSyncExtension` (`vllm_worker`): pickled CPU tensors, CUDA
+Weights reach the GPU workers through `WeightSyncExtension` (`vllm_extension`): pickled CPU tensors, CUDA
 IPC handles of buckets on the same GPU, or buckets broadcast over NCCL from the policy's GPU. After a
 load the prefix cache is dropped: its keys and values were computed with the old weights.
 
@@ -37,7 +37,7 @@ from grpojob_trainer.generation.backend import (
     SamplingParams,
 )
 
-WORKER_EXTENSION = "grpojob_trainer.generation.vllm_worker.WeightSyncExtension"
+WORKER_EXTENSION = "grpojob_trainer.generation.vllm_extension.WeightSyncExtension"
 T = TypeVar("T")
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -102,7 +102,8 @@ class VLLMBackend(ContinuousBatchingBackend):
             # halved throughput at 256 concurrent rollouts.
             return AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.LLM_CLASS)
 
-        self.engine = self._run(start())
+        self.async_llm = self._run(start())
+        """vLLM's own engine (`AsyncLLM`), which this backend, one of our generation engines, drives."""
         self._tokenizer = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
         self._max_model_len = max_model_len
         self._weights_version = 0
@@ -112,7 +113,7 @@ class VLLMBackend(ContinuousBatchingBackend):
         """The newest adapter version registered (None: the base model's weights, no adapter yet)."""
         self.adapters_written_in_place = 0
         """Adapter versions every worker wrote over an older one's places instead of registering them
-        (`vllm_worker.InPlaceAdapter`)."""
+        (`vllm_extension.InPlaceAdapter`)."""
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on the engine's loop and wait for it (from any thread but that loop's)."""
@@ -134,13 +135,13 @@ class VLLMBackend(ContinuousBatchingBackend):
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        from grpojob_trainer.generation.vllm_worker import adapter_request
+        from grpojob_trainer.generation.vllm_extension import adapter_request
 
         version, adapter = self._weights_version, self._adapter_version
         lora = adapter_request(adapter) if adapter is not None else None
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         final = None
-        async for output in self.engine.generate(prompt, sampling, request_id=uuid.uuid4().hex, lora_request=lora):
+        async for output in self.async_llm.generate(prompt, sampling, request_id=uuid.uuid4().hex, lora_request=lora):
             final = output
         if final is None:
             raise RuntimeError("the vLLM engine returned no output")
@@ -171,8 +172,8 @@ class VLLMBackend(ContinuousBatchingBackend):
 
     def _load(self, method: str, *args: Any) -> int:
         async def load() -> list[Any]:
-            results = await self.engine.collective_rpc(method, args=args)
-            await self.engine.reset_prefix_cache()
+            results = await self.async_llm.collective_rpc(method, args=args)
+            await self.async_llm.reset_prefix_cache()
             return results
 
         self._run(load())
@@ -192,7 +193,7 @@ class VLLMBackend(ContinuousBatchingBackend):
         if not self.serves_lora:
             raise RuntimeError("this engine was started without LoRA: it takes merged weights, not adapters")
         version = self._weights_version + 1
-        in_place = self._run(self.engine.collective_rpc(method, args=(version, config, payload)))
+        in_place = self._run(self.async_llm.collective_rpc(method, args=(version, config, payload)))
         self._adapter_version = self._weights_version = version
         self.adapters_written_in_place += all(in_place)
         return version
@@ -214,7 +215,7 @@ class VLLMBackend(ContinuousBatchingBackend):
         """Join the policy's NCCL broadcast group (tensor parallelism 1: one worker, one rank)."""
         if self.tensor_parallel_size != 1:
             raise NotImplementedError("NCCL weight sync supports engines of tensor-parallel size 1")
-        self._run(self.engine.collective_rpc("grpojob_join_weight_group", args=(host, port, world_size, rank)))
+        self._run(self.async_llm.collective_rpc("grpojob_join_weight_group", args=(host, port, world_size, rank)))
 
     def update_weights_from_group(self, layouts_payload: bytes) -> int:
         """Receive and load the policy's broadcast buckets (pickled `BucketLayout` list)."""
@@ -226,33 +227,33 @@ class VLLMBackend(ContinuousBatchingBackend):
         `wake_up` of the weights). Returns the GPU's free bytes after it, as the engine's worker sees them."""
         if not self.sleeps:
             raise RuntimeError("this engine was started without sleep mode")
-        self._run(self.engine.sleep(level))
-        return min(self._run(self.engine.collective_rpc("grpojob_free_bytes")))
+        self._run(self.async_llm.sleep(level))
+        return min(self._run(self.async_llm.collective_rpc("grpojob_free_bytes")))
 
     def wake_up(self, tags: list[str]) -> None:
         """Take back the memory of ``tags`` (``weights``, ``kv_cache``) after `sleep`; the KV cache comes back
         empty, and so does the prefix cache."""
 
         async def wake() -> None:
-            await self.engine.wake_up(tags)
+            await self.async_llm.wake_up(tags)
             if "kv_cache" in tags:
-                await self.engine.reset_prefix_cache()
+                await self.async_llm.reset_prefix_cache()
 
         self._run(wake())
 
     def device_uuids(self) -> list[str]:
         """The UUIDs of the engine's GPUs."""
-        return self._run(self.engine.collective_rpc("grpojob_device_uuid"))
+        return self._run(self.async_llm.collective_rpc("grpojob_device_uuid"))
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        self.async_llm.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 def lora_engine_args(lora_rank: int | None) -> dict[str, Any]:
     """vLLM engine arguments that serve LoRA adapters of rank ``lora_rank`` (none without one): the newest
-    two versions in a batch, as `vllm_worker.ADAPTERS_KEPT` keeps them."""
-    from grpojob_trainer.generation.vllm_worker import ADAPTERS_KEPT
+    two versions in a batch, as `vllm_extension.ADAPTERS_KEPT` keeps them."""
+    from grpojob_trainer.generation.vllm_extension import ADAPTERS_KEPT
 
     if lora_rank is None:
         return {}

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from grpojob_api import v1alpha1 as api
+from grpojob_trainer.generation.config import EngineConfig
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 log = logging.getLogger(__name__)
@@ -29,52 +30,18 @@ full weights' sync does."""
 class GenerationWorker:
     """One generation engine and its HTTP server (a Ray actor on a `generation` worker)."""
 
-    def __init__(
-        self,
-        spec: dict[str, Any],
-        model_path: str,
-        host: str,
-        port: int | None,
-        seed: int,
-        evaluation_token: str | None = None,
-        shares_gpu: bool = False,
-    ) -> None:
-        """``evaluation_token``: the secret that marks the requests of `spec.evaluation`'s rollouts, which
-        sample with its parameters (none: every request samples with training's). ``shares_gpu``: the engine
-        shares its GPU with the policy, so a vLLM engine starts in sleep mode when it is to sleep while the
-        policy trains (`GRPOJobSpec.engine_sleeps`)."""
-        from grpojob_trainer.generation.app import EvaluationSampling, ServerConfig
-        from grpojob_trainer.generation.backend import GenerationBackend, SamplingParams
+    def __init__(self, config: EngineConfig, host: str, port: int | None) -> None:
+        """Start the engine ``config`` describes and its server on ``host``:``port`` (a free port when None)."""
+        from grpojob_trainer.generation.backend import GenerationBackend
         from grpojob_trainer.generation.server import GenerationServer
         from grpojob_trainer.generation.transformers_backend import TransformersBackend
 
-        job_spec = api.GRPOJobSpec.model_validate(spec)
-        generation = job_spec.generation
         backend: GenerationBackend
-        if generation.backend == api.GenerationBackend.VLLM:
-            lora = job_spec.training.lora
-            sleep_mode = job_spec.engine_sleeps(shares_gpu)
-            backend = start_vllm(
-                job_spec,
-                model_path,
-                seed,
-                lora.rank if lora is not None else None,
-                sleep_mode,
-                job_spec.engine_memory_share(shares_gpu),
-            )
+        if config.backend == api.GenerationBackend.VLLM:
+            backend = start_vllm(config)
         else:
-            backend = TransformersBackend(model_path, max_model_len=generation.max_model_len, seed=seed)
-        evaluation = None
-        if job_spec.evaluation is not None and evaluation_token is not None:
-            spec_of = job_spec.evaluation
-            sampling = SamplingParams(spec_of.temperature, spec_of.top_p, job_spec.evaluation_max_new_tokens)
-            evaluation = EvaluationSampling(evaluation_token, sampling)
-        config = ServerConfig(
-            served_model_name=job_spec.model.served_model_name,
-            sampling=SamplingParams(generation.temperature, generation.top_p, generation.max_new_tokens),
-            evaluation=evaluation,
-        )
-        self.server = GenerationServer(backend, config, host=host, port=port).start()
+            backend = TransformersBackend(config.model_path, max_model_len=config.max_model_len, seed=config.seed)
+        self.server = GenerationServer(backend, config.server, host=host, port=port).start()
 
     def base_url(self) -> str:
         return self.server.base_url
@@ -119,33 +86,24 @@ class GenerationWorker:
         return self.server.backend.update_weights_from_group(layouts_payload)
 
 
-def start_vllm(
-    spec: api.GRPOJobSpec,
-    model_path: str,
-    seed: int,
-    lora_rank: int | None,
-    sleep_mode: bool = False,
-    memory_share: float = api.SPLIT_ENGINE_MEMORY_SHARE,
-) -> Any:
-    """The job's vLLM engine, taking ``memory_share`` of its GPUs' memory; with ``lora_rank`` (a LoRA
-    policy), one that serves LoRA adapters, or, when vLLM cannot serve LoRA for this model, one without (the
-    policy then sends merged weights: logged); with ``sleep_mode``, one that can sleep while the policy
-    trains."""
+def start_vllm(config: EngineConfig) -> Any:
+    """The vLLM engine ``config`` describes; for a LoRA policy (``config.lora_rank``), one that serves LoRA
+    adapters, or, when vLLM cannot serve LoRA for this model, one without (the policy then sends merged weights:
+    logged)."""
     from grpojob_trainer.generation.vllm_backend import VLLMBackend
-
-    generation = spec.generation
 
     def start(rank: int | None) -> VLLMBackend:
         return VLLMBackend(
-            model_path,
-            max_model_len=generation.max_model_len,
-            gpu_memory_utilization=memory_share,
-            tensor_parallel_size=max(1, generation.gpus_per_replica),
-            seed=seed,
+            config.model_path,
+            max_model_len=config.max_model_len,
+            gpu_memory_utilization=config.memory_share,
+            tensor_parallel_size=config.tensor_parallel_size,
+            seed=config.seed,
             lora_rank=rank,
-            enable_sleep_mode=sleep_mode,
+            enable_sleep_mode=config.sleeps,
         )
 
+    lora_rank = config.lora_rank
     if lora_rank is None:
         return start(None)
     if os.environ.get(MERGED_SYNC_ENV) == "1":

@@ -211,6 +211,23 @@ def restore_state(
         set_optimizer_state_dict(model, optimizer, named, options=options)
 
 
+@dataclass(frozen=True)
+class CheckpointRequest:
+    """A checkpoint to write, as the driver asks every rank for it (`PolicyGroup.save`): where, of which step,
+    what it records beside the model, and which checkpoints are kept."""
+
+    directory: str
+    step: int
+    data_position: dict[str, Any]
+    """Where the run is in its data (and its evaluation history): what a resumed run restores."""
+    config: dict[str, Any]
+    """The job, as JSON: the checkpoint describes the run that wrote it."""
+    keep: int | None = None
+    """Keep the newest this many checkpoints (None: delete none)."""
+    kept_step: int | None = None
+    """Keep the checkpoint of this step too (the best evaluation's)."""
+
+
 def save_checkpoint(
     directory: str | os.PathLike[str],
     *,

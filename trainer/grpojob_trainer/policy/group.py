@@ -10,10 +10,13 @@ made, so every rank sees the same sequence of collectives.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.errors import UsageError
+
+if TYPE_CHECKING:
+    from grpojob_trainer.policy.checkpoint import CheckpointRequest
 
 
 class PolicyGroup:
@@ -66,18 +69,10 @@ class PolicyGroup:
         """Load the newest checkpoint in ``directory`` on every rank; (its step, data position) or None."""
         return self._on_every_rank("resume", directory)
 
-    def save(
-        self,
-        directory: str,
-        step: int,
-        data_position: dict[str, Any],
-        config: dict[str, Any],
-        keep: int,
-        kept_step: int | None = None,
-    ) -> str:
-        """Write the checkpoint of ``step`` (gathered from every rank, written by rank 0), keeping the newest
-        ``keep`` and that of ``kept_step``; its path."""
-        return self._on_every_rank("save", directory, step, data_position, config, keep, kept_step)
+    def save(self, request: CheckpointRequest) -> str:
+        """Write the checkpoint ``request`` asks for (gathered from every rank, written by rank 0), keeping the
+        newest ``request.keep`` and that of ``request.kept_step``; its path."""
+        return self._on_every_rank("save", request)
 
     def export_checkpoint(self, checkpoint: str, out: str, dtype: str, output_format: str = "merged") -> str:
         """Write the model of ``checkpoint`` at ``out`` as `export` writes the live policy's (on rank 0, where

@@ -13,13 +13,17 @@ import socket
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.policy import memory
+from grpojob_trainer.policy.config import RankConfig
+
+if TYPE_CHECKING:
+    from grpojob_trainer.policy.checkpoint import CheckpointRequest
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -75,10 +79,10 @@ class PolicyWorker:
     sharded and no process group is created.
     """
 
-    def __init__(self, spec: dict[str, Any], model_path: str, seed: int, rank: int = 0, world: int = 1) -> None:
-        self.spec = api.GRPOJobSpec.model_validate(spec)
-        self.model_path, self.seed, self.rank, self.world = model_path, seed, rank, world
-        self.trainer: Any = None
+    def __init__(self, config: RankConfig) -> None:
+        self.spec = config.spec
+        self.model_path, self.seed, self.rank, self.world = config.model_path, config.seed, config.rank, config.world
+        self.learner: Any = None
         self._shared: list[torch.Tensor] = []
         self._adapter_buckets: dict[int, tuple[bytes, list[torch.Tensor]]] = {}
         """By bucket size: the adapter's buckets, shared once and refilled at every push, with their payload."""
@@ -91,11 +95,12 @@ class PolicyWorker:
 
     def start(self, host: str, port: int) -> None:
         """Load the model, join the ranks' process group at ``host:port`` (with several ranks: nccl on
-        GPUs, gloo on the CPU) and build the trainer (sharding the model over the ranks)."""
+        GPUs, gloo on the CPU) and build the learner (`PolicyLearner`: the model sharded over the ranks, its
+        optimizer)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from grpojob_trainer.policy.learner import PolicyLearner
         from grpojob_trainer.policy.ranks import init_ranks
-        from grpojob_trainer.policy.trainer import PolicyTrainer
 
         torch.manual_seed(self.seed)
         training = self.spec.training
@@ -109,7 +114,7 @@ class PolicyWorker:
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, local_files_only=True)
         if on_gpu:
             model.to("cuda")
-        # Unset: the layers can recompute their activations, and each micro-batch decides (PolicyTrainer).
+        # Unset: the layers can recompute their activations, and each micro-batch decides (PolicyLearner).
         checkpointing = training.gradient_checkpointing is True or (training.gradient_checkpointing is None and on_gpu)
         if checkpointing:
             model.gradient_checkpointing_enable()
@@ -123,7 +128,7 @@ class PolicyWorker:
         if self.world > 1:
             mesh = init_ranks(host, port, rank=self.rank, world=self.world, backend="nccl" if on_gpu else "gloo")
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.trainer = PolicyTrainer.from_spec(model, self.spec, pad_token_id=pad, mesh=mesh)
+        self.learner = PolicyLearner.from_spec(model, self.spec, pad_token_id=pad, mesh=mesh)
 
     def _check_fits(self) -> None:
         """Refuse (`PolicyDoesNotFit`) a policy that cannot fit this GPU beside what already holds memory
@@ -156,7 +161,7 @@ class PolicyWorker:
 
     def train_step(self, samples: list[TrainingSample]) -> dict[str, float]:
         """Every rank: one GRPO step on the step's samples (this rank trains its slice); the step's metrics."""
-        return self.trainer.train_step(samples)
+        return self.learner.train_step(samples)
 
     # what the engines receive: the model's weights, a LoRA policy's adapter, or its merged weights
 
@@ -164,7 +169,7 @@ class PolicyWorker:
         """A LoRA policy's adapter config (PEFT's ``adapter_config.json``); None for a full fine-tune."""
         from grpojob_trainer.policy.lora import adapter_config, is_lora
 
-        model = self.trainer.model
+        model = self.learner.model
         return adapter_config(model, self.model_path) if is_lora(model) else None
 
     def _sync_tensors(self, content: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -174,7 +179,7 @@ class PolicyWorker:
         from grpojob_trainer.policy import lora
         from grpojob_trainer.policy.ranks import trainable_weights
 
-        model = self.trainer.model
+        model = self.learner.model
         if content == SyncContent.ADAPTER:
             return lora.adapter_weights(model)
         if content == SyncContent.MERGED:
@@ -197,7 +202,7 @@ class PolicyWorker:
         """The UUID of this rank's GPU (None on the CPU)."""
         from grpojob_trainer.weight_sync.buckets import device_uuid
 
-        device = self.trainer.device
+        device = self.learner.device
         return device_uuid(device) if device.type == "cuda" else None
 
     def bucket_layouts(self, bucket_bytes: int, content: str = "weights") -> list[Any]:
@@ -218,7 +223,7 @@ class PolicyWorker:
         opens. The others return None.
 
         An adapter's buckets (a few hundred MB at most) are shared once and refilled at every push, under
-        the same payload, so the engine opens them once (`vllm_worker`) rather than mapping new memory at
+        the same payload, so the engine opens them once (`vllm_extension`) rather than mapping new memory at
         every sync; full weights (GBs) get new buckets each time, freed once the engines have loaded them."""
         from grpojob_trainer.weight_sync.buckets import fill_bucket, share_buckets
 
@@ -227,15 +232,15 @@ class PolicyWorker:
         if not share:
             return None
         if content != SyncContent.ADAPTER:
-            payload, self._shared = share_buckets(layouts, tensors, self.trainer.device)
+            payload, self._shared = share_buckets(layouts, tensors, self.learner.device)
             return payload
         if bucket_bytes not in self._adapter_buckets:
-            self._adapter_buckets[bucket_bytes] = share_buckets(layouts, tensors, self.trainer.device)
+            self._adapter_buckets[bucket_bytes] = share_buckets(layouts, tensors, self.learner.device)
             return self._adapter_buckets[bucket_bytes][0]
         payload, buckets = self._adapter_buckets[bucket_bytes]
         for layout, bucket in zip(layouts, buckets, strict=True):
             fill_bucket(layout, tensors, bucket)
-        torch.cuda.synchronize(self.trainer.device)
+        torch.cuda.synchronize(self.learner.device)
         return payload
 
     def release_shared_weights(self) -> None:
@@ -247,7 +252,7 @@ class PolicyWorker:
 
         import torch
 
-        if self.trainer.device.type == "cuda":
+        if self.learner.device.type == "cuda":
             gc.collect()
             torch.cuda.empty_cache()
 
@@ -268,30 +273,22 @@ class PolicyWorker:
         tensors = dict(self._sync_tensors(content))
         if self.rank != 0:
             return 0
-        return self._group.send_buckets(layouts, tensors, self.trainer.device)
+        return self._group.send_buckets(layouts, tensors, self.learner.device)
 
-    def save(
-        self,
-        directory: str,
-        step: int,
-        data_position: dict[str, Any],
-        config: dict[str, Any],
-        keep: int,
-        kept_step: int | None = None,
-    ) -> str:
-        """Every rank: gather the full state; rank 0 writes the checkpoint, then keeps the newest ``keep`` and
-        that of ``kept_step``. Its path."""
+    def save(self, request: CheckpointRequest) -> str:
+        """Every rank: gather the full state; rank 0 writes the checkpoint ``request`` asks for, then keeps the
+        newest ``request.keep`` and that of ``request.kept_step``. Its path."""
         from grpojob_trainer.policy.checkpoint import save_checkpoint
 
         path = save_checkpoint(
-            directory,
-            step=step,
-            model=self.trainer.model,
-            optimizer=self.trainer.optimizer,
-            data_position=data_position,
-            config=config,
-            keep=keep,
-            kept_step=kept_step,
+            request.directory,
+            step=request.step,
+            model=self.learner.model,
+            optimizer=self.learner.optimizer,
+            data_position=request.data_position,
+            config=request.config,
+            keep=request.keep,
+            kept_step=request.kept_step,
             base_model=self.model_path,
         )
         return str(path)
@@ -318,7 +315,7 @@ class PolicyWorker:
         # less precisely than the export asks for (a bf16 base exported as float32: merged from the files).
         live_merge = config is not None and output_format != api.OutputFormat.ADAPTER and self._base_holds(dtype)
         if config is None:
-            state = gather_model_state(self.trainer.model)
+            state = gather_model_state(self.learner.model)
         elif live_merge:
             state = {name: tensor.cpu() for name, tensor in self._sync_tensors(SyncContent.MERGED)}
         else:
@@ -337,7 +334,7 @@ class PolicyWorker:
 
     def _base_holds(self, dtype: str) -> bool:
         """Whether the policy's frozen weights are held at least as precisely as ``dtype``."""
-        frozen = next((p for p in self.trainer.model.parameters() if not p.requires_grad), None)
+        frozen = next((p for p in self.learner.model.parameters() if not p.requires_grad), None)
         return frozen is None or frozen.dtype == torch.float32 or dtype == "bfloat16"
 
     def resume(self, directory: str) -> tuple[int, dict[str, Any]] | None:
@@ -347,5 +344,5 @@ class PolicyWorker:
         path = latest_checkpoint(directory) if Path(directory).exists() else None
         if path is None:
             return None
-        info = load_checkpoint(path, model=self.trainer.model, optimizer=self.trainer.optimizer)
+        info = load_checkpoint(path, model=self.learner.model, optimizer=self.learner.optimizer)
         return info.step, info.data_position

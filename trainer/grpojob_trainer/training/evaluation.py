@@ -143,7 +143,7 @@ class Evaluator:
     rows: Sequence[Row]
     spec: api.EvaluationSpec
     sampling: PolicySampling
-    env_urls: EnvironmentURLs
+    environment_urls: EnvironmentURLs
     grpo: api.GrpoSpec
     generation_url: str | None = None
     history: EvaluationHistory = field(default_factory=EvaluationHistory)
@@ -156,7 +156,7 @@ class Evaluator:
         began = time.perf_counter()
         batch = await collect_rollouts(
             repeated,
-            self.env_urls,
+            self.environment_urls,
             concurrency=self.grpo.rollout_concurrency,
             timeout_s=self.grpo.rollout_timeout_seconds,
             retries=self.grpo.rollout_retries,

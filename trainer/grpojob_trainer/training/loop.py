@@ -27,7 +27,8 @@ already drawn for batches still waiting to train, so a resumed run draws those a
 sequence of prompts as an uninterrupted run.
 
 It works the same with a local Ray head (`grpojob run`) and on a RayCluster (`grpojob train` in the
-trainer pod); `grpojob_trainer.cli` sets up either and hands the pieces to `run_loop`.
+trainer pod); `grpojob_trainer.commands` sets up either and hands the pieces to `run_loop`, which runs a
+`TrainingLoop`: its methods are the step's parts, in the order a step takes them.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from grpojob_api.progress import EvaluationReport
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.errors import AllRolloutsFailed
 from grpojob_trainer.experience.rollouts import EnvironmentURLs, PolicySampling, RolloutBatch, collect_rollouts
+from grpojob_trainer.generation.group import GenerationGroup
 from grpojob_trainer.nemo_gym.protocol import Row
 from grpojob_trainer.observability.metrics import (
     ROLLOUT_WAIT,
@@ -58,7 +60,7 @@ from grpojob_trainer.observability.metrics import (
     StepTimer,
     step_line,
 )
-from grpojob_trainer.policy.checkpoint import checkpoint_path
+from grpojob_trainer.policy.checkpoint import CheckpointRequest, checkpoint_path
 from grpojob_trainer.policy.group import PolicyGroup
 from grpojob_trainer.training.data import Prompts, position_metrics
 from grpojob_trainer.training.evaluation import (
@@ -68,7 +70,7 @@ from grpojob_trainer.training.evaluation import (
     evaluation_due,
     evaluation_line,
 )
-from grpojob_trainer.weight_sync.paths import weight_sync_for
+from grpojob_trainer.weight_sync.paths import WeightSync, weight_sync_for
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +114,8 @@ async def run_loop(
     job: api.GRPOJob,
     *,
     policy: PolicyGroup,
-    engines: list[Any],
-    env_urls: EnvironmentURLs,
+    generation: GenerationGroup,
+    environment_urls: EnvironmentURLs,
     dataset: Prompts,
     logger: MetricsLogger,
     progress: ProgressPublisher,
@@ -130,164 +132,258 @@ async def run_loop(
     ``asyncio.run``. ``before_step`` runs before each step (the cluster's health check: it raises to end
     the attempt). ``evaluation_rows``: the held-out rows of ``spec.evaluation``; ``evaluation_token``: the
     secret the engines accept as an evaluation's mark (`EVALUATION_MARK`)."""
-    spec = job.spec
-    grpo, generation = spec.grpo, spec.generation
-    resumed = policy.resume(str(checkpoint_dir))
-    start = 0
-    position: dict[str, Any] = {}
-    if resumed is not None:
-        start, position = resumed
-        dataset.restore(position)
-        log.info("resumed from the checkpoint of step %d in %s", start, checkpoint_dir)
-    weight_sync = weight_sync_for(policy, engines)
-    weight_sync.push()  # the engines start from the policy's (possibly restored) weights
-    sampling = PolicySampling(generation.temperature, generation.top_p, generation.max_new_tokens)
-    generation_url = await engines[0].base_url.remote() if engines else None  # measures prompts too long
-    evaluator = None
-    if spec.evaluation is not None and evaluation_rows:
-        evaluator = _evaluator(spec, evaluation_rows, evaluation_token, env_urls, generation_url)
-        evaluator.history = EvaluationHistory.from_dict(position.get(EVALUATION_KEY))
-    select_best = spec.output.select == api.OutputSelect.BEST_EVALUATION
-    config = job.model_dump(mode="json", by_alias=True, exclude_none=True)
-    began = time.perf_counter()
+    loop = TrainingLoop(
+        job, policy, generation, environment_urls, dataset, logger, progress, checkpoint_dir, output_dir
+    )
+    loop.resume()
+    loop.start_weight_sync()
+    loop.start_evaluation(evaluation_rows, evaluation_token)
+    await loop.begin()
+    for step in range(loop.start + 1, loop.grpo.max_steps + 1):
+        if before_step is not None:
+            before_step()
+        metrics = await loop.step(step)
+        if metrics is not None and on_step is not None:
+            on_step(step, metrics)
+    loop.export_final()
+    return loop.result
 
-    def clock() -> float:
+
+class TrainingLoop:
+    """One run of the loop: the pieces it drives and where it stands (the step it resumed at, the weights'
+    version, the rollouts launched ahead). `step` reads as a step runs: collect the rollouts, train, sync the
+    weights, evaluate, log, checkpoint."""
+
+    def __init__(
+        self,
+        job: api.GRPOJob,
+        policy: PolicyGroup,
+        generation: GenerationGroup,
+        environment_urls: EnvironmentURLs,
+        dataset: Prompts,
+        logger: MetricsLogger,
+        progress: ProgressPublisher,
+        checkpoint_dir: Path,
+        output_dir: Path,
+    ) -> None:
+        self.job, self.spec, self.grpo = job, job.spec, job.spec.grpo
+        self.policy, self.generation, self.environment_urls, self.dataset = (
+            policy,
+            generation,
+            environment_urls,
+            dataset,
+        )
+        self.logger, self.progress = logger, progress
+        self.checkpoint_dir, self.output_dir = checkpoint_dir, output_dir
+        asked = self.spec.generation
+        self.sampling = PolicySampling(asked.temperature, asked.top_p, asked.max_new_tokens)
+        self.config = job.model_dump(mode="json", by_alias=True, exclude_none=True)
+        self.select_best = self.spec.output.select == api.OutputSelect.BEST_EVALUATION
+        self.start = 0
+        self.position: dict[str, Any] = {}
+        self.weight_sync: WeightSync | None = None
+        self.evaluator: Evaluator | None = None
+        self.launched: deque[LaunchedRollouts] = deque()
+        self.next_launch = 1
+        self.policy_version = 0
+        """The version of the weights the policy holds and, between steps, the engines serve."""
+        self.failed_in_a_row = 0
+        self.result = LoopResult(first_step=1, last_step=0)
+        self.began = time.perf_counter()
+
+    def clock(self) -> float:
         """Seconds since the loop began (the ``timeline/*`` metrics)."""
-        return time.perf_counter() - began
+        return time.perf_counter() - self.began
 
-    result = LoopResult(first_step=start + 1, last_step=start)
-    policy_version = start  # of the weights the policy holds and, between steps, the engines serve
-    launched: deque[LaunchedRollouts] = deque()
-    next_launch = start + 1
+    def resume(self) -> None:
+        """Load the newest checkpoint, if any: the policy's state, the data position, the step to go on from."""
+        resumed = self.policy.resume(str(self.checkpoint_dir))
+        if resumed is not None:
+            self.start, self.position = resumed
+            self.dataset.restore(self.position)
+            log.info("resumed from the checkpoint of step %d in %s", self.start, self.checkpoint_dir)
+        self.result = LoopResult(first_step=self.start + 1, last_step=self.start)
+        self.policy_version, self.next_launch = self.start, self.start + 1
 
-    def launch(step: int) -> LaunchedRollouts:
-        rows, groups = expand_groups(dataset.next_batch(grpo.prompts_per_step), grpo.generations_per_prompt)
+    def start_weight_sync(self) -> None:
+        """Choose the weight path and push: the engines start from the policy's (possibly restored) weights."""
+        self.weight_sync = weight_sync_for(self.policy, self.generation.engines)
+        self.weight_sync.push()
+
+    def start_evaluation(self, rows: list[Row] | None, token: str | None) -> None:
+        """Set up `spec.evaluation` over ``rows``, with the history a resumed checkpoint kept."""
+        if self.spec.evaluation is not None and rows:
+            self.evaluator = _evaluator(self.spec, rows, token, self.environment_urls, self.generation.measuring_url)
+            self.evaluator.history = EvaluationHistory.from_dict(self.position.get(EVALUATION_KEY))
+
+    async def begin(self) -> None:
+        """Start the clock of the ``timeline/*`` metrics, and evaluate the starting policy (the step-0 baseline)
+        on a fresh run whose evaluation asks for it."""
+        self.began = time.perf_counter()
+        if self.evaluator is not None and self.evaluator.spec.before_training and self.start == 0:
+            self.logger.log(0, await self.evaluate(0))
+
+    # the step
+
+    async def step(self, step: int) -> dict[str, float] | None:
+        """One step; its metrics, or None for a step whose every rollout failed (it raises `AllRolloutsFailed`
+        after ``spec.grpo.maxFailedSteps`` such steps in a row)."""
+        timer = StepTimer()
+        started = time.perf_counter()
+        rollouts, batch, finished = await self.collect_rollouts(step, timer)
+        metrics: dict[str, float] = dict(batch.metrics)
+        metrics |= position_metrics(rollouts.data_position)
+        metrics |= {"timeline/rollouts_started": rollouts.started_s, "timeline/rollouts_finished": finished}
+        self.result.failed_rollouts += len(batch.failures)
+        for failure in batch.failures[:3]:
+            log.warning("step %d: rollout of row %d failed: %s", step, failure.row_index, failure.error)
+        if not batch.samples:
+            self.count_failed_step(step, batch, metrics | timer.metrics())
+            return None
+        self.failed_in_a_row = 0
+        samples = [dataclasses.replace(s, policy_version=rollouts.policy_version) for s in batch.samples]
+        metrics |= staleness_metrics(samples, self.policy_version)
+        metrics |= await self.train(samples)
+        metrics |= await self.sync_weights(timer)
+        best_before = self.evaluator.history.best if self.evaluator is not None else None
+        if self.evaluator is not None and evaluation_due(step, self.evaluator.spec.every_steps, self.grpo.max_steps):
+            metrics |= await self.evaluate(step)
+        new_best = self.evaluator is not None and self.evaluator.history.best != best_before
+        metrics |= timer.metrics()
+        metrics |= throughput_metrics(samples, time.perf_counter() - started, finished - rollouts.started_s)
+        self.logger.log(step, metrics)
+        log.info("%s", step_line(step, self.grpo.max_steps, metrics))
+        self.progress.publish(step, metrics.get("rollout/reward/mean", math.nan))
+        self.result.last_step = step
+        if (
+            step % self.spec.checkpointing.interval == 0
+            or step == self.grpo.max_steps
+            or (self.select_best and new_best)
+        ):
+            await self.checkpoint(step, rollouts.data_position)
+        return metrics
+
+    def launch_rollouts(self, up_to: int) -> None:
+        """Launch every batch that may be in flight while step ``up_to`` is next to train."""
+        while self.next_launch <= min(up_to + self.grpo.max_off_policy_steps, self.grpo.max_steps):
+            self.launched.append(self._launch(self.next_launch))
+            self.next_launch += 1
+
+    def _launch(self, step: int) -> LaunchedRollouts:
+        grpo = self.grpo
+        rows, groups = expand_groups(self.dataset.next_batch(grpo.prompts_per_step), grpo.generations_per_prompt)
 
         async def collect() -> tuple[RolloutBatch, float]:
             batch = await collect_rollouts(
                 rows,
-                env_urls,
+                self.environment_urls,
                 concurrency=grpo.rollout_concurrency,
                 timeout_s=grpo.rollout_timeout_seconds,
                 retries=grpo.rollout_retries,
                 deadline_s=grpo.rollout_deadline_seconds,
                 group_indices=groups,
-                sampling=sampling,
-                generation_url=generation_url,
+                sampling=self.sampling,
+                generation_url=self.generation.measuring_url,
             )
-            return batch, clock()
+            return batch, self.clock()
 
-        return LaunchedRollouts(
-            step, policy_version, dataset.position.as_dict(), clock(), asyncio.create_task(collect())
-        )
+        position = self.dataset.position.as_dict()
+        return LaunchedRollouts(step, self.policy_version, position, self.clock(), asyncio.create_task(collect()))
 
-    def launch_ahead(step: int) -> None:
-        """Launch every batch that may be in flight while ``step`` is next to train."""
-        nonlocal next_launch
-        while next_launch <= min(step + grpo.max_off_policy_steps, grpo.max_steps):
-            launched.append(launch(next_launch))
-            next_launch += 1
-
-    async def evaluate(step: int) -> dict[str, float]:
-        """Evaluate the weights the engines serve (those of ``step``), the next step's rollouts running too."""
-        assert evaluator is not None
-        launch_ahead(step + 1)
-        metrics = await evaluator.run(step)
-        log.info("%s", evaluation_line(step, metrics, evaluator.spec.k))
-        last, best = evaluator.history.last, evaluator.history.best
-        if last is not None:
-            progress.publish_evaluation(_report(last), _report(best) if best else None)
-        return metrics
-
-    if evaluator is not None and evaluator.spec.before_training and start == 0:
-        logger.log(0, await evaluate(0))
-
-    failed_in_a_row = 0
-    for step in range(start + 1, grpo.max_steps + 1):
-        if before_step is not None:
-            before_step()
-        timer = StepTimer()
-        started = time.perf_counter()
-        launch_ahead(step)
-        rollouts = launched.popleft()
+    async def collect_rollouts(self, step: int, timer: StepTimer) -> tuple[LaunchedRollouts, RolloutBatch, float]:
+        """Launch what may run ahead, then wait for ``step``'s batch; it, and when it finished."""
+        self.launch_rollouts(step)
+        rollouts = self.launched.popleft()
         with timer.phase(ROLLOUT_WAIT):
             batch, finished = await rollouts.task
-        metrics: dict[str, float] = dict(batch.metrics)
-        metrics |= position_metrics(rollouts.data_position)
-        metrics |= {
-            "timeline/rollouts_started": rollouts.started_s,
-            "timeline/rollouts_finished": finished,
-        }
-        result.failed_rollouts += len(batch.failures)
-        for failure in batch.failures[:3]:
-            log.warning("step %d: rollout of row %d failed: %s", step, failure.row_index, failure.error)
-        if not batch.samples:
-            failed_in_a_row += 1
-            metrics |= timer.metrics()
-            logger.log(step, metrics)
-            log.info("%s", step_line(step, grpo.max_steps, metrics))
-            if failed_in_a_row >= grpo.max_failed_steps:
-                last_error = batch.failures[-1].error if batch.failures else "no rollouts"
-                raise AllRolloutsFailed(
-                    f"every rollout failed in {failed_in_a_row} consecutive steps (last: step {step}: {last_error})"
-                )
-            continue
-        failed_in_a_row = 0
-        samples = [dataclasses.replace(s, policy_version=rollouts.policy_version) for s in batch.samples]
-        metrics |= staleness_metrics(samples, policy_version)
-        if not launched:  # no rollout in flight: engines sharing the policy's GPU may sleep while it trains
-            metrics |= await asyncio.to_thread(weight_sync.release)
-        metrics["timeline/training_started"] = clock()
-        metrics |= await asyncio.to_thread(policy.train_step, samples)
-        metrics["timeline/training_finished"] = clock()
-        policy_version += 1
-        with timer.phase(ROLLOUT_WAIT):  # the rollouts launched meanwhile must not see a weight change
-            if pending := [later.task for later in launched if not later.task.done()]:
+        return rollouts, batch, finished
+
+    def count_failed_step(self, step: int, batch: RolloutBatch, metrics: dict[str, float]) -> None:
+        """Log a step without a single successful rollout; raise after ``maxFailedSteps`` of them in a row."""
+        self.failed_in_a_row += 1
+        self.logger.log(step, metrics)
+        log.info("%s", step_line(step, self.grpo.max_steps, metrics))
+        if self.failed_in_a_row >= self.grpo.max_failed_steps:
+            last_error = batch.failures[-1].error if batch.failures else "no rollouts"
+            raise AllRolloutsFailed(
+                f"every rollout failed in {self.failed_in_a_row} consecutive steps (last: step {step}: {last_error})"
+            )
+
+    async def train(self, samples: list[TrainingSample]) -> dict[str, float]:
+        """One policy step on ``samples``; engines sharing the policy's GPU sleep meanwhile when no rollout is
+        in flight."""
+        assert self.weight_sync is not None
+        metrics: dict[str, float] = {}
+        if not self.launched:
+            metrics |= await asyncio.to_thread(self.weight_sync.release)
+        metrics["timeline/training_started"] = self.clock()
+        metrics |= await asyncio.to_thread(self.policy.train_step, samples)
+        metrics["timeline/training_finished"] = self.clock()
+        self.policy_version += 1
+        return metrics
+
+    async def sync_weights(self, timer: StepTimer) -> dict[str, float]:
+        """Push the new weights once the rollouts launched meanwhile are done (they must not see a change)."""
+        assert self.weight_sync is not None
+        with timer.phase(ROLLOUT_WAIT):
+            if pending := [later.task for later in self.launched if not later.task.done()]:
                 await asyncio.wait(pending)
-        metrics["timeline/weight_sync_started"] = clock()
+        metrics = {"timeline/weight_sync_started": self.clock()}
         with timer.phase(WEIGHT_SYNC):
-            metrics |= weight_sync.push()
-        metrics["timeline/weight_sync_finished"] = clock()
-        best_before = evaluator.history.best if evaluator is not None else None
-        if evaluator is not None and evaluation_due(step, evaluator.spec.every_steps, grpo.max_steps):
-            metrics |= await evaluate(step)
-        new_best = evaluator is not None and evaluator.history.best != best_before
-        metrics |= timer.metrics()
-        step_seconds = time.perf_counter() - started
-        generation_seconds = finished - rollouts.started_s
-        generated = sum(s.generated_tokens for s in samples)
-        metrics |= {
-            "time/step": step_seconds,
-            "time/generation": generation_seconds,
-            "throughput/generated_tokens_per_s": generated / max(generation_seconds, 1e-9),
-            "throughput/tokens_per_s": sum(len(s.token_ids) for s in samples) / step_seconds,
-        }
-        mean_reward = metrics.get("rollout/reward/mean", math.nan)
-        logger.log(step, metrics)
-        log.info("%s", step_line(step, grpo.max_steps, metrics))
-        progress.publish(step, mean_reward)
-        result.last_step = step
-        interval = spec.checkpointing.interval
-        if step % interval == 0 or step == grpo.max_steps or (select_best and new_best):
-            saved_position = dict(rollouts.data_position)
-            kept = None
-            if evaluator is not None:
-                saved_position[EVALUATION_KEY] = evaluator.history.as_dict()
-                best = evaluator.history.best
-                kept = best.step if select_best and best is not None else None
-            policy.save(str(checkpoint_dir), step, saved_position, config, spec.checkpointing.keep, kept)
-            if spec.output.every_checkpoint:  # off the event loop: later steps' rollouts are in flight
-                await asyncio.to_thread(
-                    export_model, job, policy, output_dir, paths.step_model_dir(step), step, progress
-                )
-        if on_step is not None:
-            on_step(step, metrics)
-    best = evaluator.history.best if evaluator is not None else None
-    if select_best and best is not None and best.step != result.last_step:
-        export_checkpoint_model(job, policy, checkpoint_dir, output_dir, best.step, progress)
-    else:
-        export_model(job, policy, output_dir, paths.FINAL_MODEL_DIR, result.last_step, progress)
-    return result
+            metrics |= self.weight_sync.push()
+        metrics["timeline/weight_sync_finished"] = self.clock()
+        return metrics
+
+    async def evaluate(self, step: int) -> dict[str, float]:
+        """Evaluate the weights the engines serve (those of ``step``), the next step's rollouts running too."""
+        assert self.evaluator is not None
+        self.launch_rollouts(step + 1)
+        metrics = await self.evaluator.run(step)
+        log.info("%s", evaluation_line(step, metrics, self.evaluator.spec.k))
+        last, best = self.evaluator.history.last, self.evaluator.history.best
+        if last is not None:
+            self.progress.publish_evaluation(_report(last), _report(best) if best else None)
+        return metrics
+
+    async def checkpoint(self, step: int, data_position: dict[str, Any]) -> None:
+        """Save the checkpoint of ``step`` (with the evaluation history, keeping the best evaluation's), and
+        export its model too with ``spec.output.everyCheckpoint``."""
+        saved_position = dict(data_position)
+        kept = None
+        if self.evaluator is not None:
+            saved_position[EVALUATION_KEY] = self.evaluator.history.as_dict()
+            best = self.evaluator.history.best
+            kept = best.step if self.select_best and best is not None else None
+        keep = self.spec.checkpointing.keep
+        self.policy.save(CheckpointRequest(str(self.checkpoint_dir), step, saved_position, self.config, keep, kept))
+        if self.spec.output.every_checkpoint:  # off the event loop: later steps' rollouts are in flight
+            name = paths.step_model_dir(step)
+            await asyncio.to_thread(export_model, self.job, self.policy, self.output_dir, name, step, self.progress)
+
+    def export_final(self) -> None:
+        """Export the final model: the last step's policy, or the best evaluation's checkpoint."""
+        best = self.evaluator.history.best if self.evaluator is not None else None
+        if self.select_best and best is not None and best.step != self.result.last_step:
+            export_checkpoint_model(
+                self.job, self.policy, self.checkpoint_dir, self.output_dir, best.step, self.progress
+            )
+        else:
+            export_model(
+                self.job, self.policy, self.output_dir, paths.FINAL_MODEL_DIR, self.result.last_step, self.progress
+            )
+
+
+def throughput_metrics(
+    samples: list[TrainingSample], step_seconds: float, generation_seconds: float
+) -> dict[str, float]:
+    """The step's time and its tokens per second: generated (over the generation's time) and all (over the step's)."""
+    generated = sum(s.generated_tokens for s in samples)
+    return {
+        "time/step": step_seconds,
+        "time/generation": generation_seconds,
+        "throughput/generated_tokens_per_s": generated / max(generation_seconds, 1e-9),
+        "throughput/tokens_per_s": sum(len(s.token_ids) for s in samples) / step_seconds,
+    }
 
 
 EVALUATION_KEY = "evaluation"
@@ -299,14 +395,14 @@ def _evaluator(
     spec: api.GRPOJobSpec,
     rows: list[Row],
     token: str | None,
-    env_urls: EnvironmentURLs,
+    environment_urls: EnvironmentURLs,
     generation_url: str | None,
 ) -> Evaluator:
     evaluation = spec.evaluation
     assert evaluation is not None
     max_new_tokens = spec.evaluation_max_new_tokens
     sampling = PolicySampling(evaluation.temperature, evaluation.top_p, max_new_tokens, evaluation_token=token)
-    return Evaluator(rows, evaluation, sampling, env_urls, spec.grpo, generation_url)
+    return Evaluator(rows, evaluation, sampling, environment_urls, spec.grpo, generation_url)
 
 
 def _report(evaluated: Evaluated) -> EvaluationReport:

@@ -14,25 +14,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpojob_api import endpoints
+from grpojob_api import v1alpha1 as api
 from grpojob_api.placement import Layout
+from grpojob_trainer.generation.config import EngineConfig
+from grpojob_trainer.generation.group import GenerationGroup
 from grpojob_trainer.generation.worker import GenerationWorker
+from grpojob_trainer.policy.config import RankConfig
 from grpojob_trainer.policy.group import PolicyGroup
 from grpojob_trainer.policy.worker import PolicyWorker
 
 
 @dataclass(frozen=True)
 class PlacedActors:
-    """The engines (`GenerationWorker` actors, serving) and the policy's ranks (started, model loaded)."""
+    """The engines (serving) and the policy's ranks (started, model loaded)."""
 
-    engines: list[Any]
+    generation: GenerationGroup
     policy: PolicyGroup
-    base_urls: list[str]
-    """Each engine's OpenAI-compatible base URL, engine by engine."""
 
 
 def place_actors(
     layout: Layout,
-    spec: dict,
+    spec: api.GRPOJobSpec,
     model_path: str,
     *,
     host: str,
@@ -42,9 +44,9 @@ def place_actors(
     timeout_s: float | None = None,
 ) -> PlacedActors:
     """Start ``layout``'s engines (serving on ``host``:``port``, a free port when None; engine i samples with
-    seed ``seed + i``) and its policy ranks, the ranks once the engines serve when they share GPUs. Returns once
-    every rank has loaded the model and every engine serves; ``timeout_s`` bounds the wait for the worker pods
-    (their images and GPUs)."""
+    seed ``seed + i``) and its policy ranks, the ranks once the engines serve when they share GPUs. Each actor
+    gets its config (`EngineConfig`, `RankConfig`) built here from ``spec``. Returns once every rank has loaded
+    the model and every engine serves; ``timeout_s`` bounds the wait for the worker pods (their images and GPUs)."""
     import ray
 
     strategies = _colocated_bundles(layout, timeout_s) if layout.colocated else [None] * max(layout.ranks, 1)
@@ -55,25 +57,28 @@ def place_actors(
         strategy = strategies[index % len(strategies)]
         return {"num_cpus": 0, "num_gpus": gpus, "resources": {group: 1}, "scheduling_strategy": strategy}
 
+    engine_config = EngineConfig.from_spec(
+        spec, model_path, seed=seed, shares_gpu=shares_gpu, evaluation_token=evaluation_token
+    )
     engine, rank = ray.remote(GenerationWorker), ray.remote(PolicyWorker)
     engines = [
         engine.options(**on(endpoints.GENERATION_GROUP, layout.gpus_per_engine, i)).remote(
-            spec, model_path, host, port, seed + i, evaluation_token, shares_gpu
+            engine_config.for_engine(i), host, port
         )
         for i in range(layout.engines)
     ]
-    serving = [e.base_url.remote() for e in engines]
+    generation = None
     if shares_gpu:
         # vLLM measures the GPU's free memory while it starts: a rank loading beside it would skew that.
-        ray.get(serving, timeout=timeout_s)
+        generation = GenerationGroup.start(engines, timeout_s=timeout_s)
     ranks = [
         rank.options(**on(endpoints.POLICY_GROUP, layout.gpus_per_rank, i)).remote(
-            spec, model_path, seed, i, layout.ranks
+            RankConfig(spec, model_path, seed, rank=i, world=layout.ranks)
         )
         for i in range(layout.ranks)
     ]
     policy = PolicyGroup.start(ranks, timeout_s=timeout_s)
-    return PlacedActors(engines, policy, ray.get(serving, timeout=timeout_s))
+    return PlacedActors(generation or GenerationGroup.start(engines, timeout_s=timeout_s), policy)
 
 
 def _colocated_bundles(layout: Layout, timeout_s: float | None) -> list[Any]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from grpojob_api.v1alpha1 import LoraSpec
-from grpojob_trainer.generation.vllm_worker import (
+from grpojob_trainer.generation.vllm_extension import (
     ADAPTERS_KEPT,
     InPlaceAdapter,
     adapter_destinations,

@@ -20,15 +20,15 @@ from grpojob_trainer.policy.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from grpojob_trainer.policy.trainer import PolicyTrainer
+from grpojob_trainer.policy.learner import PolicyLearner
 
 from .models import tiny_causal_lm
 
 CONFIG = {"grpo": {"promptsPerStep": 2, "generationsPerPrompt": 2}, "model": {"path": "/models/tiny"}}
 
 
-def new_trainer() -> PolicyTrainer:
-    return PolicyTrainer(
+def new_trainer() -> PolicyLearner:
+    return PolicyLearner(
         tiny_causal_lm(0),
         optimizer=OptimizerSpec(learningRate=1e-2, weightDecay=0.01),
         loss=LossConfig(kl_coef=0.05),
@@ -58,7 +58,7 @@ def random_samples() -> list[TrainingSample]:
     return samples
 
 
-def train(policy: PolicyTrainer, steps: int) -> None:
+def train(policy: PolicyLearner, steps: int) -> None:
     for _ in range(steps):
         policy.train_step(random_samples())
 

@@ -12,7 +12,7 @@ import torch
 from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
 from grpojob_trainer.algorithm.grpo import LossConfig
 from grpojob_trainer.algorithm.samples import TrainingSample
-from grpojob_trainer.policy.trainer import PolicyTrainer
+from grpojob_trainer.policy.learner import PolicyLearner
 from tests.distributed import run_on_ranks
 
 from .models import tiny_causal_lm
@@ -42,8 +42,8 @@ def step_samples(count: int = 7) -> list[TrainingSample]:
     return out
 
 
-def new_trainer(aggregation: str = "token", mesh=None, packed: bool = False) -> PolicyTrainer:
-    return PolicyTrainer(
+def new_trainer(aggregation: str = "token", mesh=None, packed: bool = False) -> PolicyLearner:
+    return PolicyLearner(
         tiny_causal_lm(seed=2, tied=True),
         optimizer=OptimizerSpec(learningRate=1e-3, weightDecay=0.01),
         loss=LossConfig(kl_coef=0.05, aggregation=aggregation),
@@ -56,7 +56,7 @@ def new_trainer(aggregation: str = "token", mesh=None, packed: bool = False) -> 
     )
 
 
-def gathered(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
+def gathered(trainer: PolicyLearner) -> dict[str, torch.Tensor]:
     from grpojob_trainer.policy.ranks import trainable_weights
 
     return {name: tensor.clone() for name, tensor in trainable_weights(trainer.model)}
@@ -127,7 +127,7 @@ def test_a_packed_step_on_two_ranks_equals_the_padded_step_on_one():
             assert two["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), (case, key)
 
 
-def full_state(trainer: PolicyTrainer) -> tuple[dict, dict]:
+def full_state(trainer: PolicyLearner) -> tuple[dict, dict]:
     """A copy of the gathered state (on the CPU, some of it are the live tensors)."""
     from grpojob_trainer.policy.checkpoint import gather_state
 

@@ -16,7 +16,7 @@ from grpojob_trainer.errors import UsageError
 from grpojob_trainer.policy import lora
 from grpojob_trainer.policy.checkpoint import load_checkpoint, save_checkpoint
 from grpojob_trainer.policy.forward import build_batch, token_logprobs
-from grpojob_trainer.policy.trainer import PolicyTrainer
+from grpojob_trainer.policy.learner import PolicyLearner
 
 from .models import tiny_causal_lm
 from .test_fsdp_policy import step_samples
@@ -38,8 +38,8 @@ def lora_model(seed: int = 1, spec: LoraSpec = SPEC, adapter_seed: int | None = 
     return model
 
 
-def new_trainer(model: torch.nn.Module, kl_coef: float = 0.05, mesh=None) -> PolicyTrainer:
-    return PolicyTrainer(
+def new_trainer(model: torch.nn.Module, kl_coef: float = 0.05, mesh=None) -> PolicyLearner:
+    return PolicyLearner(
         model,
         optimizer=OptimizerSpec(learningRate=1e-2, weightDecay=0.0),
         loss=LossConfig(kl_coef=kl_coef),
@@ -262,7 +262,7 @@ def test_gradient_checkpointing_and_mini_batches_train_the_adapter_as_one_plain_
     ):
         torch.testing.assert_close(ours, theirs, msg=name)
 
-    two = PolicyTrainer(
+    two = PolicyLearner(
         lora_model(),
         optimizer=OptimizerSpec(learningRate=1e-2, weightDecay=0.0),
         loss=LossConfig(kl_coef=0.05),
@@ -284,26 +284,28 @@ def test_the_policy_exports_its_merged_model_and_its_adapter_as_the_files_would_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from grpojob_api.v1alpha1 import GRPOJobSpec
     from grpojob_trainer.models.tiny import write_tiny_model
+    from grpojob_trainer.policy.config import RankConfig
     from grpojob_trainer.policy.export import read_weights, write_merged_model
     from grpojob_trainer.policy.worker import PolicyWorker
 
     base = write_tiny_model(tmp_path / "base")
     job = yaml.safe_load((Path(__file__).resolve().parents[4] / "examples" / "tiny.yaml").read_text())
     job["spec"]["training"]["lora"] = {"rank": 4, "alpha": 8}
-    worker = PolicyWorker(job["spec"], str(base), seed=0)
+    worker = PolicyWorker(RankConfig(GRPOJobSpec.model_validate(job["spec"]), str(base), seed=0))
     worker.start("127.0.0.1", 0)
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
-        for name, param in worker.trainer.model.named_parameters():
+        for name, param in worker.learner.model.named_parameters():
             if ".lora_B." in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
 
     merged = Path(worker.export(str(tmp_path / "merged"), "float32"))
     adapter = Path(worker.export(str(tmp_path / "adapter"), "float32", output_format="adapter"))
     from_files = write_merged_model(
-        dict(lora.adapter_weights(worker.trainer.model)),
-        lora.adapter_config(worker.trainer.model, str(base)),
+        dict(lora.adapter_weights(worker.learner.model)),
+        lora.adapter_config(worker.learner.model, str(base)),
         tmp_path / "from-files",
         base=base,
         dtype="float32",

@@ -13,8 +13,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from grpojob_api import paths
+from grpojob_api.v1alpha1 import GRPOJobSpec
 from grpojob_trainer.cli import main
 from grpojob_trainer.models.tiny import write_tiny_model
+from grpojob_trainer.policy.checkpoint import CheckpointRequest
+from grpojob_trainer.policy.config import RankConfig
 from grpojob_trainer.policy.worker import PolicyWorker
 from tests.distributed import run_on_ranks
 
@@ -49,14 +52,14 @@ def untied_model(base_model: Path, tmp_path_factory) -> Path:
 
 def trained_policy(model_dir: Path, rank: int = 0, world: int = 1, host: str = "", port: int = 0) -> PolicyWorker:
     """A policy rank started from ``model_dir`` after one training step, so its weights are no longer the base's."""
-    worker = PolicyWorker(SPEC, str(model_dir), seed=0, rank=rank, world=world)
+    worker = PolicyWorker(RankConfig(GRPOJobSpec.model_validate(SPEC), str(model_dir), seed=0, rank=rank, world=world))
     worker.start(host or "127.0.0.1", port or 0)
     worker.train_step(step_samples())
     return worker
 
 
 def policy_state(worker: PolicyWorker) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in worker.trainer.model.named_parameters()}
+    return {name: p.detach().clone() for name, p in worker.learner.model.named_parameters()}
 
 
 def assert_loads_as(out: Path, state: dict[str, torch.Tensor], base: Path, dtype: torch.dtype) -> None:
@@ -114,7 +117,7 @@ def two_rank_export(rank: int, world: int, host: str, port: int, model_dir: str,
     from grpojob_trainer.policy.checkpoint import gather_model_state
 
     worker = trained_policy(Path(model_dir), rank, world, host, port)
-    gathered = gather_model_state(worker.trainer.model)
+    gathered = gather_model_state(worker.learner.model)
     written = worker.export(out, "float32")
     return {"written": written, "gathered": gathered}
 
@@ -133,7 +136,7 @@ def test_a_policy_sharded_over_two_ranks_is_gathered_into_one_model(base_model, 
 
 def test_grpojob_export_writes_any_checkpoints_model(base_model, tmp_path, capsys):
     worker = trained_policy(base_model)
-    checkpoint = Path(worker.save(str(tmp_path / "checkpoints"), 3, {}, {}, keep=2))
+    checkpoint = Path(worker.save(CheckpointRequest(str(tmp_path / "checkpoints"), 3, {}, {}, keep=2)))
 
     assert main(["export", str(tmp_path / "checkpoints"), str(tmp_path / "out"), "--dtype", "float32"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out")
@@ -144,9 +147,9 @@ def test_grpojob_export_writes_any_checkpoints_model(base_model, tmp_path, capsy
 
 def test_a_new_job_continues_from_an_earlier_jobs_checkpoint(base_model, tmp_path):
     first = trained_policy(base_model)
-    checkpoint = first.save(str(tmp_path / "checkpoints"), 1, {}, {}, keep=1)
+    checkpoint = first.save(CheckpointRequest(str(tmp_path / "checkpoints"), 1, {}, {}, keep=1))
 
-    continued = PolicyWorker(SPEC, checkpoint, seed=0)
+    continued = PolicyWorker(RankConfig(GRPOJobSpec.model_validate(SPEC), checkpoint, seed=0))
     continued.start("127.0.0.1", 0)
 
     assert policy_state(continued).keys() == policy_state(first).keys()
@@ -162,8 +165,8 @@ def test_a_checkpoint_without_the_models_files_needs_the_base_model(base_model, 
     save_checkpoint(
         tmp_path / "old",
         step=1,
-        model=worker.trainer.model,
-        optimizer=worker.trainer.optimizer,
+        model=worker.learner.model,
+        optimizer=worker.learner.optimizer,
         data_position={},
         config={},
     )

@@ -17,8 +17,8 @@ from grpojob_trainer.algorithm.grpo import LossConfig
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.policy import logprobs, packing
 from grpojob_trainer.policy.forward import build_batch, padding_batch, token_logprobs
+from grpojob_trainer.policy.learner import PolicyLearner, PreparedBatch
 from grpojob_trainer.policy.packing import attention_per_sequence, pack
-from grpojob_trainer.policy.trainer import PolicyTrainer, PreparedBatch
 
 from .models import tiny_causal_lm
 
@@ -112,7 +112,7 @@ def test_a_sequence_does_not_see_the_others_packed_with_it():
             torch.testing.assert_close(together[row, :n], alone[:n], atol=1e-6, rtol=1e-5)
 
 
-def trainer(packed: bool, **overrides) -> PolicyTrainer:
+def trainer(packed: bool, **overrides) -> PolicyLearner:
     options = {
         "optimizer": OptimizerSpec(learningRate=1e-2, weightDecay=0.01),
         "loss": LossConfig(kl_coef=0.05),
@@ -122,7 +122,7 @@ def trainer(packed: bool, **overrides) -> PolicyTrainer:
         "pad_token_id": 0,
         "packed": packed,
     }
-    return PolicyTrainer(tiny_causal_lm(seed=6, tied=True), **(options | overrides))
+    return PolicyLearner(tiny_causal_lm(seed=6, tied=True), **(options | overrides))
 
 
 @pytest.mark.parametrize("mini_batches", [1, 2])
@@ -189,6 +189,6 @@ def test_torch_compile_is_read_from_the_spec_and_ignored_on_the_cpu():
         }
     )
     assert spec.training.torch_compile
-    compiled = PolicyTrainer.from_spec(tiny_causal_lm(seed=6, tied=True), spec, pad_token_id=0)
+    compiled = PolicyLearner.from_spec(tiny_causal_lm(seed=6, tied=True), spec, pad_token_id=0)
     assert compiled.packed is False  # the CPU: padded, uncompiled
     assert math.isfinite(compiled.train_step(samples())["loss"])

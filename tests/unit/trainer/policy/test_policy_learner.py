@@ -12,7 +12,7 @@ from grpojob_trainer.algorithm.grpo import LossConfig
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.observability.metrics import StepTimer
 from grpojob_trainer.policy.forward import build_batch, token_logprobs
-from grpojob_trainer.policy.trainer import PolicyTrainer
+from grpojob_trainer.policy.learner import PolicyLearner
 
 from .models import tiny_causal_lm
 
@@ -31,7 +31,7 @@ def sample(
     )
 
 
-def trainer(model: torch.nn.Module, **overrides) -> PolicyTrainer:
+def trainer(model: torch.nn.Module, **overrides) -> PolicyLearner:
     options = {
         "optimizer": OptimizerSpec(learningRate=1e-3),
         "loss": LossConfig(importance_sampling_cap=None),
@@ -40,7 +40,7 @@ def trainer(model: torch.nn.Module, **overrides) -> PolicyTrainer:
         "temperature": 1.0,
         "pad_token_id": PAD,
     }
-    return PolicyTrainer(model, **(options | overrides))
+    return PolicyLearner(model, **(options | overrides))
 
 
 def test_batch_is_right_padded_with_targets_shifted_by_one():
@@ -170,7 +170,7 @@ def test_a_trainer_is_configured_from_the_grpojob_spec():
             "grpo": {"klCoef": 0.01, "lossAggregation": "sequence", "advantage": {"leaveOneOut": True}},
         }
     )
-    policy = PolicyTrainer.from_spec(tiny_causal_lm(), spec, pad_token_id=PAD)
+    policy = PolicyLearner.from_spec(tiny_causal_lm(), spec, pad_token_id=PAD)
     assert (policy.micro_batch_size, policy.temperature, policy.max_grad_norm) == (3, 0.8, 0.5)
     assert policy.optimizer.param_groups[0]["lr"] == 0.002
     assert policy.loss_config == LossConfig.from_spec(spec.grpo)
@@ -206,7 +206,7 @@ def reference_step_loss(
     aggregation: str,
 ) -> torch.Tensor:
     """The GRPO loss of one step written out sequence by sequence and token by token, sharing no code with
-    `grpojob_trainer.algorithm.grpo` or `grpojob_trainer.policy.trainer`: each sequence's log-probabilities from a
+    `grpojob_trainer.algorithm.grpo` or `grpojob_trainer.policy.learner`: each sequence's log-probabilities from a
     forward over that sequence alone; advantages (reward - group mean) / (group std + 1e-6); and, since every
     forward of the step runs with the weights that sampled it (one optimizer step per GRPO step), the
     ratio exp(logp - old logp) with the old log-probability the same value, detached."""
@@ -263,7 +263,7 @@ def test_the_steps_loss_and_gradient_equal_a_token_by_token_reference(aggregatio
     assert any(float(g.abs().max()) > 0 for g in ours.values())
 
 
-def optimizer_steps_taken(policy: PolicyTrainer) -> int:
+def optimizer_steps_taken(policy: PolicyLearner) -> int:
     (steps,) = {int(state["step"]) for state in policy.optimizer.state.values()}
     return steps
 

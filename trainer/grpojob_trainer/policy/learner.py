@@ -1,4 +1,4 @@
-"""Policy training: an HF causal LM, AdamW and one GRPO optimizer step per call of `PolicyTrainer.train_step`.
+"""Policy training: an HF causal LM, AdamW and one GRPO optimizer step per call of `PolicyLearner.train_step`.
 
 Old policy and mini-batches. With one mini-batch (``grpo.miniBatches: 1``) a step takes one optimizer
 step over all its micro-batches, so every forward of the step runs with the weights that generated the
@@ -18,7 +18,7 @@ gradients and AdamW's state stay float32 (the "master weights"); log-probabiliti
 from float32 logits. On the CPU everything is float32.
 
 Ranks. The policy may be several processes (`grpojob_trainer.policy.ranks`: one per GPU, gloo ranks on the
-CPU), each holding a `PolicyTrainer` built with the group's device mesh; the model (and the reference) is
+CPU), each holding a `PolicyLearner` built with the group's device mesh; the model (and the reference) is
 then sharded with FSDP2 before the optimizer is built over the shards. Every rank receives all the
 step's samples, computes the step's advantages and loss normaliser (generated tokens or sequences of
 the WHOLE step) itself, and trains on its contiguous slice. FSDP2 gathers each layer's weights in every
@@ -92,7 +92,7 @@ class PreparedBatch:
     mini-batches; None: the training forward's own, detached."""
 
 
-class PolicyTrainer:
+class PolicyLearner:
     """Holds the policy (an HF causal LM), its AdamW optimizer and, with a KL penalty, a frozen reference.
 
     One `train_step` is one GRPO step: advantages from the step's rewards, with a KL penalty the
@@ -193,7 +193,7 @@ class PolicyTrainer:
         pad_token_id: int,
         reference_model: torch.nn.Module | None = None,
         mesh: Any = None,
-    ) -> PolicyTrainer:
+    ) -> PolicyLearner:
         """A trainer configured by a GRPOJob's spec (optimizer, micro-batch size, loss, advantages, temperature);
         with ``mesh`` (of several ranks), one rank of the sharded policy."""
         return cls(

@@ -1,4 +1,5 @@
-"""What the operator wrote for one GRPOJob that its watch caches may not show yet.
+"""What the operator wrote for one GRPOJob that its watch caches may not show yet: its expectations, as
+KubeRay calls them.
 
 A pass reads the job and its children from watch caches, which lag the operator's own writes by a few
 milliseconds to seconds. A pass that runs in that gap (another child's event woke it) would otherwise
@@ -31,8 +32,8 @@ class _Child:
 
 
 @dataclass
-class Unseen:
-    """One job's writes not yet seen in the caches; used by that job's reconcile passes only."""
+class Expectations:
+    """One job's expectations: its writes not yet seen in the caches; used by that job's reconcile passes only."""
 
     status: dict[str, Any] | None = None
     """The status last written."""
