@@ -126,13 +126,16 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     from grpojob_trainer.observability.console import StepDisplay
     from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
     from grpojob_trainer.ray_runtime import connection, reaper
-    from grpojob_trainer.ray_runtime.local_environments import EnvironmentProcesses
+    from grpojob_trainer.ray_runtime.local_environments import EnvironmentProcesses, local_rewards_env
     from grpojob_trainer.ray_runtime.placement import place_actors
 
     job = load_job(job_path)
     spec = job.spec
     local_nemo_gym.check_can_run(spec)
     dataset, evaluation_rows = local_data(spec)
+    for index, env in enumerate(spec.environments):  # a reward file missing here stops the run before Ray starts
+        if env.rewards is not None:
+            local_rewards_env(index, env.rewards)
     model = local_model(spec.model)
     out = out or Path("runs") / job.metadata.name
     out.mkdir(parents=True, exist_ok=True)
