@@ -9,7 +9,10 @@ The servers: the resources servers ``example_single_tool_call``, ``mcqa`` and ``
 ``freeform_formatting`` (a regex check of each row's format, whose reward varies), ``vllm_model`` twice (one
 for each of our servers, ``return_token_id_information: true``) and a ``simple_agent`` for each pair of
 resources server and model, from NeMo Gym's own config files plus the overrides a GRPOJob's environment
-pod gets (``policy_base_url``, ``policy_model_name``, ports) and our config for the scripted pairs.
+pod gets (``policy_base_url``, ``policy_model_name``, ports) and our config for the scripted pairs. One more
+``simple_agent`` calls our own reward server (`reward_server`, in this process) with the tiny model: NeMo Gym's
+config names it as a resources server instance at its host and port, whose entrypoint (NeMo Gym starts every
+instance it knows) is a process that only waits (`IDLE`), run in a prepared server's environment.
 """
 
 from __future__ import annotations
@@ -53,6 +56,16 @@ CONFIG_PATHS = (
 )
 """NeMo Gym's own configs (paths in the package, as ``gym env start`` takes them), then ours."""
 SCRIPTED_AGENTS = ("scripted_tool_agent", "scripted_mcqa_agent", "scripted_format_agent")
+REWARDS_AGENT = "grpojob_rewards_agent"
+IDLE = "import time\nwhile True:\n    time.sleep(3600)\n"
+IDLE_ENTRYPOINT = "../" * 12 + "compat/idle.py"
+"""From the prepared server's directory (deep under the package), up to the root, then the mounted config."""
+REWARD_FILE = """
+def answer_length(completions, **kwargs):
+    if kwargs.get("explode", [False])[0]:
+        raise ValueError("asked to fail")
+    return [len(c[-1]["content"]) / 100 for c in completions]
+"""
 STARTUP_S = 300
 
 
@@ -125,6 +138,26 @@ def scripted_server(tiny_model_dir: Path) -> Iterator:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def reward_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Our reward server (resources routes) with `REWARD_FILE`'s function beside the built-in format check."""
+    from grpojob_trainer.environments.app import AgentConfig, create_environment_app
+    from grpojob_trainer.environments.rewards import RewardsConfig, RewardsEnvironment
+    from grpojob_trainer.net.http import ThreadedServer
+
+    file = tmp_path_factory.mktemp("rewards") / "rewards.py"
+    file.write_text(REWARD_FILE)
+    functions = [{"name": "answer_length"}, {"builtin": "format", "weight": 0.5}]
+    environment = RewardsEnvironment(RewardsConfig(file=str(file), functions=functions, workers=1))
+    environment.start()
+    port = free_port()
+    app = create_environment_app(environment, AgentConfig("http://127.0.0.1:9/v1", f"http://127.0.0.1:{port}"))
+    server = ThreadedServer(app, port=port).start()
+    yield server.url
+    server.stop()
+    environment.stop()
+
+
 @dataclass(frozen=True)
 class Gym:
     """The running NeMo Gym servers: the base URL of each agent by name."""
@@ -152,8 +185,22 @@ def scripted_agent(resources_server: str, port: int) -> dict:
 
 
 def compat_config(scripted_base_url: str, ports: dict[str, int]) -> dict:
-    """Our instances next to NeMo Gym's: a second vllm_model for the scripted server, and its agents."""
+    """Our instances next to NeMo Gym's: a second vllm_model for the scripted server, and its agents; our reward
+    server and an agent between it and the policy."""
+    rewards_agent = scripted_agent("grpojob_rewards", ports[REWARDS_AGENT])
+    rewards_agent["responses_api_agents"]["simple_agent"]["model_server"]["name"] = "policy_model"
     return {
+        "grpojob_rewards": {
+            "resources_servers": {
+                "example_single_tool_call": {
+                    "entrypoint": IDLE_ENTRYPOINT,
+                    "host": "127.0.0.1",
+                    "port": ports["rewards"],
+                    "domain": "other",
+                }
+            }
+        },
+        REWARDS_AGENT: rewards_agent,
         "scripted_model": {
             "responses_api_models": {
                 "vllm_model": {
@@ -204,15 +251,21 @@ def wait_for_agents(gym: Gym, timeout_s: float) -> None:
 
 
 @pytest.fixture(scope="session")
-def gym(nemo_gym_image: str, policy_server, scripted_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gym]:
-    """NeMo Gym's servers in our image, started with ``gym env start`` against our generation servers."""
+def gym(
+    nemo_gym_image: str, policy_server, scripted_server, reward_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gym]:
+    """NeMo Gym's servers in our image, started with ``gym env start`` against our generation servers (and
+    calling our reward server)."""
     from grpojob_testing import images
 
-    ports = {name: free_port() for name in ("head", "tool_agent", "mcqa_agent", *SCRIPTED_AGENTS)}
+    ports = {name: free_port() for name in ("head", "tool_agent", "mcqa_agent", *SCRIPTED_AGENTS, REWARDS_AGENT)}
+    ports["rewards"] = int(reward_server.rsplit(":", 1)[1])
     config_dir = tmp_path_factory.mktemp("nemo-gym-config")
     (config_dir / "compat.yaml").write_text(yaml.safe_dump(compat_config(scripted_server.base_url, ports)))
     config_dir.chmod(0o755)
     (config_dir / "compat.yaml").chmod(0o644)
+    (config_dir / "idle.py").write_text(IDLE)
+    (config_dir / "idle.py").chmod(0o644)
     container = f"grpojob-compat-{uuid.uuid4().hex[:8]}"
     pod_like = [f"--user={GYM_USER}", "--read-only", "--tmpfs=/tmp:rw,exec,mode=1777", "--shm-size=1g"]
     pod_like.append(f"--volume={config_dir}:/compat:ro")
@@ -221,7 +274,7 @@ def gym(nemo_gym_image: str, policy_server, scripted_server, tmp_path_factory: p
     agents = {
         "example_single_tool_call_simple_agent": f"http://127.0.0.1:{ports['tool_agent']}",
         "mcqa_simple_agent": f"http://127.0.0.1:{ports['mcqa_agent']}",
-        **{name: f"http://127.0.0.1:{ports[name]}" for name in SCRIPTED_AGENTS},
+        **{name: f"http://127.0.0.1:{ports[name]}" for name in (*SCRIPTED_AGENTS, REWARDS_AGENT)},
     }
     running = Gym(agents, container)
     try:

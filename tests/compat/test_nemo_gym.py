@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from grpojob_trainer.experience.rollouts import PolicySampling, RolloutBatch, collect_rollouts
-from tests.compat.conftest import FINAL_ANSWER, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, Gym
+from tests.compat.conftest import FINAL_ANSWER, MAX_NEW_TOKENS, REWARDS_AGENT, TEMPERATURE, TOP_P, Gym
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -209,3 +209,37 @@ def test_a_resources_server_that_crashes_is_retried_a_bounded_number_of_times_an
     assert failure.attempts == 3
     assert "answered 500" in failure.error and "TypeError" in failure.error
     assert "gave up after 3 attempts" in failure.error
+
+
+def reward_row(**fields) -> dict:
+    return {"responses_create_params": {"input": [{"role": "user", "content": "Say something."}]}} | fields
+
+
+def test_nemo_gyms_agent_scores_rollouts_with_our_reward_functions(gym, policy_server):
+    """NeMo Gym's simple_agent calls our reward server as its resources server: /seed_session, then /verify with
+    the episode; the user's function and the built-in format check score it, and the per-function rewards
+    reach our training samples through NeMo Gym's answer."""
+    sampling = PolicySampling(TEMPERATURE, TOP_P, max_output_tokens=MAX_NEW_TOKENS)
+
+    batch = collect(gym, REWARDS_AGENT, [reward_row(), reward_row(topic="weather")], sampling)
+
+    assert batch.failures == [], [f.error for f in batch.failures]
+    for sample in batch.samples:
+        parts = dict(sample.reward_parts)
+        assert set(parts) == {"answer_length", "format"}
+        assert sample.reward == parts["answer_length"] + 0.5 * parts["format"]
+        assert sample.token_ids in policy_server.backend.sequences()
+    assert batch.metrics["reward/answer_length/mean"] > 0
+
+
+def test_a_reward_function_that_raises_fails_the_rollout_through_nemo_gyms_agent_at_once(gym):
+    sampling = PolicySampling(TEMPERATURE, TOP_P, max_output_tokens=MAX_NEW_TOKENS)
+
+    batch = collect(gym, REWARDS_AGENT, [reward_row(explode=True)], sampling)
+
+    [failure] = batch.failures
+    assert failure.attempts == 1, "NeMo Gym's 500 wraps our 422: no retry"
+    assert "HTTP 422" in failure.error
+    assert "reward function answer_length raised on the row 'Say something.': ValueError: asked to fail" in str(
+        failure.error
+    )

@@ -137,6 +137,49 @@ def test_the_environments_image_serves_its_health_route(archives: dict[str, Path
         subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
 
 
+def test_the_environments_image_serves_reward_functions_with_the_built_in_verifiers(archives: dict[str, Path]):
+    """The reward server as an environment pod runs it (the image's entrypoint with `rewards`, GRPOJOB_REWARDS as
+    the operator writes it): math-verify is in the image, and the code checker's sandbox works under the
+    container's own seccomp profile, refusing the network."""
+    port, name = free_port(), f"grpojob-test-{uuid.uuid4().hex[:8]}"
+    config = {"functions": [{"builtin": "math"}, {"builtin": "code"}], "sandbox": {"cpuSeconds": 2}}
+    pod_like = [f"--user={NON_ROOT_UID}", "--read-only", "--tmpfs=/tmp:rw,mode=1777", f"--env=PORT={port}"]
+    pod_like += ["--env=POLICY_BASE_URL=http://127.0.0.1:9/v1", f"--env=GRPOJOB_REWARDS={json.dumps(config)}"]
+    image = image_name("environments")
+    subprocess.run(
+        ["podman", "run", "--detach", f"--name={name}", *images.run_flags(), *pod_like, image, "rewards"],
+        capture_output=True,
+        check=True,
+    )
+
+    def verify(text: str, **columns: object) -> dict:
+        answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+        body = {"responses_create_params": {"input": "q"}, "response": {"output": [answer]}, **columns}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/verify", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+
+    try:
+        try:
+            wait_until_healthy(f"http://127.0.0.1:{port}/", 120, interval_s=0.5)
+        except TimeoutError as error:
+            logs = subprocess.run(["podman", "logs", name], capture_output=True, text=True, check=False)
+            pytest.fail(f"{error}; the container's log:\n{logs.stdout}{logs.stderr}")
+        boxed = verify("So \\boxed{\\frac{144}{2}}", expected_answer="#### 72")
+        code = "def add(a, b):\n    return a + b"
+        network = "import socket\nsocket.create_connection(('127.0.0.1', 9))\n" + code
+        passed = verify(code, tests="assert add(1, 2) == 3")
+        refused = verify(network, tests="assert add(1, 2) == 3")
+    finally:
+        subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
+
+    assert boxed["reward_functions"] == {"math": 1.0, "code": None}
+    assert passed["reward_functions"] == {"math": None, "code": 1.0}
+    assert refused["reward_functions"] == {"math": None, "code": 0.0}
+
+
 PYTHON_AND_RAY = "import sys, ray; print('%d.%d' % sys.version_info[:2], ray.__version__)"
 
 

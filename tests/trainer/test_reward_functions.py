@@ -199,7 +199,10 @@ def test_a_failing_function_fails_the_rollout_not_reward_zero(tmp_path, generati
 
     [failure] = batch.failures
     assert failure.attempts == 1, "retrying cannot fix the function"
-    assert "reward function raises raised on the row 'What is 3+4?': KeyError: 'solution'" in str(failure.error)
+    assert str(failure.error).endswith(
+        "answered 422: reward function raises raised on the row 'What is 3+4?': "
+        "KeyError: 'solution' (rewards.py, line 5)"
+    )
     assert batch.metrics["rollout/failed"] == 1.0
 
 

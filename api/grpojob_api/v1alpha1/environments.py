@@ -1,10 +1,11 @@
-"""Environments: `spec.environments`, the servers speaking NeMo Gym's protocol (our own, or NeMo Gym's servers
-started by `ng_run`), with their containers' resources and environment variables.
+"""Environments: `spec.environments`, the servers speaking NeMo Gym's protocol (our own, reward functions from the
+user's file, or NeMo Gym's servers started by `ng_run`), with their containers' resources and environment
+variables.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     ConfigDict,
@@ -17,8 +18,10 @@ from pydantic import (
 from grpojob_api.quantity import held_as_int64, parse_quantity
 from grpojob_api.v1alpha1.base import (
     MAX_ENV_VARS,
+    MAX_PATH_LENGTH,
     ApiModel,
     DnsLabel,
+    PvcSource,
     Quantity,
     SecretKeyRef,
     cel,
@@ -192,6 +195,124 @@ class NemoGymSpec(ApiModel):
         return overrides
 
 
+REWARD_BUILTINS = ("math", "format", "code")
+_REWARDS_RUN_THE_REWARD_SERVER = "command, args and nemoGym must be unset with rewards (the pods run the reward server)"
+_ONE_FUNCTION_KIND = "set exactly one of name (a function of the reward file) or builtin (math, format or code)"
+_NAMED_FUNCTIONS_NEED_A_FILE = "functions that name a function of the reward file need path or configMap"
+_REWARD_PVC_NEEDS_PATH = "pvc needs path (the reward file inside the claim)"
+_REWARD_PVC_OR_CONFIG_MAP = "set pvc or configMap, not both"
+_FUNCTION_LABELS_DIFFER = "each function appears once (by name, or by builtin)"
+
+
+class RewardFunction(ApiModel):
+    """One reward function: a function of the reward file (`name`) or a built-in verifier (`builtin`), with its
+    weight in the sum (TRL's `reward_weights`). It is called as TRL calls a reward function: `prompts`,
+    `completions` and the row's other columns as keyword arguments, one list entry per completion; it returns
+    one number per completion, or None where it does not apply. `async def` works too."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(cel("has(self.name) != has(self.builtin)", _ONE_FUNCTION_KIND))
+    )
+
+    name: str | None = Field(default=None, min_length=1, max_length=253, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The function's name in the reward file; its reward is logged as `reward/<name>/mean`."""
+    builtin: Literal["math", "format", "code"] | None = None
+    """A built-in verifier: `math` (the completion's final answer equals the row's `expected_answer` by value,
+    with math-verify: `\\boxed{}`, `####`, fractions, LaTeX), `format` (`<think>…</think><answer>…</answer>`)
+    or `code` (the completion's code passes the row's `tests`, run in a sandbox without network). Logged as
+    `reward/<builtin>/mean`."""
+    weight: float = Field(default=1.0, ge=-1_000_000, le=1_000_000)
+    """The function's weight: a rollout's reward is the weighted sum of the functions that apply to its row."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> RewardFunction:
+        if (self.name is None) == (self.builtin is None):
+            raise ValueError(_ONE_FUNCTION_KIND)
+        return self
+
+    @property
+    def label(self) -> str:
+        """The name the function's reward is reported under: its own, or the built-in's."""
+        return self.name or str(self.builtin)
+
+
+class CodeSandbox(ApiModel):
+    """The limits of each program the `code` verifier runs (the completion's code and one of the row's tests)."""
+
+    cpu_seconds: int = Field(default=10, ge=1, le=600)
+    """CPU time of the program; past it the program is killed and its test fails."""
+    memory_mb: int = Field(default=512, ge=64, le=65536)
+    """Address space of the program in MiB; an allocation past it fails."""
+
+
+class RewardFileConfigMap(ApiModel):
+    """The reward file as a key of a ConfigMap (`kubectl create configmap NAME --from-file=rewards.py`)."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """ConfigMap in the GRPOJob's namespace."""
+    key: str | None = Field(default=None, min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    """The key holding the file (default: the file name of `path`)."""
+
+
+class RewardsSpec(ApiModel):
+    """Reward functions from a Python file, no image to build: the environment's pods (the operator's
+    environment image) import the file and score each rollout with the weighted sum of `functions`. The file is
+    `path` under `grpojob run`; on Kubernetes, the key of `configMap` (mounted at `/etc/grpojob-rewards/`), or
+    `path` inside `pvc`, or else `path` in the image. User code runs only in the environment's pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("!has(self.pvc) || has(self.path)", _REWARD_PVC_NEEDS_PATH, ".pvc"),
+            cel("!has(self.pvc) || !has(self.configMap)", _REWARD_PVC_OR_CONFIG_MAP, ".pvc"),
+            cel("has(self.path) || has(self.configMap) || self.functions.all(f, !has(f.name))",
+                _NAMED_FUNCTIONS_NEED_A_FILE, ".functions"),
+            cel("self.functions.all(f, self.functions.exists_one(g, has(f.name) ? (has(g.name) && g.name == f.name) : "
+                "(has(g.builtin) && g.builtin == f.builtin)))", _FUNCTION_LABELS_DIFFER, ".functions"),
+            cel("!has(self.configMap) || has(self.configMap.key) || has(self.path)",
+                "configMap needs key, or path to take the file name from", ".configMap"),
+        )
+    )  # fmt: skip
+
+    path: str | None = Field(default=None, min_length=1, max_length=MAX_PATH_LENGTH)
+    """The reward file: a local path under `grpojob run`; on Kubernetes, inside `pvc`, or in the image when
+    neither `pvc` nor `configMap` is set."""
+    pvc: PvcSource | None = None
+    """Claim holding `path`."""
+    config_map: RewardFileConfigMap | None = None
+    """ConfigMap holding the file (on Kubernetes; `grpojob run` reads `path`)."""
+    functions: list[RewardFunction] = Field(min_length=1, max_length=32)
+    """The reward functions, summed with their weights."""
+    timeout_seconds: int = Field(default=30, ge=1, le=3600)
+    """How long one function may take on one rollout; past it the rollout fails, naming the function."""
+    workers: int = Field(default=2, ge=1, le=64)
+    """Processes in each pod running the functions side by side (each imports the file once)."""
+    sandbox: CodeSandbox = Field(default_factory=CodeSandbox)
+    """Limits of the `code` verifier's programs."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RewardsSpec:
+        if self.pvc is not None and self.path is None:
+            raise ValueError(_REWARD_PVC_NEEDS_PATH)
+        if self.pvc is not None and self.config_map is not None:
+            raise ValueError(_REWARD_PVC_OR_CONFIG_MAP)
+        if self.path is None and self.config_map is None and any(f.name is not None for f in self.functions):
+            raise ValueError(_NAMED_FUNCTIONS_NEED_A_FILE)
+        labels = [function.label for function in self.functions]
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise ValueError(f"{_FUNCTION_LABELS_DIFFER}: {', '.join(repeated)} more than once")
+        if self.config_map is not None and self.config_map.key is None and self.path is None:
+            raise ValueError("configMap needs key, or path to take the file name from")
+        return self
+
+    @property
+    def config_map_key(self) -> str | None:
+        """The ConfigMap's key holding the file: `configMap.key`, else the file name of `path`."""
+        if self.config_map is None:
+            return None
+        return self.config_map.key or str(self.path).rstrip("/").rsplit("/", 1)[-1]
+
+
 class EnvironmentSpec(ApiModel):
     """One environment server speaking NeMo Gym's protocol: agent `/run`, `/seed_session`, `/verify`."""
 
@@ -202,7 +323,12 @@ class EnvironmentSpec(ApiModel):
                     "rule": "!has(self.nemoGym) || ((!has(self.command) || size(self.command) == 0) && "
                     "(!has(self.args) || size(self.args) == 0))",
                     "message": "command and args must be empty with nemoGym (the pods run ng_run)",
-                }
+                },
+                cel(
+                    "!has(self.rewards) || (!has(self.nemoGym) && (!has(self.command) || size(self.command) == 0) "
+                    "&& (!has(self.args) || size(self.args) == 0))",
+                    _REWARDS_RUN_THE_REWARD_SERVER,
+                ),
             ]
         }
     )
@@ -228,10 +354,16 @@ class EnvironmentSpec(ApiModel):
     """Run NeMo Gym's own servers (`ng_run`) instead of `command`: the pods run the NeMo Gym
     image, join the job's Ray cluster and serve the agent on `port`. `command` and `args` stay empty."""
 
+    rewards: RewardsSpec | None = None
+    """Score rollouts with Python reward functions (a file of yours and the built-in verifiers) instead of
+    `command`: the pods run the environment image's reward server. `command`, `args` and `nemoGym` stay unset."""
+
     @model_validator(mode="after")
     def _nemo_gym_runs_ng_run(self) -> EnvironmentSpec:
         if self.nemo_gym is not None and (self.command or self.args):
             raise ValueError(
                 f"environment {self.name}: command and args must be empty with nemoGym (the pods run ng_run)"
             )
+        if self.rewards is not None and (self.nemo_gym is not None or self.command or self.args):
+            raise ValueError(f"environment {self.name}: {_REWARDS_RUN_THE_REWARD_SERVER}")
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpojob_api import endpoints
+from grpojob_api import endpoints, rewards
 from grpojob_api import v1alpha1 as api
 from grpojob_operator import names
 from grpojob_operator.children import pod
@@ -84,7 +84,8 @@ def environment_deployment(
 def build_environment_deployment(
     job: api.GRPOJob, env: api.EnvironmentSpec, settings: OperatorSettings, attempt: int
 ) -> Manifest:
-    """Deployment of one environment server (the image's own, or `env.command`), made during ``attempt``."""
+    """Deployment of one environment server (the image's own, `env.command`, or the reward server of
+    `env.rewards`), made during ``attempt``."""
     server: Manifest = {
         "name": "environment",
         "image": env.image or job.spec.images.environment or settings.environment_image,
@@ -93,8 +94,41 @@ def build_environment_deployment(
         server["command"] = env.command
     if env.args:
         server["args"] = env.args
-    tmp = [{"name": "tmp", "emptyDir": {}}], [{"name": "tmp", "mountPath": "/tmp"}]
-    return environment_deployment(job, env, attempt, server, *tmp)
+    volumes, mounts = [{"name": "tmp", "emptyDir": {}}], [{"name": "tmp", "mountPath": "/tmp"}]
+    if env.rewards is not None:
+        server["command"] = list(rewards.SERVER_COMMAND)
+        server["env"] = [
+            {"name": name, "value": value}
+            for name, value in rewards.server_env(env.rewards, rewards.pod_file(env.rewards)).items()
+        ]
+        volumes, mounts = [*volumes, *reward_file_volumes(env.rewards)], [*mounts, *reward_file_mounts(env.rewards)]
+    return environment_deployment(job, env, attempt, server, volumes, mounts)
+
+
+REWARD_FILE_VOLUME = "reward-file"
+
+
+def reward_file_volumes(spec: api.RewardsSpec) -> list[Manifest]:
+    """The volume holding the reward file: its ConfigMap (only its key), or its claim; none for a file in the
+    image. The user's code is mounted only here, in the environment's pods."""
+    if spec.config_map is not None:
+        items = [{"key": spec.config_map_key, "path": spec.config_map_key}]
+        return [{"name": REWARD_FILE_VOLUME, "configMap": {"name": spec.config_map.name, "items": items}}]
+    if spec.pvc is not None:
+        return [
+            {"name": REWARD_FILE_VOLUME, "persistentVolumeClaim": {"claimName": spec.pvc.claim_name, "readOnly": True}}
+        ]
+    return []
+
+
+def reward_file_mounts(spec: api.RewardsSpec) -> list[Manifest]:
+    """Where the reward file's volume is mounted: read-only, at `/etc/grpojob-rewards` (a claim at its `claim`)."""
+    if spec.config_map is not None:
+        return [{"name": REWARD_FILE_VOLUME, "mountPath": rewards.MOUNT_DIR, "readOnly": True}]
+    if spec.pvc is not None:
+        mount = {"name": REWARD_FILE_VOLUME, "mountPath": rewards.CLAIM_MOUNT, "readOnly": True}
+        return [mount | ({"subPath": spec.pvc.path} if spec.pvc.path else {})]
+    return []
 
 
 def build_environment_service(job: api.GRPOJob, env: api.EnvironmentSpec) -> Manifest:

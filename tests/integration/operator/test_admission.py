@@ -473,6 +473,51 @@ def test_kubectl_apply_and_grpojob_run_judge_spec_logging_alike(custom, namespac
             assert verdict is None or "logging" in verdict, f"{case}: {verdict}"
 
 
+# spec.environments[].rewards: its file's three sources and its functions' rules, judged by both; the Deployment
+# of each admitted one dry-run by the API server.
+REWARDS_CASES: list[dict[str, Any]] = [
+    {"path": "rewards/gsm8k.py", "configMap": {"name": "gsm8k-rewards"}, "functions": [{"name": "accuracy"}]},
+    {"path": "gsm8k.py", "pvc": {"claimName": "data", "path": "r"}, "functions": [{"name": "a", "weight": -0.5}]},
+    {"path": "/app/rewards.py", "functions": [{"builtin": "math"}, {"name": "style"}], "timeoutSeconds": 5},
+    {"functions": [{"builtin": "code"}], "workers": 4, "sandbox": {"cpuSeconds": 2, "memoryMb": 128}},
+    {"configMap": {"name": "m", "key": "r.py"}, "functions": [{"name": "f"}]},
+    {"configMap": {"name": "m"}, "functions": [{"name": "f"}]},
+    {"functions": [{"name": "accuracy"}]},
+    {"path": "r.py", "functions": [{"name": "f", "builtin": "math"}]},
+    {"path": "r.py", "functions": [{"weight": 2}]},
+    {"path": "r.py", "functions": [{"name": "f"}, {"name": "f"}]},
+    {"functions": [{"builtin": "math"}, {"builtin": "format"}, {"builtin": "math"}]},
+    {"path": "r.py", "functions": []},
+    {"pvc": {"claimName": "c"}, "functions": [{"builtin": "math"}]},
+    {"path": "r.py", "pvc": {"claimName": "c"}, "configMap": {"name": "m"}, "functions": [{"name": "f"}]},
+    {"functions": [{"builtin": "regex"}]},
+    {"functions": [{"name": "not a name"}], "path": "r.py"},
+    {"functions": [{"builtin": "math"}], "timeoutSeconds": 0},
+    {"functions": [{"builtin": "math"}], "sandbox": {"memoryMb": 1}},
+]
+
+
+def test_kubectl_apply_and_grpojob_run_judge_rewards_alike(custom, api_client, namespace, tmp_path):
+    apps = client.AppsV1Api(api_client)
+    for index, rewards in enumerate(REWARDS_CASES):
+        manifest = copy.deepcopy(BASE)
+        manifest["metadata"] |= {"name": f"rewards-{index}", "namespace": namespace}
+        manifest["spec"]["environments"] = [{"name": "scored", "rewards": rewards}]
+        admitted, refusal = api_server_verdict(custom, namespace, manifest)
+        job, model_refusal = model_verdict(manifest, tmp_path / f"{index}.yaml")
+        assert (admitted is None) == (job is None), f"{rewards}: API server {refusal}; model {model_refusal}"
+        for verdict in (refusal, model_refusal):
+            assert verdict is None or "spec.environments[0].rewards" in verdict, f"{rewards}: {verdict}"
+        if admitted is not None:
+            assert not deployment_refusals(apps, namespace, admitted), rewards
+    command = [{"name": "scored", "command": ["python", "x.py"], "rewards": REWARDS_CASES[0]}]
+    manifest = copy.deepcopy(BASE)
+    manifest["metadata"] |= {"name": "rewards-command", "namespace": namespace}
+    manifest["spec"]["environments"] = command
+    admitted, refusal = api_server_verdict(custom, namespace, manifest)
+    assert admitted is None and "command, args and nemoGym must be unset with rewards" in str(refusal)
+
+
 # Plain scalars on which YAML 1.1 (PyYAML) and kubectl's YAML (go-yaml v2) disagree, and a few on which
 # they agree.
 SCALARS = [

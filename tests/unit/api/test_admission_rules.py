@@ -134,6 +134,43 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ),
         ("dataset", {"path": "x", "mapping": {"environment": "arith"}}, "spec.dataset.mapping.promptField"),
         ("environments.0.env", [{"name": "A"}], "spec.environments[0].env[0]"),
+        (
+            "environments.0.rewards",
+            {"path": "r.py", "functions": [{"name": "f", "builtin": "math"}]},
+            "spec.environments[0].rewards.functions[0]: set exactly one of name",
+        ),
+        ("environments.0.rewards", {"path": "r.py", "functions": []}, "spec.environments[0].rewards.functions"),
+        (
+            "environments.0.rewards",
+            {"functions": [{"name": "accuracy"}]},
+            "spec.environments[0].rewards: functions that name a function of the reward file need path or configMap",
+        ),
+        (
+            "environments.0.rewards",
+            {"path": "r.py", "functions": [{"name": "f"}, {"name": "f"}]},
+            "spec.environments[0].rewards: each function appears once",
+        ),
+        (
+            "environments.0.rewards",
+            {"pvc": {"claimName": "c"}, "functions": [{"builtin": "math"}]},
+            "spec.environments[0].rewards: pvc needs path",
+        ),
+        (
+            "environments.0.rewards",
+            {"path": "r.py", "pvc": {"claimName": "c"}, "configMap": {"name": "m"}, "functions": [{"name": "f"}]},
+            "spec.environments[0].rewards: set pvc or configMap, not both",
+        ),
+        ("environments.0.rewards", {"functions": [{"builtin": "regex"}]}, "spec.environments[0].rewards.functions[0]"),
+        (
+            "environments.0.rewards",
+            {"functions": [{"builtin": "math"}], "timeoutSeconds": 0},
+            "spec.environments[0].rewards.timeoutSeconds",
+        ),
+        (
+            "environments",
+            [{"name": "arith", "command": ["python", "x.py"], "rewards": {"functions": [{"builtin": "math"}]}}],
+            "spec.environments[0]: environment arith: command, args and nemoGym must be unset with rewards",
+        ),
         ("environments", [{"name": "arith"}, {"name": "arith"}], "spec.environments: duplicate names"),
         ("checkpointing.path", "runs/../etc", "spec.checkpointing.path"),
         ("model.pvc", {"claimName": "c", "path": "a/.."}, "spec.model.pvc.path"),
@@ -249,6 +286,12 @@ def test_every_cross_field_rule_is_also_a_cel_rule():
     assert has_rule(spec, "!has(self.model.cache) || has(self.model.id) || has(self.dataset.id)")
     assert has_rule(f"{spec}.environments[].env[]", "has(self.value) != has(self.secretKeyRef)")
     assert has_rule(f"{spec}.environments[].resources", "quantity(self.requests[k]).compareTo")
+    assert has_rule(f"{spec}.environments[]", "!has(self.rewards) || (!has(self.nemoGym)")
+    assert has_rule(f"{spec}.environments[].rewards", "!has(self.pvc) || has(self.path)")
+    assert has_rule(f"{spec}.environments[].rewards", "!has(self.pvc) || !has(self.configMap)")
+    assert has_rule(f"{spec}.environments[].rewards", "self.functions.all(f, !has(f.name))")
+    assert has_rule(f"{spec}.environments[].rewards", "self.functions.exists_one(")
+    assert has_rule(f"{spec}.environments[].rewards.functions[]", "has(self.name) != has(self.builtin)")
     assert has_rule(spec, "self.logging.tensorboard || has(self.logging.pvc)")
     assert has_rule(f"{spec}.logging.wandb", "self.mode != 'online' || has(self.apiKeySecret)")
     assert has_rule(spec, "self.output.format != 'adapter' || (has(self.training) && has(self.training.lora))")

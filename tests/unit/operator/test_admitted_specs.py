@@ -199,6 +199,29 @@ def mixed(name: str, sources: list[dict[str, Any]]) -> dict[str, Any]:
     return manifest
 
 
+def with_rewards(name: str, rewards: dict[str, Any]) -> dict[str, Any]:
+    """`everything` whose only environment is the reward server of ``rewards``."""
+    manifest = copy.deepcopy(EVERYTHING)
+    manifest["metadata"] |= {"name": name, "uid": "0f1e2d3c-0000-4000-8000-000000000004"}
+    manifest["spec"]["environments"] = [{"name": "scored", "rewards": rewards}]
+    return manifest
+
+
+REWARDS_FROM_CONFIG_MAP = {
+    "path": "rewards/gsm8k.py",
+    "configMap": {"name": "gsm8k-rewards", "key": "gsm8k.py"},
+    "functions": [{"name": "accuracy", "weight": 2.0}],
+    "timeoutSeconds": 30,
+    "workers": 2,
+    "sandbox": {"cpuSeconds": 10, "memoryMb": 512},
+}
+REWARDS_FROM_CLAIM = {
+    "path": "rewards/code.py",
+    "pvc": {"claimName": "data", "path": "sub"},
+    "functions": [{"builtin": "code"}],
+}
+
+
 EVERYTHING_BASES = ("everything", "everything-hub")
 BASES = {
     "everything": EVERYTHING,
@@ -207,6 +230,8 @@ BASES = {
     # Each kind of source first once, so that each of its fields is set in the first source.
     "mixed-claim-first": mixed("mixed-claim-first", [CLAIM_SOURCE, CONFIG_MAP_SOURCE, HUB_SOURCE]),
     "mixed-config-map-first": mixed("mixed-config-map-first", [CONFIG_MAP_SOURCE, HUB_SOURCE]),
+    "rewards-from-config-map": with_rewards("rewards-from-config-map", REWARDS_FROM_CONFIG_MAP),
+    "rewards-from-claim": with_rewards("rewards-from-claim", REWARDS_FROM_CLAIM),
     **all_jobs(),
 }
 

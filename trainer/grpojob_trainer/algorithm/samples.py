@@ -30,6 +30,9 @@ class TrainingSample:
     """The last model call stopped at the token limit instead of ending naturally."""
     turns: int = 1
     """Model calls in the rollout."""
+    reward_parts: tuple[tuple[str, float], ...] = ()
+    """The reward's named parts, for the per-function metrics (``reward/<name>/mean``): each reward function's own
+    reward (``reward_functions``: those that apply to the row), else the environment's ``reward_components``."""
     policy_version: int = 0
     """The version of the policy weights that generated it (the driver counts one per trained step, from
     the resumed checkpoint's step). Its staleness when trained is the trained policy's version minus this:

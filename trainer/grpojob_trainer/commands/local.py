@@ -126,7 +126,7 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     import ray
 
     from grpojob_trainer.cluster import connection
-    from grpojob_trainer.local.environment_processes import EnvironmentProcesses
+    from grpojob_trainer.local.environment_processes import EnvironmentProcesses, local_rewards_env
     from grpojob_trainer.observability import tracking
     from grpojob_trainer.observability.console import StepDisplay
     from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
@@ -137,6 +137,9 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     spec = job.spec
     nemo_gym_containers.check_can_run(spec)
     dataset, evaluation_rows = local_data(spec)
+    for index, env in enumerate(spec.environments):  # a reward file missing here stops the run before Ray starts
+        if env.rewards is not None:
+            local_rewards_env(index, env.rewards)
     model = local_model(spec.model)
     out = out or Path("runs") / job.metadata.name
     out.mkdir(parents=True, exist_ok=True)

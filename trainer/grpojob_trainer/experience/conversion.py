@@ -68,6 +68,19 @@ def result_to_sample(result: RunResult, group_index: int) -> TrainingSample:
         group_index=group_index,
         truncated=result.response.truncated,
         turns=len(turns),
+        reward_parts=reward_parts(result),
+    )
+
+
+def reward_parts(result: RunResult) -> tuple[tuple[str, float], ...]:
+    """The named parts of a rollout's reward: the reward functions' own rewards (``reward_functions``, None for a
+    function that does not apply), else ``reward_components``; only finite numbers."""
+    functions = (result.model_extra or {}).get("reward_functions")
+    parts = functions if isinstance(functions, dict) else (result.reward_components or {})
+    return tuple(
+        (str(name), float(value))
+        for name, value in parts.items()
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     )
 
 

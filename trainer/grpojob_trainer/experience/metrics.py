@@ -61,6 +61,16 @@ def rollout_metrics(samples: Sequence[TrainingSample], failed: int, prefix: str 
     return metrics
 
 
+def reward_part_metrics(samples: Sequence[TrainingSample]) -> dict[str, float]:
+    """``reward/<name>/mean`` of each named part of the reward (a reward function's own reward, as TRL logs it),
+    over the samples it applies to."""
+    values: dict[str, list[float]] = {}
+    for sample in samples:
+        for name, value in sample.reward_parts:
+            values.setdefault(name, []).append(value)
+    return {f"reward/{name}/mean": statistics.fmean(found) for name, found in values.items()}
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0-100) of ``values`` by linear interpolation between the nearest ranks."""
     if not values:

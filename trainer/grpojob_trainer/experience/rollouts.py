@@ -28,9 +28,9 @@ from pydantic import ValidationError
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.experience.context_length import measure_prompt, overflowed_context, prompt_too_long
 from grpojob_trainer.experience.conversion import RolloutConversionError, result_to_sample
-from grpojob_trainer.experience.metrics import rollout_metrics, timing_metrics
+from grpojob_trainer.experience.metrics import reward_part_metrics, rollout_metrics, timing_metrics
 from grpojob_trainer.experience.replicas import EnvironmentURLs, Lookup, replica_urls, resolve_replicas, system_lookup
-from grpojob_trainer.nemo_gym.errors import inner_client_error
+from grpojob_trainer.nemo_gym.errors import error_message, inner_client_error
 from grpojob_trainer.nemo_gym.protocol import EVALUATION_MARK, Row, RunResult, describe
 
 PROMPT_TOO_LONG = "rollout/prompt_too_long"
@@ -231,6 +231,7 @@ def batch_of(outcomes: list[RolloutOutcome]) -> RolloutBatch:
         (o.started_s, o.finished_s) for o in outcomes if o.ok and o.started_s is not None and o.finished_s is not None
     ]
     metrics = rollout_metrics(samples, failed=len(outcomes) - len(samples)) | timing_metrics(timed)
+    metrics |= reward_part_metrics(samples)
     metrics[PROMPT_TOO_LONG] = float(sum(o.prompt_too_long for o in outcomes))
     return RolloutBatch(outcomes, metrics)
 
@@ -301,8 +302,8 @@ async def _post_run(client: aiohttp.ClientSession, url: str, body: str) -> RunRe
         raise _Permanent(f"POST {url} answered 500: {str(inner)[:ERROR_BODY_CHARS]}")
     if status in TRANSIENT_STATUS:
         raise _Transient(f"POST {url} answered {status}: {text[:ERROR_BODY_CHARS]}")
-    if status != 200:
-        raise _Permanent(f"POST {url} answered {status}: {text[:ERROR_BODY_CHARS]}")
+    if status != 200:  # a refusal in OpenAI's shape (a reward function that failed, say) is quoted by its message
+        raise _Permanent(f"POST {url} answered {status}: {error_message(text)[:ERROR_BODY_CHARS]}")
     try:
         return RunResult.model_validate_json(text)
     except ValidationError as error:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grpojob_api import endpoints
+from grpojob_api import endpoints, rewards
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.errors import EnvironmentNotReady, UsageError
 from grpojob_trainer.net.http import free_port, wait_until_healthy
@@ -20,8 +20,12 @@ DEFAULT_ENTRYPOINT = ("python", "-m", "grpojob_trainer.environments")
 
 def environment_command(env: api.EnvironmentSpec) -> list[str]:
     """What the environment's container runs: its command (else the environment image's entrypoint) and
-    its args (else the environment's name). A leading `python` is this interpreter, so the venv runs it."""
-    command = [*(env.command or DEFAULT_ENTRYPOINT), *(env.args or ([] if env.command else [env.name]))]
+    its args (else the environment's name), or the reward server of `env.rewards`. A leading `python` is this
+    interpreter, so the venv runs it."""
+    if env.rewards is not None:
+        command = list(rewards.SERVER_COMMAND)
+    else:
+        command = [*(env.command or DEFAULT_ENTRYPOINT), *(env.args or ([] if env.command else [env.name]))]
     if command[0] in ("python", "python3"):
         command[0] = sys.executable
     return command
@@ -86,6 +90,8 @@ class EnvironmentProcesses:
                     "give a value for `grpojob run`"
                 )
             variables[var.name] = var.value
+        if env.rewards is not None:
+            variables.update(local_rewards_env(index, env.rewards))
         port = free_port()
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
         self.processes[name] = subprocess.Popen(
@@ -130,6 +136,22 @@ class EnvironmentProcesses:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(5)
+
+
+def local_rewards_env(index: int, spec: api.RewardsSpec) -> dict[str, str]:
+    """The reward server's configuration under `grpojob run`: the reward file is `path` on this machine (a
+    ConfigMap or a claim is Kubernetes'), as an absolute path."""
+    if spec.path is None:
+        if any(function.name is not None for function in spec.functions):
+            raise UsageError(
+                f"spec.environments[{index}].rewards.path: `grpojob run` reads the reward file from path (configMap "
+                "is read on Kubernetes); give the file's local path too"
+            )
+        return rewards.server_env(spec, None)
+    file = Path(spec.path).resolve()
+    if not file.is_file():
+        raise UsageError(f"spec.environments[{index}].rewards.path: {spec.path} is not a file")
+    return rewards.server_env(spec, str(file))
 
 
 def replica_name(environment: str, replica: int) -> str:

@@ -74,6 +74,15 @@ def client_error_of(body: Any) -> tuple[int, str] | None:
     return None
 
 
+def error_message(body: str) -> str:
+    """The message of an error body in OpenAI's shape (or FastAPI's validation errors); else the body as it is."""
+    try:
+        found = client_error_of(json.loads(body))
+    except ValueError:
+        return body
+    return found[1] if found is not None else body
+
+
 def inner_client_error(body: str) -> InnerClientError | None:
     """The client error that a NeMo Gym 500 body wraps (through any number of hops), or None when the body
     is not NeMo Gym's wrap or what it wraps is not a 4xx (a crash or a 5xx inside may be transient)."""

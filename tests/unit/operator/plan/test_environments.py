@@ -127,3 +127,23 @@ def test_a_failing_environment_fails_the_job_only_after_the_grace_period():
     late = with_math_pod(stuck=BACK_OFF, crashed=CRASHED, ready_since=NOW - timedelta(seconds=61))
     plan = run(job_body(status={"attempt": 1}), late)
     assert plan.status.phase == "Failed" and plan.status.reason == "CrashLoopBackOff"
+
+
+def test_a_reward_file_that_does_not_import_is_named_in_environments_ready():
+    """The reward server stops before it serves, the import error the last line of its log (as
+    tests/trainer/test_reward_functions.py shows the server write it), which is its termination message."""
+    log = (
+        "environment rewards: reward file /etc/grpojob-rewards/gsm8k.py does not import: "
+        "ModuleNotFoundError: No module named 'numpy' (gsm8k.py, line 1)\n"
+    )
+    crashed = (("environment", "exit code 1, Error", last_lines(log)),)
+
+    plan = run(job_body(status={"attempt": 1}), with_math_pod(crashed=crashed))
+
+    status, reason, message = environments_ready(plan)
+    assert (status, reason) == ("False", "EnvironmentFailing")
+    assert message == (
+        "math: pod demo-env-math-7f9c container environment stopped (exit code 1, Error): environment rewards: "
+        "reward file /etc/grpojob-rewards/gsm8k.py does not import: ModuleNotFoundError: No module named 'numpy' "
+        "(gsm8k.py, line 1) (ready: math 0/1)"
+    )

@@ -9,7 +9,13 @@ import pytest
 
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.experience.conversion import RolloutConversionError, result_to_sample
-from grpojob_trainer.experience.metrics import percentile, rollout_metrics, summarize, timing_metrics
+from grpojob_trainer.experience.metrics import (
+    percentile,
+    reward_part_metrics,
+    rollout_metrics,
+    summarize,
+    timing_metrics,
+)
 from grpojob_trainer.experience.rollouts import PolicySampling
 from grpojob_trainer.nemo_gym.protocol import Row, RunResult
 
@@ -135,3 +141,23 @@ def test_timing_metrics_give_each_rollouts_time_and_the_tail_after_the_90th_perc
     assert metrics["rollout/seconds/p90"] == pytest.approx(0.9 + 0.1 * (5.0 - 0.9))
     assert metrics["rollout/tail_s"] == pytest.approx(5.0 - metrics["rollout/seconds/p90"])
     assert timing_metrics([]) == {}
+
+
+def test_each_reward_functions_mean_is_logged_over_the_rows_it_applies_to():
+    scored = [
+        {"reward_functions": {"accuracy": 1.0, "format": 0.0}, "reward_components": {"accuracy": 1.0}},
+        {"reward_functions": {"accuracy": 0.0, "format": None}},
+        {"reward_components": {"accuracy": 0.5}},  # an environment without reward functions: its components
+    ]
+    episode = {"output": [turn([1], [2])]}
+    samples = [
+        result_to_sample(RunResult.model_validate({"reward": 1.0, "response": episode, **extra}), group_index=0)
+        for extra in scored
+    ]
+
+    assert [s.reward_parts for s in samples] == [
+        (("accuracy", 1.0), ("format", 0.0)),
+        (("accuracy", 0.0),),
+        (("accuracy", 0.5),),
+    ]
+    assert reward_part_metrics(samples) == {"reward/accuracy/mean": 0.5, "reward/format/mean": 0.0}

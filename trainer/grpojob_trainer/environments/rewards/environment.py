@@ -39,8 +39,9 @@ def prompt_of(params: dict[str, Any]) -> str | list[dict[str, Any]]:
 def completion_of(response: dict[str, Any], conversational: bool) -> str | list[dict[str, Any]]:
     """The episode as TRL's completion: the assistant's text (reasoning as ``<think>…</think>`` in front), or for
     a conversational prompt the messages the episode added."""
-    messages = [
+    messages = [  # an empty answer is "", as TRL hands it over
         {key: value for key, value in message.items() if key not in TOKEN_FIELDS}
+        | {"content": message["content"] or ""}
         for message in responses_to_chat(response.get("output", []))
     ]
     if conversational:
