@@ -20,6 +20,15 @@ Legs (each in a process of its own, so one engine's memory is gone before the ne
   completion length, micro-batch and one optimizer step per batch of generations: the anchor. Besides the
   step, its phases: generation and scoring (`_generate_and_score_completions`, vLLM's sampling inside it)
   and the rest of the step (training).
+- ``grpo-verl``: verl's GRPO trainer (`python -m verl.trainer.main_ppo`, pinned in
+  ``benchmarks/device/verl-wheels.txt``) with its hybrid engine: the FSDP actor and the vLLM rollout share the GPU.
+  The same model, rows, group size, completion length, learning rate, micro-batch (as a token budget), LoRA rank
+  and targets, and the arithmetic reward as a verl reward function (a file the leg writes). verl's speed settings,
+  named in the result's ``settings``: padding removal (``use_remove_padding``), dynamic batch size
+  (``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``), its vLLM memory share (``rollout.gpu_memory_utilization``,
+  ``verl_gpu_memory_utilization``), FSDP2; what it cannot match, and why, in ``notes``. Its phases are verl's own
+  metrics: ``timing_s/step``, ``timing_s/gen``, ``timing_s/update_actor``. ``table`` sets TRL, verl and ours side
+  by side.
 - ``generation-breakdown``: where the GRPO step's generation phase goes. The same rollouts as
   ``grpo-ours`` (32 prompts x 8 through the arithmetic environment server, the engine with the colocated
   job's memory share, the prefix cache dropped before each step as a weight load does) without training
@@ -1074,6 +1083,7 @@ def table(out: Path) -> str:
     legs = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json") if p.stem in LEGS}
     raw, http = legs.get("generation-raw", {}), legs.get("generation-http", {})
     ours, trl, two = legs.get("grpo-ours", {}), legs.get("grpo-trl", {}), legs.get("grpo-ours-2gpu", {})
+    verl = legs.get("grpo-verl", {})
     two_async = legs.get("grpo-ours-2gpu-async", {})
 
     def fmt(value: Any, digits: int = 3) -> str:
@@ -1084,9 +1094,6 @@ def table(out: Path) -> str:
         "|---|---|---|---|",
         f"| generation tokens/s (HTTP server vs raw vLLM `LLM.generate`) | {fmt(http.get('tokens_per_s'), 0)} "
         f"| {fmt(raw.get('tokens_per_s'), 0)} | {ratio(http.get('tokens_per_s'), raw.get('tokens_per_s'))} |",
-        f"| GRPO step seconds (median; vs TRL GRPOTrainer, vLLM colocate) | {fmt(ours.get('step_seconds'))} "
-        f"| {fmt(trl.get('step_seconds'))} | {ratio(ours.get('step_seconds'), trl.get('step_seconds'))} "
-        "(lower is faster) |",
         f"| step: generation / prepare / training / weight sync s | {fmt(ours.get('generation_seconds'))} / "
         f"{fmt(ours.get('prepare_seconds'))} / {fmt(ours.get('training_seconds'))} / "
         f"{fmt(ours.get('weight_sync_seconds'))} | | |",
@@ -1096,12 +1103,6 @@ def table(out: Path) -> str:
         f"{fmt(ours.get('training_mfu'))} | | |",
         f"| weight sync ms, same GPU (CUDA IPC) | {fmt((ours.get('weight_sync_seconds') or 0) * 1000, 1)} | | |",
     ]
-    if trl.get("generation_seconds") is not None:
-        lines += [
-            f"| TRL's step: generation and scoring (its sampling) / the rest s | | "
-            f"{fmt(trl.get('generation_seconds'))} ({fmt(trl.get('sampling_seconds'))}) / "
-            f"{fmt(trl.get('training_seconds'))} | |",
-        ]
     breakdown = legs.get("generation-breakdown", {})
     if breakdown.get("median"):
         b, floor = breakdown["median"], breakdown.get("raw", {}).get("median", {})
@@ -1129,9 +1130,48 @@ def table(out: Path) -> str:
             f"{fmt(two.get('step_seconds'))} ({fmt(two.get('rollout_wait_seconds'))}) | "
             f"{ratio(two_async.get('step_seconds'), two.get('step_seconds'))} |",
         ]
+    lines += grpo_peers_table(trl, verl, ours, fmt)
     lines.append("")
     lines.append("Versions: " + json.dumps(next((v["versions"] for v in legs.values() if "versions" in v), {})))
     return "\n".join(lines)
+
+
+def grpo_peers_table(trl: dict[str, Any], verl: dict[str, Any], ours: dict[str, Any], fmt: Any) -> list[str]:
+    """The GRPO step of TRL, verl and ours side by side (lower is faster, smaller is less memory), then how each
+    peer's phases are counted and the verl leg's settings and what it could not match."""
+    if not (trl or verl or ours):
+        return []
+    lines = [
+        "",
+        "| GRPO step, median of the steps after the first | TRL | verl | ours | ours / TRL | ours / verl |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, key in (
+        ("step s", "step_seconds"),
+        ("generation phase s", "generation_seconds"),
+        ("training phase s", "training_seconds"),
+        ("peak GPU memory GiB (nvidia-smi, every process)", "peak_gpu_gib"),
+        (f"training MFU (bf16 peak {BF16_PEAK_TFLOPS:.0f} TFLOP/s)", "training_mfu"),
+    ):
+        peer_trl, peer_verl, our = trl.get(key), verl.get(key), ours.get(key)
+        lines.append(
+            f"| {label} | {fmt(peer_trl)} | {fmt(peer_verl)} | {fmt(our)} | {ratio(our, peer_trl)} "
+            f"| {ratio(our, peer_verl)} |"
+        )
+    lines += [
+        "",
+        "Phases: TRL's generation is generation and scoring (its vLLM sampling "
+        f"{fmt(trl.get('sampling_seconds'))} s of it), its training the rest of the step; verl's are "
+        "`timing_s/gen` and `timing_s/update_actor`, its step also holding the old-policy log-probabilities "
+        f"({fmt(verl.get('old_log_prob_seconds'))} s) and the weight sync ({fmt(verl.get('weight_sync_seconds'))} s).",
+    ]
+    if verl.get("settings"):
+        named = ", ".join(f"`{key.rsplit('.', 1)[-1]}` {value}" for key, value in verl["settings"].items())
+        lines += ["", f"verl {verl.get('verl_version', '')}: {named}."]
+    if verl.get("notes"):
+        lines += ["", "Where the verl leg differs from the others, and why:"]
+        lines += [f"- {note}" for note in verl["notes"]]
+    return lines
 
 
 class GpuMemoryPeak:
@@ -1214,7 +1254,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.leg == "all":
         failed = []
-        for leg in ("generation-raw", "generation-http", "grpo-ours", "grpo-trl"):
+        for leg in ("generation-raw", "generation-http", "grpo-ours", "grpo-trl", "grpo-verl"):
             command = [sys.executable, __file__, leg, "--out", str(args.out), "--steps", str(args.steps)]
             command += [f"--set={item}" for item in args.set]
             if subprocess.run(command).returncode != 0:
