@@ -1,7 +1,10 @@
-"""Serve one example environment (agent + resources routes): the environment image's entrypoint.
+"""Serve one environment (agent + resources routes): the environment image's entrypoint.
 
 ``python -m grpojob_trainer.environments NAME --port P [--policy-base-url URL]``; ``PORT``,
 ``POLICY_BASE_URL`` and ``POLICY_MODEL_NAME`` are read from the environment when the flags are absent.
+``NAME`` is an example environment, or ``rewards``: the reward functions that ``GRPOJOB_REWARDS`` names
+(`grpojob_trainer.environments.rewards`). A reward file that does not import stops the server before it
+listens, its error the last line of the log.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from grpojob_api import endpoints
 from grpojob_api.endpoints import ContractError
 from grpojob_trainer.environments import ENVIRONMENTS, get_environment
 from grpojob_trainer.environments.app import AgentConfig, create_environment_app
+from grpojob_trainer.environments.base import Environment
 from grpojob_trainer.ray_runtime.rendezvous import current_endpoints
 
 
@@ -22,7 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags, defaulting to the environment variables named in their help."""
     env = os.environ.get
     parser = argparse.ArgumentParser(description="Serve a NeMo Gym environment")
-    parser.add_argument("name", choices=sorted(ENVIRONMENTS), help="environment to serve")
+    parser.add_argument("name", choices=[*sorted(ENVIRONMENTS), REWARDS], help="environment to serve")
     parser.add_argument("--host", default=env(endpoints.HOST, "0.0.0.0"), help=f"({endpoints.HOST})")
     parser.add_argument("--port", type=int, default=int(env(endpoints.PORT, "8080")), help=f"({endpoints.PORT})")
     parser.add_argument(
@@ -42,6 +46,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+REWARDS = "rewards"
+
+
+def load_environment(name: str) -> Environment:
+    """The environment ``name``, started: the reward functions' workers have imported the reward file."""
+    if name != REWARDS:
+        return get_environment(name)
+    from grpojob_trainer.environments.rewards import RewardFileError, RewardsConfigError, RewardsEnvironment
+    from grpojob_trainer.environments.rewards.config import config_from_env
+
+    try:
+        environment = RewardsEnvironment(config_from_env())
+        environment.start()
+    except (RewardsConfigError, RewardFileError) as error:
+        raise SystemExit(f"environment rewards: {error}") from None
+    return environment
+
+
 def main(argv: list[str] | None = None) -> None:
     """Serve until interrupted."""
     args = parse_args(argv)
@@ -57,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         resources_url=args.resources_url or f"http://127.0.0.1:{args.port}",
         policy_model_name=args.policy_model_name,
     )
-    app = create_environment_app(get_environment(args.name), config)
+    app = create_environment_app(load_environment(args.name), config)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
 
 

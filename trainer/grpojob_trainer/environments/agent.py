@@ -49,6 +49,15 @@ class Cookies:
             self.values = {name: morsel.value for name, morsel in response.cookies.items()}
 
 
+class ResourcesServerError(Exception):
+    """The resources server answered an error status."""
+
+    def __init__(self, url: str, status: int, body: str) -> None:
+        super().__init__(f"POST {url} answered {status}: {body[:500]}")
+        self.status = status
+        self.body = body
+
+
 class ResourcesClient:
     """The resources server's routes over HTTP. The session must have no cookie jar
     (``aiohttp.DummyCookieJar``): the agent carries each episode's cookies itself."""
@@ -59,11 +68,12 @@ class ResourcesClient:
 
     async def post(self, path: str, body: Any, cookies: Cookies, *, check: bool = True) -> str:
         """POST ``body`` as JSON with the episode's cookies, take the cookies the answer sets, and return
-        its body; with ``check``, an error status raises `aiohttp.ClientResponseError`."""
-        async with self.session.post(self.base_url + path, json=body, headers=cookies.header()) as response:
+        its body; with ``check``, an error status raises `ResourcesServerError`."""
+        url = self.base_url + path
+        async with self.session.post(url, json=body, headers=cookies.header()) as response:
             text = await response.text()
-            if check:
-                response.raise_for_status()
+            if check and response.status >= 400:
+                raise ResourcesServerError(url, response.status, text)
             cookies.update_from(response)
         return text
 

@@ -18,11 +18,11 @@ from typing import Any
 import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from grpojob_trainer.environments.agent import Agent, Cookies, ResourcesClient
-from grpojob_trainer.environments.base import Environment, Tool
+from grpojob_trainer.environments.agent import Agent, Cookies, ResourcesClient, ResourcesServerError
+from grpojob_trainer.environments.base import Environment, Tool, VerificationFailed
 from grpojob_trainer.environments.policy_client import PolicyCallFailed, PolicyClient, PolicyRefused
 from grpojob_trainer.environments.sessions import CookieSigner, SessionCookies, SessionStore
 from grpojob_trainer.nemo_gym.http import StripRolloutPrefix, refuse_in_openai_shape
@@ -71,6 +71,7 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
         yield
         await resources.close()
         await policy.close()
+        environment.stop()
 
     app = FastAPI(title=f"grpojob environment {environment.name}", lifespan=lifespan)
 
@@ -93,6 +94,17 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
     async def policy_failed(_: Request, error: PolicyCallFailed) -> JSONResponse:
         return JSONResponse({"detail": f"the policy call failed: {error}"}, status_code=502)
 
+    @app.exception_handler(VerificationFailed)
+    async def verification_failed(_: Request, error: VerificationFailed) -> JSONResponse:
+        body = {"message": str(error), "type": "verification_failed", "code": 422}
+        return JSONResponse({"error": body}, status_code=422)
+
+    @app.exception_handler(ResourcesServerError)
+    async def resources_failed(_: Request, error: ResourcesServerError) -> Response:
+        if 400 <= error.status < 500:  # the resources server's refusal, as it gave it (retrying cannot help)
+            return Response(error.body, status_code=error.status, media_type="application/json")
+        return JSONResponse({"detail": str(error)}, status_code=502)
+
     @app.get("/")
     async def root() -> dict[str, str]:
         return {"status": "ok"}
@@ -112,8 +124,9 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
     async def verify(body: VerifyRequest, request: Request) -> dict[str, Any]:
         check_task(body)
         echoed = body.model_dump(mode="json", exclude_none=True)
-        verdict = environment.verify(echoed, echoed["response"], request.state.session)
-        result = RunResult.model_validate({**echoed, "reward": verdict.reward, "reward_components": verdict.components})
+        verdict = await environment.score(echoed, echoed["response"], request.state.session)
+        scored = {**echoed, **verdict.details, "reward": verdict.reward, "reward_components": verdict.components}
+        result = RunResult.model_validate(scored)
         return result.model_dump(mode="json", exclude_none=True)
 
     for tool in environment.tools():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,10 +41,17 @@ class Verdict:
     """A reward and its components (``reward`` is their sum, as NeMo-RL checks)."""
 
     components: dict[str, float]
+    details: dict[str, Any] = field(default_factory=dict)
+    """More fields of ``/verify``'s answer."""
 
     @property
     def reward(self) -> float:
         return float(sum(self.components.values()))
+
+
+class VerificationFailed(Exception):
+    """A rollout that cannot be scored (``/verify`` answers 422 with the message): it counts as failed, not as
+    a reward of 0."""
 
 
 class Task(BaseModel):
@@ -82,6 +89,14 @@ class Environment(abc.ABC):
     @abc.abstractmethod
     def verify(self, row: dict[str, Any], response: dict[str, Any], session: dict[str, Any]) -> Verdict:
         """Score a finished episode (``response`` is the Responses object with every output item)."""
+
+    async def score(self, row: dict[str, Any], response: dict[str, Any], session: dict[str, Any]) -> Verdict:
+        """`verify`, awaited by ``/verify``: an environment whose scoring waits on other processes overrides
+        this. Raises `VerificationFailed` when the rollout cannot be scored."""
+        return self.verify(row, response, session)
+
+    def stop(self) -> None:  # noqa: B027 - a hook with nothing to do by default
+        """Release what the environment holds when its server stops (nothing by default)."""
 
     def follow_up(self, outputs: list[dict[str, Any]], model_calls: int, truncated: bool) -> str | None:
         """A user message to continue an episode whose last turn had no tool call (None: stop, as Gym's
