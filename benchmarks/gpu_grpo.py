@@ -761,6 +761,7 @@ def leg_grpo_verl(out: Path, workload: Workload) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    out = out.resolve()  # verl runs in the run directory: every path it is given is absolute
     model = model_dir(out, workload)
     rows = [json.loads(line) for line in dataset_path(out, workload).open()]
     run_dir = clear_previous_run(out, "verl")
