@@ -20,6 +20,15 @@ Legs (each in a process of its own, so one engine's memory is gone before the ne
   completion length, micro-batch and one optimizer step per batch of generations: the anchor. Besides the
   step, its phases: generation and scoring (`_generate_and_score_completions`, vLLM's sampling inside it)
   and the rest of the step (training).
+- ``grpo-verl``: verl's GRPO trainer (`python -m verl.trainer.main_ppo`, pinned in
+  ``benchmarks/device/verl-wheels.txt``) with its hybrid engine: the FSDP actor and the vLLM rollout share the GPU.
+  The same model, rows, group size, completion length, learning rate, micro-batch (as a token budget), LoRA rank
+  and targets, and the arithmetic reward as a verl reward function (a file the leg writes). verl's speed settings,
+  named in the result's ``settings``: padding removal (``use_remove_padding``), dynamic batch size
+  (``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``), its vLLM memory share (``rollout.gpu_memory_utilization``,
+  ``verl_gpu_memory_utilization``), FSDP2; what it cannot match, and why, in ``notes``. Its phases are verl's own
+  metrics: ``timing_s/step``, ``timing_s/gen``, ``timing_s/update_actor``. ``table`` sets TRL, verl and ours side
+  by side.
 - ``generation-breakdown``: where the GRPO step's generation phase goes. The same rollouts as
   ``grpo-ours`` (32 prompts x 8 through the arithmetic environment server, the engine with the colocated
   job's memory share, the prefix cache dropped before each step as a weight load does) without training
@@ -88,6 +97,13 @@ class Workload:
     sleeping for a full fine-tune and not for LoRA)."""
     trl_use_vllm: bool = True
     """False: TRL generates with transformers (how the leg is smoke-tested on a CPU)."""
+    verl_gpu_memory_utilization: float = 0.6
+    """verl's leg: `rollout.gpu_memory_utilization`. verl's tuning guide recommends 0.5-0.7 and its GRPO examples
+    use 0.6; it frees the engine's KV cache while training (`free_cache_engine`), so the share is not taken
+    from training memory as a vLLM that stays awake takes it."""
+    verl_max_token_len_per_gpu: int = 0
+    """verl's leg: `actor.ppo_max_token_len_per_gpu` (dynamic batch size: a micro-batch is that many tokens);
+    0: ``micro_batch_size`` sequences at the longest prompt and completion, our micro-batch's token budget."""
     breakdown_backend: str = "vllm"
     """``transformers``: the breakdown leg on a CPU, without the raw replay (its smoke test)."""
 
@@ -524,6 +540,255 @@ def leg_grpo_trl(out: Path, workload: Workload) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------
+# verl: its GRPO trainer with the hybrid engine (FSDP actor and vLLM rollout on the same GPU)
+
+VERL_PROMPT_TOKENS = 256
+"""verl's `data.max_prompt_length`: the other GRPO legs' engines hold ``max_new_tokens + 256`` tokens."""
+
+VERL_REWARD_HEADER = '''"""The arithmetic environment's reward (grpojob_trainer.environments.arithmetic's
+`score_answer`) as verl's custom reward function. Written by benchmarks/gpu_grpo.py; standalone, so that verl's
+reward workers load it by path."""
+
+'''
+
+VERL_REWARD_FUNCTION = '''
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **_):
+    """verl's reward: the completion's text (special tokens dropped) against the row's expected digits."""
+    parts = score_answer(solution_str, str(ground_truth))
+    return {"score": sum(parts.values()), **parts}
+'''
+
+
+def verl_reward_source() -> str:
+    """The reward file's text: our `score_answer` and its weights, as they are, and verl's ``compute_score``
+    around it (verl calls it with the decoded completion and the row's ``reward_model.ground_truth``)."""
+    import inspect
+
+    from grpojob_trainer.environments import arithmetic
+
+    weights = "".join(
+        f"{name} = {getattr(arithmetic, name)!r}\n" for name in ("DIGITS_WEIGHT", "CONTAINS_WEIGHT", "EXACT_WEIGHT")
+    )
+    return VERL_REWARD_HEADER + weights + "\n\n" + inspect.getsource(arithmetic.score_answer) + VERL_REWARD_FUNCTION
+
+
+def verl_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Our arithmetic rows (`dataset_path`) as verl's RL dataset reads them from parquet: the chat ``prompt``,
+    ``data_source``, and the expected answer as ``reward_model.ground_truth``."""
+    return [
+        {
+            "data_source": "arithmetic",
+            "prompt": [{"role": m["role"], "content": m["content"]} for m in row["responses_create_params"]["input"]],
+            "ability": "arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(row["expected_answer"])},
+            "extra_info": {"index": index},
+        }
+        for index, row in enumerate(rows)
+    ]
+
+
+def verl_token_budget(workload: Workload) -> int:
+    """`actor.ppo_max_token_len_per_gpu`: ``verl_max_token_len_per_gpu``, else our micro-batch at full length."""
+    return workload.verl_max_token_len_per_gpu or workload.micro_batch_size * (
+        VERL_PROMPT_TOKENS + workload.max_new_tokens
+    )
+
+
+def verl_settings(workload: Workload) -> dict[str, Any]:
+    """verl's speed settings the leg uses, by their config names (in the leg's result and the table)."""
+    tokens = verl_token_budget(workload)
+    return {
+        "actor_rollout_ref.model.use_remove_padding": True,
+        "actor_rollout_ref.actor.use_dynamic_bsz": True,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": tokens,
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 2 * tokens,
+        "actor_rollout_ref.rollout.gpu_memory_utilization": workload.verl_gpu_memory_utilization,
+        "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.rollout.free_cache_engine": True,
+        "actor_rollout_ref.rollout.enforce_eager": False,
+    }
+
+
+def verl_overrides(workload: Workload, model: Path, train_file: Path, reward_file: Path, run_dir: Path) -> list[str]:
+    """The Hydra overrides of ``python -m verl.trainer.main_ppo`` for ``workload``: the other GRPO legs' model,
+    rows, group size, completion length, learning rate, micro-batch (as a token budget) and optimizer (AdamW
+    without weight decay, gradients clipped at 1), one optimizer step per batch of generations, clip 0.2/0.28,
+    no KL, token-mean loss, truncated importance sampling at 2 (our `importanceSamplingCap`)."""
+    overrides = [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=2.0",
+        f"data.train_files={train_file}",
+        f"data.val_files={train_file}",
+        f"data.train_batch_size={workload.prompts_per_step}",
+        f"data.max_prompt_length={VERL_PROMPT_TOKENS}",
+        f"data.max_response_length={workload.max_new_tokens}",
+        "data.shuffle=False",
+        f"actor_rollout_ref.model.path={model}",
+        # flash-attn (verl's default attention) has no wheel on PyPI: transformers' sdpa, see verl_notes
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",  # as the TRL leg; see verl_notes
+        f"actor_rollout_ref.actor.optim.lr={workload.learning_rate}",
+        "actor_rollout_ref.actor.optim.weight_decay=0.0",
+        "actor_rollout_ref.actor.optim.clip_grad=1.0",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={workload.prompts_per_step}",
+        "actor_rollout_ref.actor.ppo_epochs=1",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={workload.micro_batch_size}",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.clip_ratio_low=0.2",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.n={workload.generations_per_prompt}",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.top_p=1.0",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+        f"reward.custom_reward_function.path={reward_file}",
+        "reward.custom_reward_function.name=compute_score",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        "trainer.total_epochs=1",
+        f"trainer.total_training_steps={workload.steps}",
+        "trainer.logger=[console,file]",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+        "trainer.project_name=grpojob-bench",
+        "trainer.experiment_name=grpo-verl",
+        f"trainer.default_local_dir={run_dir / 'checkpoints'}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run_dir / 'metrics.jsonl'}",
+    ]
+    overrides += [f"{key}={value}" for key, value in verl_settings(workload).items()]
+    if workload.lora_rank:  # as ours and TRL's: every linear projection, alpha twice the rank
+        overrides += [
+            f"actor_rollout_ref.model.lora_rank={workload.lora_rank}",
+            f"actor_rollout_ref.model.lora_alpha={2 * workload.lora_rank}",
+            "actor_rollout_ref.model.target_modules=all-linear",
+            "actor_rollout_ref.rollout.load_format=safetensors",  # verl's LoRA guide: vLLM loads the base itself
+        ]
+    return overrides
+
+
+def verl_notes(workload: Workload) -> list[str]:
+    """What of the workload verl's leg does not match, and why (the table prints them)."""
+    notes = [
+        "attention: transformers' sdpa, not verl's default flash_attention_2: the flash-attn package is on PyPI "
+        "only as source (a CUDA build) and the GPU machine has no network; with use_remove_padding transformers "
+        "masks the packed sequences block-diagonally for sdpa, where flash-attn runs a variable-length kernel",
+        "versions: verl 0.9.1 declares transformers>=5.5.3,<5.11 and its vllm extra vLLM 0.24.0; it runs here "
+        "with transformers 5.17.0 and vLLM 0.26.0 (its code gates on vLLM >= 0.18 only), installed without "
+        "dependency resolution",
+        f"micro-batch: dynamic batch size packs micro-batches by tokens, not sequences: "
+        f"{verl_token_budget(workload)} tokens per training micro-batch ({workload.micro_batch_size} sequences of "
+        f"the longest prompt and completion, {VERL_PROMPT_TOKENS} + {workload.max_new_tokens}), twice that per "
+        "log-probability micro-batch (verl's guide: forward-only budgets can be larger)",
+        "gradient checkpointing off, as in the TRL leg (verl's examples turn it on to fit larger micro-batches)",
+        "verl's fused output-head kernels (use_fused_kernels) and Liger kernels off, their defaults "
+        "(liger-kernel is not carried)",
+        "old-policy log-probabilities recomputed by the actor before the update (verl's default, not bypass "
+        "mode), with token-level importance sampling against vLLM's at a cap of 2, as ours",
+    ]
+    if workload.verl_gpu_memory_utilization != workload.colocated_generation_memory:
+        notes.append(
+            f"vLLM memory share {workload.verl_gpu_memory_utilization} (verl's recommendation), ours and TRL's "
+            f"{workload.colocated_generation_memory}: verl frees the engine's KV cache while training"
+        )
+    if workload.lora_rank:
+        notes.append(
+            "LoRA: verl keeps the base in float32 (fsdp_config.model_dtype fp32, its default; bf16 compute by mixed "
+            "precision), ours and TRL's hold the frozen base in bf16; bf16 there would make the adapter and its "
+            "optimizer state bf16 too. The adapter goes to vLLM as an adapter (lora.merge false, verl's default)"
+        )
+    return notes
+
+
+def verl_result(steps: list[dict[str, Any]], workload: Workload, model: Path) -> dict[str, Any]:
+    """The leg's result from verl's per-step metrics (its file logger's ``data``), keyed as the TRL leg's:
+    ``timing_s/step``, ``timing_s/gen`` (generation), ``timing_s/update_actor`` (training) and the rest."""
+    sequences = workload.prompts_per_step * workload.generations_per_prompt
+    tokens = median_after_warmup(steps, "perf/total_num_tokens")
+    update = median_after_warmup(steps, "timing_s/update_actor")
+    generation = median_after_warmup(steps, "timing_s/gen")
+    generated = median_after_warmup(steps, "response_length/mean") * sequences
+    train_tps = tokens / update
+    flops = training_flops_per_token(model, tokens / sequences, frozen_base=bool(workload.lora_rank))
+    allocated = [s["perf/max_memory_allocated_gb"] for s in steps if "perf/max_memory_allocated_gb" in s]
+    return {
+        "steps": len(steps),
+        "step_seconds": median_after_warmup(steps, "timing_s/step"),
+        "generation_seconds": generation,
+        "training_seconds": update,
+        "old_log_prob_seconds": median_after_warmup(steps, "timing_s/old_log_prob"),
+        "reward_seconds": median_after_warmup(steps, "timing_s/reward"),
+        "advantage_seconds": median_after_warmup(steps, "timing_s/adv"),
+        "weight_sync_seconds": median_after_warmup(steps, "timing_s/update_weights"),
+        "generated_tokens_per_step": generated,
+        "generated_tokens_per_s": generated / generation,
+        "tokens_per_step": tokens,
+        "train_tokens_per_s": train_tps,
+        "training_mfu": train_tps * flops / (BF16_PEAK_TFLOPS * 1e12),
+        "verl_actor_mfu": median_after_warmup(steps, "perf/mfu/actor"),
+        "actor_max_allocated_gib": max(allocated) if allocated else None,
+        "reward_first": steps[0].get("critic/score/mean") if steps else None,
+        "reward_last": steps[-1].get("critic/score/mean") if steps else None,
+        "step_seconds_each": [s.get("timing_s/step") for s in steps],
+        "generation_seconds_each": [s.get("timing_s/gen") for s in steps],
+    }
+
+
+def compose_verl_config(overrides: list[str]) -> Any:
+    """verl's config for ``overrides``, composed from its ``ppo_trainer`` config and validated as its entry point
+    validates it (`validate_config`, the actor's config dataclass); the CPU test's check of `verl_overrides`."""
+    from hydra import compose, initialize_config_dir
+    from verl.trainer import main_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=overrides)
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    return config
+
+
+def leg_grpo_verl(out: Path, workload: Workload) -> dict[str, Any]:
+    import importlib.metadata
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = out.resolve()  # verl runs in the run directory: every path it is given is absolute
+    model = model_dir(out, workload)
+    rows = [json.loads(line) for line in dataset_path(out, workload).open()]
+    run_dir = clear_previous_run(out, "verl")
+    run_dir.mkdir(parents=True)
+    train_file, reward_file = run_dir / "arithmetic.parquet", run_dir / "arithmetic_reward.py"
+    pq.write_table(pa.Table.from_pylist(verl_rows(rows)), train_file)
+    reward_file.write_text(verl_reward_source())
+    metrics = run_dir / "metrics.jsonl"
+    overrides = verl_overrides(workload, model, train_file, reward_file, run_dir)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
+    env = os.environ | {"CUDA_VISIBLE_DEVICES": visible[0], "VERL_FILE_LOGGER_PATH": str(metrics)}
+    started = time.perf_counter()
+    # verl's own entry point in a process of its own (it starts Ray; its workers and vLLM go with it)
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, f"hydra.run.dir={run_dir / 'hydra'}"]
+    subprocess.run(command, check=True, env=env, cwd=run_dir)
+    wall = time.perf_counter() - started
+    steps = [json.loads(line)["data"] for line in metrics.read_text().splitlines() if line.strip()]
+    return verl_result(steps, workload, model) | {
+        "wall_seconds": wall,
+        "verl_version": importlib.metadata.version("verl"),
+        "settings": verl_settings(workload),
+        "notes": verl_notes(workload),
+        "overrides": overrides,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
 # generation breakdown: the GRPO step's generation phase against raw vLLM on the same lengths
 
 
@@ -797,7 +1062,7 @@ def leg_generation_replay(out: Path, workload: Workload) -> dict[str, Any]:
 
 def versions() -> dict[str, str]:
     found = {}
-    for name in ("torch", "vllm", "transformers", "trl", "ray"):
+    for name in ("torch", "vllm", "transformers", "trl", "verl", "ray"):
         try:
             module = __import__(name)
             found[name] = getattr(module, "__version__", "?")
@@ -821,6 +1086,7 @@ def table(out: Path) -> str:
     legs = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json") if p.stem in LEGS}
     raw, http = legs.get("generation-raw", {}), legs.get("generation-http", {})
     ours, trl, two = legs.get("grpo-ours", {}), legs.get("grpo-trl", {}), legs.get("grpo-ours-2gpu", {})
+    verl = legs.get("grpo-verl", {})
     two_async = legs.get("grpo-ours-2gpu-async", {})
 
     def fmt(value: Any, digits: int = 3) -> str:
@@ -831,9 +1097,6 @@ def table(out: Path) -> str:
         "|---|---|---|---|",
         f"| generation tokens/s (HTTP server vs raw vLLM `LLM.generate`) | {fmt(http.get('tokens_per_s'), 0)} "
         f"| {fmt(raw.get('tokens_per_s'), 0)} | {ratio(http.get('tokens_per_s'), raw.get('tokens_per_s'))} |",
-        f"| GRPO step seconds (median; vs TRL GRPOTrainer, vLLM colocate) | {fmt(ours.get('step_seconds'))} "
-        f"| {fmt(trl.get('step_seconds'))} | {ratio(ours.get('step_seconds'), trl.get('step_seconds'))} "
-        "(lower is faster) |",
         f"| step: generation / prepare / training / weight sync s | {fmt(ours.get('generation_seconds'))} / "
         f"{fmt(ours.get('prepare_seconds'))} / {fmt(ours.get('training_seconds'))} / "
         f"{fmt(ours.get('weight_sync_seconds'))} | | |",
@@ -843,12 +1106,6 @@ def table(out: Path) -> str:
         f"{fmt(ours.get('training_mfu'))} | | |",
         f"| weight sync ms, same GPU (CUDA IPC) | {fmt((ours.get('weight_sync_seconds') or 0) * 1000, 1)} | | |",
     ]
-    if trl.get("generation_seconds") is not None:
-        lines += [
-            f"| TRL's step: generation and scoring (its sampling) / the rest s | | "
-            f"{fmt(trl.get('generation_seconds'))} ({fmt(trl.get('sampling_seconds'))}) / "
-            f"{fmt(trl.get('training_seconds'))} | |",
-        ]
     breakdown = legs.get("generation-breakdown", {})
     if breakdown.get("median"):
         b, floor = breakdown["median"], breakdown.get("raw", {}).get("median", {})
@@ -876,9 +1133,48 @@ def table(out: Path) -> str:
             f"{fmt(two.get('step_seconds'))} ({fmt(two.get('rollout_wait_seconds'))}) | "
             f"{ratio(two_async.get('step_seconds'), two.get('step_seconds'))} |",
         ]
+    lines += grpo_peers_table(trl, verl, ours, fmt)
     lines.append("")
     lines.append("Versions: " + json.dumps(next((v["versions"] for v in legs.values() if "versions" in v), {})))
     return "\n".join(lines)
+
+
+def grpo_peers_table(trl: dict[str, Any], verl: dict[str, Any], ours: dict[str, Any], fmt: Any) -> list[str]:
+    """The GRPO step of TRL, verl and ours side by side (lower is faster, smaller is less memory), then how each
+    peer's phases are counted and the verl leg's settings and what it could not match."""
+    if not (trl or verl or ours):
+        return []
+    lines = [
+        "",
+        "| GRPO step, median of the steps after the first | TRL | verl | ours | ours / TRL | ours / verl |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, key in (
+        ("step s", "step_seconds"),
+        ("generation phase s", "generation_seconds"),
+        ("training phase s", "training_seconds"),
+        ("peak GPU memory GiB (nvidia-smi, every process)", "peak_gpu_gib"),
+        (f"training MFU (bf16 peak {BF16_PEAK_TFLOPS:.0f} TFLOP/s)", "training_mfu"),
+    ):
+        peer_trl, peer_verl, our = trl.get(key), verl.get(key), ours.get(key)
+        lines.append(
+            f"| {label} | {fmt(peer_trl)} | {fmt(peer_verl)} | {fmt(our)} | {ratio(our, peer_trl)} "
+            f"| {ratio(our, peer_verl)} |"
+        )
+    lines += [
+        "",
+        "Phases: TRL's generation is generation and scoring (its vLLM sampling "
+        f"{fmt(trl.get('sampling_seconds'))} s of it), its training the rest of the step; verl's are "
+        "`timing_s/gen` and `timing_s/update_actor`, its step also holding the old-policy log-probabilities "
+        f"({fmt(verl.get('old_log_prob_seconds'))} s) and the weight sync ({fmt(verl.get('weight_sync_seconds'))} s).",
+    ]
+    if verl.get("settings"):
+        named = ", ".join(f"`{key.rsplit('.', 1)[-1]}` {value}" for key, value in verl["settings"].items())
+        lines += ["", f"verl {verl.get('verl_version', '')}: {named}."]
+    if verl.get("notes"):
+        lines += ["", "Where the verl leg differs from the others, and why:"]
+        lines += [f"- {note}" for note in verl["notes"]]
+    return lines
 
 
 class GpuMemoryPeak:
@@ -917,6 +1213,7 @@ LEGS = {
     "grpo-ours-2gpu": lambda out, workload: leg_grpo_ours(out, workload, gpus=2),
     "grpo-ours-2gpu-async": lambda out, workload: leg_grpo_ours(out, workload, gpus=2, ahead=1),
     "grpo-trl": leg_grpo_trl,
+    "grpo-verl": leg_grpo_verl,
     "generation-breakdown": leg_generation_breakdown,
     "generation-replay": leg_generation_replay,
 }
@@ -960,7 +1257,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.leg == "all":
         failed = []
-        for leg in ("generation-raw", "generation-http", "grpo-ours", "grpo-trl"):
+        for leg in ("generation-raw", "generation-http", "grpo-ours", "grpo-trl", "grpo-verl"):
             command = [sys.executable, __file__, leg, "--out", str(args.out), "--steps", str(args.steps)]
             command += [f"--set={item}" for item in args.set]
             if subprocess.run(command).returncode != 0:

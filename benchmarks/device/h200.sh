@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU session's steps on the device machine (an H200 with torch 2.11 and transformers, no vLLM/Ray):
-#   part DIR     copy one part of the wheels (../shared/gpu/pack-wheels.sh output, one ≤ 60 MiB folder per call)
+#   part DIR     copy one part of the wheels (../shared/gpu/pack-wheels.sh output, one ≤ 60 MiB folder per call;
+#                .gpuparts/trl and .gpuparts/verl hold loose wheels: trl-wheels.txt, verl-wheels.txt say how)
 #   install      unpack every part and install the wheels into /tmp/site-packages
 #   tests        the GPU tests (tests/gpu)
 #   prepare      write the benchmark's model and rows (before legs run side by side)
@@ -22,7 +23,16 @@ case $1 in
       && { cp /root/parts/*.whl /root/whl/ 2>/dev/null || true; } \
       && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-packages /root/whl/*.whl \
       && python3 -c "import vllm, ray, trl; print('vllm', vllm.__version__, 'ray', ray.__version__, 'trl', trl.__version__)" \
-      && python3 -c "import datasets; datasets.Dataset.from_list([{'a': 1}]); print('datasets', datasets.__version__)" ;;
+      && python3 -c "import datasets; datasets.Dataset.from_list([{'a': 1}]); print('datasets', datasets.__version__)" \
+      && if ls /root/whl/verl-*.whl >/dev/null 2>&1; then
+        # verl's and TransferQueue's wheels also install top-level tests/ and scripts/ packages (and recipe/,
+        # tutorial/), which would shadow the repository's tests package: neither imports them
+        for d in tests scripts recipe tutorial; do
+          grep -qs "^$d/" /tmp/site-packages/verl-*.dist-info/RECORD /tmp/site-packages/transferqueue-*.dist-info/RECORD \
+            && rm -rf "/tmp/site-packages/$d"
+        done
+        python3 -c "import verl, hydra, tensordict, transfer_queue; print('verl', verl.__version__)"
+      fi ;;
   prepare) python3 benchmarks/gpu_grpo.py prepare --out /root/bench ;;
   tests) python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" ;;
   bench)
