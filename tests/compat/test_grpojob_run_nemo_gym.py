@@ -42,9 +42,11 @@ def example_job(tmp_path: Path, model: Path, image: str) -> Path:
     return path
 
 
-def start_grpojob_run(job: Path, out: Path, containers_conf: Path) -> subprocess.Popen[str]:
-    """`grpojob run JOB --out OUT`, in a session of its own, its output piped."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_DISABLE_USAGE_STATS": "1", "CONTAINERS_CONF": str(containers_conf)}
+def start_grpojob_run(job: Path, out: Path) -> subprocess.Popen[str]:
+    """`grpojob run JOB --out OUT`, in a session of its own, its output piped, with podman's own settings (as a
+    user runs it: no containers.conf of ours, though this machine's limits are below podman's defaults)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_DISABLE_USAGE_STATS": "1"}
+    env.pop("CONTAINERS_CONF", None)
     command = [sys.executable, "-m", "grpojob_trainer.cli", "run", str(job), "--out", str(out), "--no-progress"]
     return subprocess.Popen(
         command,
@@ -57,9 +59,9 @@ def start_grpojob_run(job: Path, out: Path, containers_conf: Path) -> subprocess
     )
 
 
-def grpojob_run(job: Path, out: Path, containers_conf: Path) -> subprocess.CompletedProcess[str]:
+def grpojob_run(job: Path, out: Path) -> subprocess.CompletedProcess[str]:
     """`grpojob run JOB --out OUT` to the end (killed, and the test failed, after `RUN_TIMEOUT_S`)."""
-    process = start_grpojob_run(job, out, containers_conf)
+    process = start_grpojob_run(job, out)
     try:
         output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -67,14 +69,6 @@ def grpojob_run(job: Path, out: Path, containers_conf: Path) -> subprocess.Compl
         output, _ = process.communicate(timeout=60)
         pytest.fail(f"grpojob run did not finish in {RUN_TIMEOUT_S}s:\n{output[-4000:]}")
     return subprocess.CompletedProcess(process.args, process.returncode, output)
-
-
-@pytest.fixture
-def containers_conf(tmp_path: Path) -> Path:
-    """This machine's podman settings (Debian's runc, its ulimits) for the plain `podman run` of `grpojob run`."""
-    from grpojob_testing import images
-
-    return images.containers_conf(tmp_path / "containers.conf")
 
 
 def containers_named(prefix: str, owner: int | None = None) -> list[str]:
@@ -89,11 +83,11 @@ def containers_named(prefix: str, owner: int | None = None) -> list[str]:
 
 
 def test_a_killed_grpojob_run_leaves_no_nemo_gym_container_behind(
-    nemo_gym_image: str, tiny_model_dir: Path, tmp_path: Path, containers_conf: Path
+    nemo_gym_image: str, tiny_model_dir: Path, tmp_path: Path
 ):
     """podman's containers are not the run's descendants; its reaper removes them by their owner label."""
     job = example_job(tmp_path, tiny_model_dir, nemo_gym_image)
-    process = start_grpojob_run(job, tmp_path / "out", containers_conf)
+    process = start_grpojob_run(job, tmp_path / "out")
     try:
         deadline = time.monotonic() + 300
         while not containers_named("grpojob-gym-format-", process.pid):
@@ -111,11 +105,11 @@ def test_a_killed_grpojob_run_leaves_no_nemo_gym_container_behind(
 
 
 def test_grpojob_run_trains_on_nemo_gyms_format_verification_and_the_reward_rises(
-    nemo_gym_image: str, tiny_model_dir: Path, tmp_path: Path, containers_conf: Path
+    nemo_gym_image: str, tiny_model_dir: Path, tmp_path: Path
 ):
     out = tmp_path / "out"
 
-    run = grpojob_run(example_job(tmp_path, tiny_model_dir, nemo_gym_image), out, containers_conf)
+    run = grpojob_run(example_job(tmp_path, tiny_model_dir, nemo_gym_image), out)
 
     assert run.returncode == 0, run.stdout[-4000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -136,11 +130,11 @@ def test_grpojob_run_trains_on_nemo_gyms_format_verification_and_the_reward_rise
 
 
 def test_an_image_podman_does_not_have_is_refused_naming_the_field_before_anything_starts(
-    nemo_gym_image: str, tiny_model_dir: Path, tmp_path: Path, containers_conf: Path
+    nemo_gym_image: str, tiny_model_dir: Path, tmp_path: Path
 ):
     missing = "localhost/grpojob/no-such-nemo-gym:0"
 
-    run = grpojob_run(example_job(tmp_path, tiny_model_dir, missing), tmp_path / "out", containers_conf)
+    run = grpojob_run(example_job(tmp_path, tiny_model_dir, missing), tmp_path / "out")
 
     assert run.returncode == 2, run.stdout[-3000:]
     assert run.stdout.strip().splitlines()[-1] == (

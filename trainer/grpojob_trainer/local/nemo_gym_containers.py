@@ -7,7 +7,9 @@ server, the agent listens on a free loopback port and NeMo Gym starts a Ray head
 container (the image's Python 3.13 and its Ray cannot join this Python's head, and its servers need nothing
 from the job's cluster). The container runs as a pod does: UID 1000, a read-only root, a tmpfs working
 directory, the image's supervisor, which stops every server when the container is stopped. Same image,
-same servers, same config: the cluster's versions.
+same servers, same config: the cluster's versions. Its open-file and process limits are this process's own
+(`ulimit_flags`): podman's defaults (1,048,576 each) are more than runc may set on a machine whose hard limits
+are lower, as in many containers and CI runners.
 
 Without podman, or without the image, `grpojob run` stops before anything starts, naming the field and the
 command that gets what is missing.
@@ -16,6 +18,7 @@ command that gets what is missing.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import uuid
@@ -81,6 +84,23 @@ def remove_command(owner: int, podman: str | None = None) -> list[str]:
     return [podman, "rm", "--force", f"--time={STOP_SECONDS}", f"--filter=label={OWNER_LABEL}={owner}"]
 
 
+def ulimit_flags() -> list[str]:
+    """``--ulimit`` flags that keep a container within this process's hard limits: open files at the hard limit
+    (soft raised to it, as podman's default does), processes at the hard limit, capped at the kernel's
+    ``pid_max`` (podman caps its own limit there, and runc may not set the container's above it)."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text()) if Path("/proc/sys/kernel/pid_max").exists() else None
+    if pid_max is not None and (nproc == resource.RLIM_INFINITY or nproc > pid_max):
+        nproc = pid_max
+    flags = []
+    if nofile != resource.RLIM_INFINITY:
+        flags.append(f"--ulimit=nofile={nofile}:{nofile}")
+    if nproc != resource.RLIM_INFINITY:
+        flags.append(f"--ulimit=nproc={nproc}:{nproc}")
+    return flags
+
+
 def container_command(podman: str, name: str, image: str, config_dir: Path, owner: int) -> list[str]:
     """`podman run` of one NeMo Gym container, as the environment's pod runs it, on the host network. The
     container is not removed when it exits (its log says why); `grpojob run` removes it."""
@@ -96,6 +116,7 @@ def container_command(podman: str, name: str, image: str, config_dir: Path, owne
         "--read-only",
         f"--tmpfs={gym.WORK_DIR}:rw,exec,mode=1777",
         f"--shm-size={SHM_SIZE}",
+        *ulimit_flags(),
         f"--workdir={gym.WORK_DIR}",
         f"--env=HOME={gym.WORK_DIR}",
         f"--volume={config_dir.resolve()}:{gym.CONFIG_DIR}:ro,z",

@@ -3,6 +3,7 @@ the environments' Services and names the one that does not answer."""
 
 from __future__ import annotations
 
+import resource
 import socket
 import sys
 from pathlib import Path
@@ -73,6 +74,12 @@ def test_a_nemo_gym_container_runs_as_its_pod_with_the_config_by_absolute_path(t
         command
     )
     assert "--rm" not in command, "the log of a container that stopped must outlive it"
+    open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert f"--ulimit=nofile={open_files}:{open_files}" in command, "podman's default may exceed this process's"
+    processes = [flag for flag in command if flag.startswith("--ulimit=nproc=")]
+    allowed = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    assert len(processes) == 1
+    assert allowed == resource.RLIM_INFINITY or int(processes[0].rsplit(":", 1)[1]) <= allowed
     image = command.index("example/gym:1")
     assert command[image - 1] == "--entrypoint=grpojob-supervise"
     assert command[image + 1 : image + 3] == ["/bin/bash", "-c"] and "exec gym env start" in command[image + 3]
