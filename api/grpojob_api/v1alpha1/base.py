@@ -115,6 +115,29 @@ Quantity = Annotated[
 """A Kubernetes quantity (`500m`, `2Gi`, `1e3`, `.5`), by Kubernetes' grammar."""
 
 
+def _positive_quantity(text: str) -> str:
+    if parse_quantity(text) <= 0:
+        raise ValueError(f"{text!r} must be greater than zero")
+    return text
+
+
+PositiveQuantity = Annotated[
+    str,
+    Field(
+        max_length=64,
+        json_schema_extra=cel_rules(
+            cel(
+                "isQuantity(self) && self.matches('^[+-]?([0-9]|[.][0-9])') && "
+                "quantity(self).compareTo(quantity('0')) > 0",
+                "must be a Kubernetes quantity greater than zero, such as 64Gi or 1e12",
+            )
+        ),
+    ),
+    AfterValidator(_positive_quantity),
+]
+"""A quantity greater than zero: what the API server takes as a claim's storage request."""
+
+
 class PvcSource(ApiModel):
     """A path inside a PersistentVolumeClaim, mounted read-only where it is needed."""
 

@@ -17,8 +17,8 @@ from pydantic import (
 from grpojob_api.v1alpha1.base import (
     MAX_PATH_LENGTH,
     ApiModel,
+    PositiveQuantity,
     PvcSource,
-    Quantity,
     SecretKeyRef,
     cel,
     cel_rules,
@@ -40,7 +40,7 @@ class ModelCacheSpec(ApiModel):
     claim_name: str | None = Field(default=None, min_length=1)
     """An existing PersistentVolumeClaim to use as the cache (ReadWriteMany to share it between nodes). Without
     it the job creates `<job>-model-cache`, which goes with the job."""
-    size: Quantity = "64Gi"
+    size: PositiveQuantity = "64Gi"
     """Size of the claim the job creates (ignored with `claimName`)."""
     storage_class_name: str | None = Field(default=None, min_length=1)
     """StorageClass of the claim the job creates (the cluster's default without it)."""

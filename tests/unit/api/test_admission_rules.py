@@ -229,6 +229,8 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
             "spec.evaluation.dataset.mapping.environment must name one of spec.environments",
         ),
         ("evaluation", {"dataset": {}}, "spec.evaluation.dataset: set exactly one of path, configMap or id"),
+        ("model", {"id": "org/model", "cache": {"size": "0"}}, "spec.model.cache.size: '0' must be greater than zero"),
+        ("model", {"id": "org/model", "cache": {"size": "-1Gi"}}, "spec.model.cache.size"),
     ],
 )
 def test_what_the_trainer_or_operator_would_refuse_is_refused_naming_the_field(path, value, named):

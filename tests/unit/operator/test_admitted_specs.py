@@ -235,7 +235,7 @@ BASES = {
     **all_jobs(),
 }
 
-STRINGS = ["", "/", "a/", "-0"]
+STRINGS = ["", "/", "a/", "-0", "1"]
 RESOURCE_KEYS = ("cpu", "memory", "ephemeral-storage", "nvidia.com/gpu")
 
 
