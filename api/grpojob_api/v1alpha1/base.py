@@ -5,6 +5,7 @@ inside a volume, a quantity, a claim, a Secret key).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import (
@@ -39,6 +40,32 @@ MAX_ENV_VARS = 128
 # Longest duration in seconds: an int32, as Kubernetes' own (a Job's ttlSecondsAfterFinished, a Deployment's
 # progressDeadlineSeconds), about 68 years; the operator adds these to timestamps.
 MAX_SECONDS = 2**31 - 1
+
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+"""A label value, as the API server takes it: at most 63 letters, digits, `-`, `_` and `.`, starting and ending with
+a letter or digit (or empty)."""
+MAX_LABEL_VALUE_LENGTH = 63
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def label_problem(key: str, value: str | None = None) -> str | None:
+    """Why the API server refuses a label (or, without ``value``, an annotation's key), or None."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return f"key {key!r}: its prefix must be a DNS subdomain (lower case, at most 253 characters)"
+    if len(name) > MAX_LABEL_VALUE_LENGTH or not _QUALIFIED_NAME.match(name):
+        return (
+            f"key {key!r}: its name must be 1 to 63 letters, digits, '-', '_' or '.', starting and ending with a "
+            "letter or digit"
+        )
+    if value is not None and (len(value) > MAX_LABEL_VALUE_LENGTH or not re.match(LABEL_VALUE, value)):
+        return (
+            f"value {value!r} of {key!r} must be at most 63 letters, digits, '-', '_' or '.', starting and ending "
+            "with a letter or digit"
+        )
+    return None
+
 
 DnsLabel = Annotated[str, StringConstraints(pattern=DNS_LABEL, min_length=1, max_length=MAX_ENVIRONMENT_NAME_LENGTH)]
 

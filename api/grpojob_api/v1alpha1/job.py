@@ -26,6 +26,7 @@ from grpojob_api.v1alpha1.base import (
     PvcSource,
     cel,
     cel_rules,
+    label_problem,
 )
 from grpojob_api.v1alpha1.environments import EnvironmentSpec
 from grpojob_api.v1alpha1.generation import (
@@ -346,8 +347,32 @@ class GRPOJobSpec(ApiModel):
         return environments
 
 
+OBJECT_META_FIELDS = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)
+"""The fields of Kubernetes' ObjectMeta: the API server refuses any other (`kubectl apply`: unknown field)."""
+
+
 class ObjectMeta(ApiModel):
-    """The parts of metadata that matter to validation and to `grpojob run`."""
+    """The parts of metadata that matter to validation and to `grpojob run`; the others of Kubernetes' ObjectMeta
+    pass unread, and what the API server refuses in it is refused here too, so `grpojob run` takes what `kubectl
+    apply` takes."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
 
@@ -358,6 +383,30 @@ class ObjectMeta(ApiModel):
     creation_timestamp: datetime | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     """Kueue's `kueue.x-k8s.io/queue-name` and `kueue.x-k8s.io/priority-class` are read from here."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_fields(self) -> ObjectMeta:
+        unknown = sorted(key for key in self.model_extra or {} if key not in OBJECT_META_FIELDS)
+        if unknown:
+            raise ValueError(f'unknown field "metadata.{unknown[0]}" (ObjectMeta has no such field)')
+        return self
+
+    @field_validator("labels")
+    @classmethod
+    def _valid_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if (problem := label_problem(key, value)) is not None:
+                raise ValueError(problem)
+        return labels
+
+    @field_validator("annotations")
+    @classmethod
+    def _valid_annotation_keys(cls, annotations: dict[str, str]) -> dict[str, str]:
+        for key in annotations:
+            if (problem := label_problem(key)) is not None:
+                raise ValueError(problem)
+        return annotations
 
 
 class GRPOJob(ApiModel):

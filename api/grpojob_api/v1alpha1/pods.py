@@ -15,6 +15,8 @@ from pydantic import (
 
 from grpojob_api.quantity import parse_quantity
 from grpojob_api.v1alpha1.base import (
+    LABEL_VALUE,
+    MAX_LABEL_VALUE_LENGTH,
     ApiModel,
     Quantity,
     cel,
@@ -165,7 +167,7 @@ def _no_reserved_keys(labels: dict[str, str]) -> dict[str, str]:
 
 
 LabelMap = Annotated[
-    dict[str, Annotated[str, Field(max_length=63)]],
+    dict[str, Annotated[str, Field(max_length=MAX_LABEL_VALUE_LENGTH, pattern=LABEL_VALUE)]],
     Field(
         max_length=MAX_SCHEDULING_ENTRIES,
         json_schema_extra=cel_rules(

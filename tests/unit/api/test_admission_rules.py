@@ -197,6 +197,7 @@ def test_the_trainer_config_keeps_a_null_that_means_something(tmp_path):
         ("logging.wandb", {"project": "p"}, "spec.logging.wandb.apiKeySecret is needed in online mode"),
         ("logging.mlflow", {"experiment": "e"}, "spec.logging.mlflow.trackingUri"),
         ("scheduling.trainer.labels", {"grpo.dev/job": "x"}, "spec.scheduling.trainer.labels"),
+        ("scheduling.trainer.labels", {"team": "rl team"}, "spec.scheduling.trainer.labels.team"),
         ("scheduling.head.labels", {"kueue.x-k8s.io/queue-name": "q"}, "must not use the keys the operator sets"),
         ("scheduling.policy.tolerations", [{"operator": "Exists", "value": "x"}], "Exists takes no value"),
         ("scheduling.policy.tolerations", [{"value": "x"}], "an empty key needs operator Exists"),

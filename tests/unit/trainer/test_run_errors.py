@@ -84,3 +84,28 @@ def test_an_evaluation_dataset_it_cannot_read_is_refused_naming_the_field(
     err = refusal(job, capsys)
 
     assert err.startswith(f"grpojob: {named.format(path=held_out)}"), err
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"metadata": {"name": "demo", "labels": {"team": "rl team"}}}, "metadata.labels: value 'rl team' of 'team'"),
+        ({"metadata": {"name": "demo", "labels": {"team": "x" * 64}}}, "metadata.labels: value 'xxx"),
+        ({"metadata": {"name": "demo", "labels": {"a/b/c": "x"}}}, "metadata.labels: key 'a/b/c'"),
+        ({"metadata": {"name": "demo", "annotations": {"-bad": "x"}}}, "metadata.annotations: key '-bad'"),
+        ({"metadata": {"name": "demo", "lables": {"team": "rl"}}}, 'unknown field "metadata.lables"'),
+        ({"apiVersion": None}, "apiVersion: required (apiVersion: grpo.dev/v1alpha1)"),
+        ({"kind": None}, "kind: required (kind: GRPOJob)"),
+    ],
+    ids=["label-space", "label-64", "label-key", "annotation-key", "unknown-metadata", "no-apiVersion", "no-kind"],
+)
+def test_what_the_api_server_refuses_in_the_envelope_is_refused_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict, named: str
+):
+    path = job_file(tmp_path, "rows.jsonl")
+    manifest = {**json.loads(path.read_text()), **change}
+    path.write_text(json.dumps({key: value for key, value in manifest.items() if value is not None}))
+
+    err = refusal(path, capsys)
+
+    assert err.startswith("grpojob: ") and named in err, err

@@ -22,6 +22,11 @@ def load_job(path: Path) -> api.GRPOJob:
         manifest = kubeyaml.load(path.read_text())
     except (OSError, yaml.YAMLError) as error:
         raise UsageError(f"{path}: {error}") from None
+    if isinstance(manifest, dict):  # the API server needs both to know what the object is
+        missing = [field for field in ("apiVersion", "kind") if not manifest.get(field)]
+        if missing:
+            wanted = {"apiVersion": api.API_VERSION, "kind": api.KIND}
+            raise UsageError(f"{path}: {missing[0]}: required ({missing[0]}: {wanted[missing[0]]})")
     try:
         return admission.parse_job(manifest)
     except ValidationError as error:
