@@ -270,7 +270,13 @@ ODD_CHAT = {
         "OpenAI's type is a JSON string, what the model generated and the agent sends back",
     ),
     "max_tokens beyond the context": Case(
-        body(max_tokens=10**9), 200, None, "capped by the server's max_new_tokens and the context left, as documented"
+        body(max_tokens=10**9), 400, "max_tokens", "more than the model's whole context: it could never be given"
+    ),
+    "max_completion_tokens beyond the context": Case(
+        body(max_completion_tokens=1025), 400, "max_completion_tokens", "the model's context is 1024 tokens"
+    ),
+    "max_tokens the whole context": Case(
+        body(max_tokens=1024), 200, None, "capped by the server's max_new_tokens and the context left, as documented"
     ),
     "no model": Case(body(model=MISSING), 200, None, "the server serves one model"),
     "extra field": Case(body(frobnicate=1), 200, None, "clients send vendor extras (NeMo Gym's, vLLM's)"),
@@ -278,7 +284,8 @@ ODD_CHAT = {
     "top_logprobs 0 without logprobs": Case(
         body(top_logprobs=0), 200, None, "what NeMo Gym sends (with logprobs); asks for nothing more"
     ),
-    "logprobs 'true'": Case(body(logprobs="true"), 200, None, "pydantic's lax booleans, as for every flag"),
+    "logprobs 'true'": Case(body(logprobs="true"), 400, "logprobs", "a JSON boolean, as OpenAI's API takes it"),
+    "logprobs 1": Case(body(logprobs=1), 400, "logprobs", "a JSON boolean, as OpenAI's API takes it"),
     "max_tokens null": Case(body(max_tokens=None), 200, None, "null is absent: the server's budget"),
     "tool message without tool_call_id": Case(
         body(messages=after({"role": "tool", "content": "42"})), 200, None, "the chat template does not read it"

@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionTokenLogprob
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 from openai.types.completion_usage import CompletionUsage
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from grpojob_trainer.generation.backend import (
     ContinuousBatchingBackend,
@@ -141,8 +141,9 @@ class ChatCompletionRequest(RequestBody):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     n: int | None = 1
-    stream: bool | None = False
-    logprobs: bool | None = None
+    stream: StrictBool | None = False
+    logprobs: StrictBool | None = None
+    """A JSON boolean, as OpenAI's API takes it (a string such as "false" would read as true)."""
     metadata: dict[str, str] | None = None
     """Passed through from the row; `EVALUATION_MARK` in it marks an evaluation rollout's call."""
 
@@ -207,7 +208,8 @@ def check_on_policy(request: ChatCompletionRequest, sampling: SamplingParams, pu
 
 
 def token_budget(request: ChatCompletionRequest, prompt_len: int, sampling: SamplingParams, max_model_len: int) -> int:
-    """Tokens this request may generate: its own limit capped by the server's and the context left."""
+    """Tokens this request may generate: its own limit capped by the server's and the context left. A limit beyond
+    the model's whole context is refused: it could never be what the request gets."""
     if prompt_len >= max_model_len:
         raise ApiError(
             400,
@@ -215,6 +217,14 @@ def token_budget(request: ChatCompletionRequest, prompt_len: int, sampling: Samp
             f"{prompt_len} input tokens. Please reduce the length of the input messages.",
             "messages",
         )
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = getattr(request, name)
+        if value is not None and value > max_model_len:
+            raise ApiError(
+                400,
+                f"{name}={value} is more than this model's maximum context length of {max_model_len} tokens",
+                name,
+            )
     asked = request.max_completion_tokens or request.max_tokens or sampling.max_new_tokens
     return min(asked, sampling.max_new_tokens, max_model_len - prompt_len)
 
