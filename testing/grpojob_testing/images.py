@@ -58,14 +58,6 @@ def ulimits() -> list[str]:
     return [f"--ulimit=nofile={nofile}:{nofile}", f"--ulimit=nproc={nproc}:{nproc}"]
 
 
-def containers_conf(path: Path) -> Path:
-    """Write a containers.conf with what `run_flags` sets on the command line (Debian's runc, the ulimits), for
-    programs that run plain `podman run` (`grpojob run`'s NeMo Gym containers): point ``CONTAINERS_CONF`` at it."""
-    limits = ", ".join(f'"{flag.split("=", 1)[1]}"' for flag in ulimits())
-    path.write_text(f'[containers]\ndefault_ulimits = [{limits}]\n\n[engine]\nruntime = "{RUNTIME}"\n')
-    return path
-
-
 def run_flags() -> list[str]:
     """The ``podman run`` flags of every container here: Debian's runc, the ulimits, the host network."""
     return [f"--runtime={RUNTIME}", *ulimits(), "--network=host"]
