@@ -414,7 +414,7 @@ class Bench:
             wait_until(established, f"CRD {crd['metadata']['name']}", 60)
 
     def start_operator(self, namespace: str) -> None:
-        from grpojob_trainer.net.http import free_port, wait_until_healthy
+        from grpojob_trainer.net.loopback import free_port, wait_until_healthy
 
         self.operator_metrics_port, probe = free_port(), free_port()
         env = {

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from grpojob_trainer.net.http import free_port
+from grpojob_trainer.net.loopback import free_port
 
 HOST = "127.0.0.1"
 

@@ -3,28 +3,30 @@
 # Each step is one device call; the machine is handed back 30 s after a call ends, so call them back to back.
 #
 #   caps                 first call: what the kernel allows (cgroups, netfilter, bridge, overlay, ...)
-#   part DIR             copy one part (carry it): the vLLM/Ray wheels' parts (.gpuparts/p*, .gpuparts/trl, as
-#                        for h200.sh) and the node's (.gpuparts/node/p*, `python -m grpojob_testing.gpu_node
-#                        pack .gpuparts/node` here)
-#   install              install the wheels (h200.sh install) and the node (programs, containerd/runc/CNI/
-#                        iptables, operator wheels: gpu_node unpack), compile the wheels' bytecode
-#   up [node|images]     start the cluster with the GPU node, stream the image made of this machine into its
-#                        containerd, helm-install the chart (both halves unless one is named); the cluster's
-#                        processes outlive the call
+#   part DIR             copy one part (carry it): the node's (.gpuparts/node/p*, `python -m grpojob_testing.gpu_node
+#                        pack .gpuparts/node` here), the vLLM/Ray wheels' parts (.gpuparts/p*, .gpuparts/trl, as for
+#                        h200.sh)
+#   node                 with the node's parts: install them (programs, containerd/runc/CNI/iptables; the operator's
+#                        wheels aside until the others come), start the cluster with the GPU node, and begin importing
+#                        the machine's own layers (system, Python: 16 GB, minutes) into its containerd in the
+#                        background, while the next calls carry the wheels
+#   install              with the last wheel part: install the wheels (h200.sh install) and the operator's beside
+#                        them, compile their bytecode
+#   up                   wait for the base layers, import the layer of the wheels and our code, helm-install the chart
 #   test [PYTEST ARGS]   tests/gpu/test_e2e_gpu.py against that cluster (e.g. `-k 1_5b`, then `-k 7b`), in the
 #                        background: followed for 9 minutes, then `wait` follows it on
 #   bench [ARGS]         benchmarks/cluster_vs_local.py: one job applied to that cluster, then the same job by
 #                        `grpojob run` on the same GPU (step time, time to the first step; into $OUT), likewise
-#   wait [NAME [SECS]]   follow a test (NAME e2e-gpu, the default) or benchmark (bench) still running
+#   wait [NAME [SECS]]   follow a test (NAME e2e-gpu, the default), benchmark (bench) or the base import (base)
 #   logs                 the cluster's logs and the jobs' pods into $OUT (a failed step saves them too)
 #
-# Which calls, in order (carry = the one folder each names; the node's parts are made here with
-# `python -m grpojob_testing.gpu_node pack .gpuparts/node`, which prints their sizes):
-#   1. caps && part .gpuparts/p0         2..N. part .gpuparts/p1 ..    (the vLLM/Ray wheels, as for h200.sh)
-#   then part .gpuparts/trl, part .gpuparts/node/p0 .., and with the last node part: part DIR && install
-#   then up (under 10 minutes: the image is the long part), test -k 1_5b, test -k 7b, bench
+# Which calls, in order (carry = the one folder each names; `python -m grpojob_testing.gpu_node pack .gpuparts/node`
+# here prints the node parts' sizes):
+#   1. caps && part .gpuparts/node/p0     2. part .gpuparts/node/p1 && node
+#   3..10. part .gpuparts/p0 .. p7        11. part .gpuparts/trl && install && up
+#   then test -k 1_5b, bench, test -k 7b (wait where one outlasts its call)
 set -uo pipefail
-export PYTHONPATH=/tmp/site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
+export PYTHONPATH=/tmp/site-packages:/root/operator-site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
 export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export GRPOJOB_TEST_KUBECONFIG=$HOME/.cache/grpojob/clusters/gpu/kubeconfig
 OUT=${OUT:-/tmp/out}
@@ -61,24 +63,29 @@ case $1 in
       *node*) mkdir -p /root/node-parts && cp "$2"/* /root/node-parts/ && ls /root/node-parts | wc -l ;;
       *) benchmarks/device/h200.sh part "$2" ;;
     esac ;;
+  node)
+    set -e
+    time python3 -m grpojob_testing.gpu_node unpack /root/node-parts --site-packages /root/operator-site-packages
+    # CUDA once on the host, so that the driver has made /dev/nvidia-uvm before the device plugin hands it out.
+    python3 -c 'import torch; torch.ones(1, device="cuda"); print(torch.cuda.get_device_name(0))'
+    time python3 -m grpojob_testing.gpu_cluster node 2>&1 | tee -a "$OUT/up.log"
+    python3 -m grpojob_testing.host_image plan | tee "$OUT/image-plan.txt"
+    background base python3 -m grpojob_testing.gpu_cluster base
+    kubectl get nodes -o wide
+    kubectl get node grpojob-node -o jsonpath='{.status.allocatable}'; echo ;;
   install)
     set -e
     [ -d /tmp/site-packages/vllm ] || benchmarks/device/h200.sh install
-    time python3 -m grpojob_testing.gpu_node unpack /root/node-parts
+    python3 -m grpojob_testing.gpu_node merge /root/operator-site-packages
     # The pods' root filesystem is read-only: their Python finds its bytecode compiled, or compiles every start.
     time python3 -m compileall -q -j 0 /tmp/site-packages >/dev/null || true
     df -h / ;;
   up)
     set -e
-    # CUDA once on the host, so that the driver has made /dev/nvidia-uvm before the device plugin hands it out.
-    python3 -c 'import torch; torch.ones(1, device="cuda"); print(torch.cuda.get_device_name(0))'
-    python3 -m grpojob_testing.host_image plan | tee "$OUT/image-plan.txt"
-    # Two halves, which can be two calls (`up node`, then `up images`) where one would outlast 10 minutes.
-    for half in ${2:-node images}; do
-      time python3 -m grpojob_testing.gpu_cluster "$half" 2>&1 | tee -a "$OUT/up.log"
-    done
-    kubectl get nodes -o wide
-    kubectl get node grpojob-node -o jsonpath='{.status.allocatable}'; echo
+    # Without the base layers (their import failed) the images carry every layer, as they would in one go.
+    follow base 480 || echo "the base layers' import failed: the images' import sends every layer"
+    [ -f /root/base.rc ] || { echo "the base layers are still being imported: call up again"; exit 1; }
+    time python3 -m grpojob_testing.gpu_cluster images 2>&1 | tee -a "$OUT/up.log"
     kubectl get pods -A ;;
   test)
     shift

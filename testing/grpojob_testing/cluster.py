@@ -42,7 +42,7 @@ from pathlib import Path
 import yaml
 
 from grpojob_testing import build, kuberay, kueue, node, node_images, nodes, pki
-from grpojob_trainer.net.http import free_port, wait_until_healthy
+from grpojob_trainer.net.loopback import free_port, wait_until_healthy
 
 SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"

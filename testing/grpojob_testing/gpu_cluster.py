@@ -3,6 +3,7 @@ chart installed: what tests/gpu/test_e2e_gpu.py applies GRPOJobs to (`make e2e-g
 
     python -m grpojob_testing.gpu_cluster up      # prints the kubeconfig; the processes outlive the command
     python -m grpojob_testing.gpu_cluster node    # the first half of up: the cluster with its GPU node
+    python -m grpojob_testing.gpu_cluster base    # after node: the machine's own layers, while the wheels travel
     python -m grpojob_testing.gpu_cluster images  # the second half: the images and the chart
     python -m grpojob_testing.gpu_cluster down
 
@@ -58,12 +59,24 @@ def start_node(device_glob: str = NVIDIA_DEVICE_GLOB, log=sys.stderr) -> Path:
     return kubeconfig
 
 
+def containerd_socket() -> str:
+    """The socket of the running cluster's node's containerd."""
+    return str(node.NodePaths(Cluster.named(CLUSTER_NAME).state_dir / "node").containerd_socket)
+
+
+def import_base_image(log=sys.stderr) -> None:
+    """Import the machine's own layers into the running cluster's node, ahead of the images (which then send
+    only the layer of the wheels and our code)."""
+    started = time.monotonic()
+    host_image.import_base(containerd_socket())
+    print(f"base layers imported in {time.monotonic() - started:.0f}s", file=log, flush=True)
+
+
 def install_images_and_chart(site_packages: Path = Path("/tmp/site-packages"), log=sys.stderr) -> Path:
     """Import the images made of this machine into the running cluster's node, install the chart."""
     cluster = Cluster.named(CLUSTER_NAME)
     started = time.monotonic()
-    socket = node.NodePaths(cluster.state_dir / "node").containerd_socket
-    host_image.import_into_containerd(str(socket), site_packages)
+    host_image.import_into_containerd(containerd_socket(), site_packages)
     print(f"images imported in {time.monotonic() - started:.0f}s", file=log, flush=True)
     helm_install(cluster.kubeconfig)
     print(f"chart installed after {time.monotonic() - started:.0f}s", file=log, flush=True)
@@ -87,7 +100,7 @@ def down() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpojob_testing.gpu_cluster", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["up", "node", "images", "down"])
+    parser.add_argument("command", choices=["up", "node", "base", "images", "down"])
     parser.add_argument("--site-packages", type=Path, default=Path("/tmp/site-packages"))
     parser.add_argument("--gpus", default=NVIDIA_DEVICE_GLOB, metavar="DEVICE_GLOB")
     args = parser.parse_args(argv)
@@ -95,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         print(up(args.site_packages, args.gpus))
     elif args.command == "node":
         print(start_node(args.gpus))
+    elif args.command == "base":
+        import_base_image()
     elif args.command == "images":
         print(install_images_and_chart(args.site_packages))
     else:

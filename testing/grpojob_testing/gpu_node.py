@@ -418,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     unpack_command = commands.add_parser("unpack", help="extract and install the parts (there)")
     unpack_command.add_argument("parts", type=Path)
     unpack_command.add_argument("--site-packages", type=Path, default=Path("/tmp/site-packages"))
+    merge_command = commands.add_parser("merge", help="move installed wheels into site-packages, bin/ script by script")
+    merge_command.add_argument("source", type=Path)
+    merge_command.add_argument("--site-packages", type=Path, default=Path("/tmp/site-packages"))
     commands.add_parser("capabilities", help="what this machine's kernel allows a real node")
     args = parser.parse_args(argv)
     if args.command == "pack":
@@ -426,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({**summary, **mib}, indent=2))
     elif args.command == "unpack":
         unpack(args.parts, args.site_packages)
+    elif args.command == "merge":
+        merge_site_packages(args.source, args.site_packages)
     else:
         for key, value in capabilities().items():
             print(f"== {key}\n{value}")

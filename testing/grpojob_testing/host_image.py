@@ -2,6 +2,7 @@
 machine's own user space and imported into the real node's containerd (`make e2e-gpu`).
 
     python -m grpojob_testing.host_image plan                  # what goes in, and how big each tree is
+    python -m grpojob_testing.host_image import-base CONTAINERD_SOCKET   # the machine's own layers, ahead
     python -m grpojob_testing.host_image import CONTAINERD_SOCKET
     python -m grpojob_testing.host_image write ARCHIVE         # the same OCI archive into a file
 
@@ -70,6 +71,11 @@ TAG = "0.1.0-gpu-node"
 TRAINER = f"grpojob.dev/gpu-node/trainer:{TAG}"
 OPERATOR = f"grpojob.dev/gpu-node/operator:{TAG}"
 ENVIRONMENTS = f"grpojob.dev/gpu-node/environments:{TAG}"
+BASE = f"grpojob.dev/gpu-node/base:{TAG}"
+BASE_LAYERS = 2
+"""The first two layers (system, python) are the machine's own, which the wheels do not change: `import_base`
+sends them as the image ``BASE`` while the wheels are still arriving, and the images' import then sends only
+ours."""
 GRPOJOB_ROOT = "/opt/grpojob"
 SOURCE_PACKAGES = {"api": "grpojob_api", "operator": "grpojob_operator", "trainer": "grpojob_trainer"}
 
@@ -381,32 +387,32 @@ def _blob(out: BinaryIO, blob: bytes) -> None:
     _pad(out, len(blob))
 
 
-def write_archive(out: BinaryIO, site_packages: Path, log=sys.stderr) -> dict[str, str]:
-    """Stream the OCI archive of the three images to ``out``; return their manifest digests by name."""
-    descriptors = []
-    built = layers(site_packages)
-    for layer in built:
-        started = time.monotonic()
-        digest = _Digest()
-        write_layer(layer, digest)
-        descriptors.append(
-            {"mediaType": oci.LAYER_MEDIA_TYPE, "digest": f"sha256:{digest.hash.hexdigest()}", "size": digest.size}
-        )
-        print(f"layer {layer.name}: {digest.size / 2**30:.2f} GiB ({time.monotonic() - started:.0f}s)", file=log)
-    _entry(out, "oci-layout", len(layout := json.dumps({"imageLayoutVersion": "1.0.0"}).encode()))
-    out.write(layout)
-    _pad(out, len(layout))
-    for layer, descriptor in zip(built, descriptors, strict=True):
-        started = time.monotonic()
-        _entry(out, f"blobs/sha256/{descriptor['digest'].removeprefix('sha256:')}", descriptor["size"])
-        counter = _Counting(out)
-        write_layer(layer, counter)
-        if counter.size != descriptor["size"]:
-            raise RuntimeError(f"layer {layer.name} changed between the passes: a file of it is being written")
-        _pad(out, descriptor["size"])
-        print(f"sent layer {layer.name} ({time.monotonic() - started:.0f}s)", file=log)
+def describe(layer: Layer, log=sys.stderr) -> dict:
+    """The layer's descriptor (digest and size): a pass over its files that writes nothing."""
+    started = time.monotonic()
+    digest = _Digest()
+    write_layer(layer, digest)
+    print(f"layer {layer.name}: {digest.size / 2**30:.2f} GiB ({time.monotonic() - started:.0f}s)", file=log)
+    return {"mediaType": oci.LAYER_MEDIA_TYPE, "digest": f"sha256:{digest.hash.hexdigest()}", "size": digest.size}
+
+
+def send_layer(out: BinaryIO, layer: Layer, descriptor: dict, log=sys.stderr) -> None:
+    """The layer's blob, under the name of its digest: a second pass over its files."""
+    started = time.monotonic()
+    _entry(out, f"blobs/sha256/{descriptor['digest'].removeprefix('sha256:')}", descriptor["size"])
+    counter = _Counting(out)
+    write_layer(layer, counter)
+    if counter.size != descriptor["size"]:
+        raise RuntimeError(f"layer {layer.name} changed between the passes: a file of it is being written")
+    _pad(out, descriptor["size"])
+    print(f"sent layer {layer.name} ({time.monotonic() - started:.0f}s)", file=log)
+
+
+def write_images(out: BinaryIO, images: dict[str, tuple], descriptors: list[dict]) -> dict[str, str]:
+    """Each image's config and manifest over ``descriptors``, the index and the archive's end; return the
+    manifest digests by name."""
     manifests, digests = [], {}
-    for name, (entrypoint, cmd) in IMAGES.items():
+    for name, (entrypoint, cmd) in images.items():
         config = json.dumps(image_config([d["digest"] for d in descriptors], entrypoint, cmd), sort_keys=True).encode()
         manifest = json.dumps(
             {
@@ -442,6 +448,38 @@ def write_archive(out: BinaryIO, site_packages: Path, log=sys.stderr) -> dict[st
     return digests
 
 
+def _start_archive(out: BinaryIO) -> None:
+    _entry(out, "oci-layout", len(layout := json.dumps({"imageLayoutVersion": "1.0.0"}).encode()))
+    out.write(layout)
+    _pad(out, len(layout))
+
+
+def write_archive(out: BinaryIO, site_packages: Path, log=sys.stderr, base: list[dict] | None = None) -> dict[str, str]:
+    """Stream the OCI archive of the three images to ``out``; return their manifest digests by name.
+
+    ``base``: the descriptors of the machine's layers (system, python) that the containerd already holds
+    (`write_base_archive`); their blobs are left out of the stream, and only ours is read and sent."""
+    built = layers(site_packages)
+    known = list(base or [])
+    descriptors = known + [describe(layer, log) for layer in built[len(known) :]]
+    _start_archive(out)
+    for layer, descriptor in zip(built[len(known) :], descriptors[len(known) :], strict=True):
+        send_layer(out, layer, descriptor, log)
+    return write_images(out, IMAGES, descriptors)
+
+
+def write_base_archive(out: BinaryIO, log=sys.stderr) -> list[dict]:
+    """Stream the OCI archive of ``BASE``, the machine's own layers (system, python) that do not change as
+    the wheels arrive; return their descriptors."""
+    built = layers(Path("/nonexistent"))[:BASE_LAYERS]
+    descriptors = [describe(layer, log) for layer in built]
+    _start_archive(out)
+    for layer, descriptor in zip(built, descriptors, strict=True):
+        send_layer(out, layer, descriptor, log)
+    write_images(out, {BASE: (None, ["python3", "--version"])}, descriptors)
+    return descriptors
+
+
 class _Counting(io.RawIOBase):
     """Passes writes on to ``out``, counting them."""
 
@@ -457,22 +495,62 @@ class _Counting(io.RawIOBase):
         return len(data)
 
 
-def import_into_containerd(address: str, site_packages: Path, namespace: str = "k8s.io") -> dict[str, str]:
-    """Stream the archive into ``ctr images import -`` of the containerd at ``address``, then drop the layer
-    blobs (their snapshots stay); return the manifest digests by image name."""
+def _import(address: str, namespace: str, write):
+    """Stream what ``write(out)`` writes into ``ctr images import -``, then drop the layer blobs (their
+    snapshots stay: containers run from those, and a later import of images on the same layers unpacks only
+    the layers on top); return what ``write`` returned."""
     from grpojob_testing import images
 
     ctr = ["ctr", "--address", address, "--namespace", namespace]
-    started = time.monotonic()
     importer = subprocess.Popen([*ctr, "images", "import", "-"], stdin=subprocess.PIPE)
     try:
-        digests = write_archive(importer.stdin, site_packages)
+        result = write(importer.stdin)
     finally:
         importer.stdin.close()
     if importer.wait() != 0:
         raise RuntimeError(f"ctr images import failed ({importer.returncode})")
     images.discard_layer_blobs(ctr)
-    print(f"imported {', '.join(digests)} in {time.monotonic() - started:.0f}s", file=sys.stderr)
+    return result
+
+
+def base_record() -> Path:
+    """Where `import_base` writes the descriptors of the layers it sent, and for which containerd."""
+    return build.cache_root() / "host-image-base.json"
+
+
+def import_base(address: str, namespace: str = "k8s.io", record: Path | None = None) -> list[dict]:
+    """Import ``BASE`` (the machine's own layers) into the containerd at ``address``; record its layers'
+    descriptors for `import_into_containerd`."""
+    started = time.monotonic()
+    descriptors = _import(address, namespace, write_base_archive)
+    (record or base_record()).write_text(json.dumps({"address": address, "layers": descriptors}))
+    print(f"imported {BASE} in {time.monotonic() - started:.0f}s", file=sys.stderr)
+    return descriptors
+
+
+def imported_base(address: str, namespace: str = "k8s.io", record: Path | None = None) -> list[dict] | None:
+    """The base layers' descriptors, where `import_base` imported ``BASE`` into this containerd and it still
+    holds it."""
+    path = record or base_record()
+    if not path.exists():
+        return None
+    recorded = json.loads(path.read_text())
+    listed = subprocess.run(
+        ["ctr", "--address", address, "--namespace", namespace, "images", "ls", "-q"], capture_output=True, text=True
+    ).stdout.split()
+    return recorded["layers"] if recorded.get("address") == address and BASE in listed else None
+
+
+def import_into_containerd(
+    address: str, site_packages: Path, namespace: str = "k8s.io", record: Path | None = None
+) -> dict[str, str]:
+    """Stream the archive into ``ctr images import -`` of the containerd at ``address`` (leaving out the base
+    layers where `import_base` has imported them there); return the manifest digests by image name."""
+    started = time.monotonic()
+    base = imported_base(address, namespace, record)
+    digests = _import(address, namespace, lambda out: write_archive(out, site_packages, base=base))
+    left_out = " (the base layers were there already)" if base else ""
+    print(f"imported {', '.join(digests)} in {time.monotonic() - started:.0f}s{left_out}", file=sys.stderr)
     return digests
 
 
@@ -499,12 +577,17 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("plan", help="the trees of each layer and their sizes")
     import_command = commands.add_parser("import", help="stream the images into a containerd")
     import_command.add_argument("address", help="containerd's socket")
+    base_command = commands.add_parser("import-base", help="stream the machine's own layers into a containerd")
+    base_command.add_argument("address", help="containerd's socket")
     write_command = commands.add_parser("write", help="write the OCI archive into a file")
     write_command.add_argument("archive", type=Path)
     args = parser.parse_args(argv)
     if args.command == "plan":
         for layer, tree, size in plan(args.site_packages):
             print(f"{layer:8} {size:>6}  {tree}")
+    elif args.command == "import-base":
+        for descriptor in import_base(args.address):
+            print(descriptor["digest"], descriptor["size"])
     elif args.command == "import":
         for name, digest in import_into_containerd(args.address, args.site_packages).items():
             print(f"{name} {digest}")

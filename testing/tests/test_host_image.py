@@ -135,3 +135,39 @@ def test_the_stream_imports_into_containerd_and_a_container_runs_from_it(
     )
     assert "/usr/lib/libc.so.6 char-device=false" in run.stdout, run.stdout + run.stderr
     assert f"PYTHONPATH={host_image.GRPOJOB_ROOT}/site-packages" in run.stdout
+
+
+def test_the_base_layers_go_ahead_and_the_images_import_then_sends_only_ours(
+    small_machine: Path, tmp_path: Path, containerd: str
+):
+    """While the wheels travel, the machine's own layers are imported as the base image; the images' import
+    then streams only the layer of the wheels and our code, and a container runs from the whole."""
+    from grpojob_testing import node_images
+
+    record = tmp_path / "base.json"
+    (small_machine / "usr/lib/libbig.so").write_bytes(os.urandom(2 << 20))  # a layer blob that is dropped
+    probe = oci.ImageFile("/usr/local/bin/grpojob-probe", node_images.probe_binary().read_bytes(), 0o755)
+    host_image.layers(tmp_path)[2].files.append(probe)
+    base = host_image.import_base(containerd, record=record)
+    assert host_image.imported_base(containerd, record=record) == base
+    assert host_image.imported_base("/elsewhere.sock", record=record) is None, "another containerd lacks it"
+    ctr = ["ctr", f"--address={containerd}", "--namespace=k8s.io"]
+    content = subprocess.run([*ctr, "content", "ls", "-q"], capture_output=True, text=True, check=True).stdout
+    assert base[0]["digest"] not in content, "the system layer's blob is dropped once unpacked"
+
+    sent = tmp_path / "sent.tar"
+    with sent.open("wb") as out:
+        host_image.write_archive(out, tmp_path / "site-packages", base=base)
+    with tarfile.open(sent) as tar:
+        blobs = {m.name.removeprefix("blobs/sha256/") for m in tar if m.name.startswith("blobs/")}
+    assert not {layer["digest"].removeprefix("sha256:") for layer in base} & blobs, "the base layers are not sent"
+
+    digests = host_image.import_into_containerd(containerd, tmp_path / "site-packages", record=record)
+    run = subprocess.run(
+        [*ctr, "run", "--rm", host_image.TRAINER, "host-image-base", probe.path, "devices", "/usr/lib/libc.so.6"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert host_image.TRAINER in digests
+    assert "/usr/lib/libc.so.6 char-device=false" in run.stdout, run.stdout + run.stderr

@@ -20,7 +20,7 @@ import yaml
 
 from grpojob_operator.children.pod import NON_ROOT_UID
 from grpojob_testing import images
-from grpojob_trainer.net.http import free_port, wait_until_healthy
+from grpojob_trainer.net.loopback import free_port, wait_until_healthy
 
 TOOLS = ("buildah", "podman", "debootstrap", "runc")
 OPERATOR_USER = "65532:65532"

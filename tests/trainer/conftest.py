@@ -44,7 +44,8 @@ def start_environment(name: str, policy_base_url: str, **config):
     (``config``: more `AgentConfig` fields)."""
     from grpojob_trainer.environments import get_environment
     from grpojob_trainer.environments.app import AgentConfig, create_environment_app
-    from grpojob_trainer.net.http import ThreadedServer, free_port
+    from grpojob_trainer.net.http import ThreadedServer
+    from grpojob_trainer.net.loopback import free_port
 
     port = free_port()
     config = AgentConfig(policy_base_url=policy_base_url, resources_url=f"http://127.0.0.1:{port}", **config)

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from grpojob_api import endpoints
-from grpojob_trainer.net.http import free_port, wait_until_healthy
+from grpojob_trainer.net.loopback import free_port, wait_until_healthy
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 

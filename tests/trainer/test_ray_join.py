@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpojob_trainer.net.http import free_port
+from grpojob_trainer.net.loopback import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_DISABLE_USAGE_STATS": "1"}

@@ -19,7 +19,8 @@ from grpojob_trainer.environments.app import AgentConfig, create_environment_app
 from grpojob_trainer.environments.rewards import RewardFileError, RewardsConfig, RewardsEnvironment
 from grpojob_trainer.experience.rollouts import collect_rollouts
 from grpojob_trainer.nemo_gym.protocol import Row, make_row
-from grpojob_trainer.net.http import ThreadedServer, free_port
+from grpojob_trainer.net.http import ThreadedServer
+from grpojob_trainer.net.loopback import free_port
 
 FIVE_LINES = """
 def short_answer(completions, **kwargs):

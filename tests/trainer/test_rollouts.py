@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse
 
 from grpojob_trainer.environments import get_environment
 from grpojob_trainer.experience.rollouts import collect_rollouts
-from grpojob_trainer.net.http import ThreadedServer, free_port
+from grpojob_trainer.net.http import ThreadedServer
+from grpojob_trainer.net.loopback import free_port
 
 
 def rows(name: str, count: int, seed: int = 0) -> list[dict]:

@@ -17,7 +17,7 @@ import pytest
 from grpojob_api import v1alpha1 as api
 from grpojob_api.admission import parse_job
 from grpojob_testing.cluster import wait_until
-from grpojob_trainer.net.http import free_port
+from grpojob_trainer.net.loopback import free_port
 from grpojob_trainer.observability.metrics import MetricsLogger
 from grpojob_trainer.observability.tracking import MlflowSink, WandbSink, job_params
 

@@ -19,7 +19,7 @@ import yaml
 from kubernetes import client
 
 from grpojob_testing.cluster import wait_until
-from grpojob_trainer.net.http import free_port
+from grpojob_trainer.net.loopback import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 CRD_DIR = REPO / "charts" / "grpojob" / "crds"

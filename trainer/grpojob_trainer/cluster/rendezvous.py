@@ -17,7 +17,7 @@ from pathlib import Path
 from grpojob_api import endpoints
 from grpojob_api.endpoints import ContractError, Endpoints
 from grpojob_trainer.errors import EnvironmentNotReady
-from grpojob_trainer.net.http import wait_until_healthy
+from grpojob_trainer.net.loopback import wait_until_healthy
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from grpojob_api import endpoints, rewards
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.errors import EnvironmentNotReady, UsageError
-from grpojob_trainer.net.http import free_port, wait_until_healthy
+from grpojob_trainer.net.loopback import free_port, wait_until_healthy
 
 START_TIMEOUT_S = 120.0
 

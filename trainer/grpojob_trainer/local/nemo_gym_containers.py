@@ -28,7 +28,7 @@ from grpojob_api import nemo_gym as gym
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.errors import EnvironmentNotReady, UsageError
 from grpojob_trainer.local.environment_processes import replica_name
-from grpojob_trainer.net.http import free_port, wait_until_healthy
+from grpojob_trainer.net.loopback import free_port, wait_until_healthy
 
 PODMAN = "podman"
 START_TIMEOUT_S = 300.0

@@ -1,20 +1,14 @@
-"""HTTP and loopback plumbing shared by our servers, their clients and the tests: a free port, waiting until a
-server's health URL answers, refusals in OpenAI's error shape (a validation error worded field by field),
-NeMo Gym's rollout path prefix stripped, and in-thread serving.
+"""HTTP plumbing shared by our servers and the tests: refusals in OpenAI's error shape (a validation error worded
+field by field), NeMo Gym's rollout path prefix stripped, and in-thread serving.
 
-It imports nothing of ours but `errors`: every layer above may use it. The test tooling (`grpojob_testing`) uses it too.
+It imports nothing of ours but `errors` and `loopback`: every layer above may use it.
 """
 
 from __future__ import annotations
 
-import http.client
 import re
-import socket
-import ssl
 import threading
 import time
-import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -23,48 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from grpojob_trainer.errors import field_path, problem
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def answers(url: str, *, timeout_s: float = 2.0, context: ssl.SSLContext | None = None) -> bool:
-    """True when ``GET url`` answers 200; False when it cannot connect, times out or answers otherwise."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as response:
-            return response.status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-
-
-def wait_until_healthy(
-    url: str,
-    timeout_s: float,
-    *,
-    check: Callable[[], None] | None = None,
-    context: ssl.SSLContext | None = None,
-    interval_s: float = 0.2,
-) -> None:
-    """Poll ``GET url`` until it answers 200, or raise `TimeoutError` naming it and the time waited after
-    ``timeout_s``.
-
-    ``check`` runs before each attempt and raises to stop waiting (for a server process that exited during
-    start-up); ``context`` is the TLS context for ``https`` URLs.
-    """
-    start = time.monotonic()
-    deadline = start + timeout_s
-    while True:
-        if check is not None:
-            check()
-        if answers(url, context=context):
-            return
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"GET {url} did not answer 200 within {time.monotonic() - start:.0f}s")
-        time.sleep(interval_s)
+from grpojob_trainer.net.loopback import free_port
 
 
 class ApiError(Exception):

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from grpojob_trainer.net.http import free_port, wait_until_healthy
+from grpojob_trainer.net.loopback import free_port, wait_until_healthy
 
 
 @contextmanager

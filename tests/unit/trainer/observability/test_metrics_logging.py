@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grpojob_trainer.net.http import free_port
+from grpojob_trainer.net.loopback import free_port
 from grpojob_trainer.observability.metrics import (
     FileProgressPublisher,
     MetricsLogger,
