@@ -100,7 +100,7 @@ import sys
 from grpojob_trainer import cli
 from grpojob_trainer.errors import RayHeadLost
 
-def lost(config):
+def lost(config, **_):
     raise RayHeadLost("the Ray head node 0123456789ab is gone from the cluster (its pod was replaced)")
 
 cli.train_in_cluster = lost
