@@ -23,6 +23,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from grpojob_api.progress import preemption_message
 from grpojob_trainer.cluster.connection import ask_for_token_auth
 from grpojob_trainer.commands.downloads import download_repos, download_step
 from grpojob_trainer.commands.local import run_local
@@ -61,12 +62,10 @@ def _interrupted(interrupted: Interrupted, command: str, argv: list[str], termin
     """Report a run stopped by a signal in one line: where it stopped, its checkpoint, and (on this machine) the
     command that resumes from it; the trainer pod's line is its termination message, the job's status."""
     if command == "train":
-        how = (
-            "preempted"
-            if interrupted.signum == signal.SIGTERM
-            else f"stopped by {signal.Signals(interrupted.signum).name}"
-        )
-        _failed(f"{how} {interrupted.where()}", termination_log)
+        if interrupted.signum == signal.SIGTERM:
+            _failed(preemption_message(interrupted.where()), termination_log)
+        else:
+            _failed(f"stopped by {signal.Signals(interrupted.signum).name} {interrupted.where()}", termination_log)
         return
     print(f"grpojob: interrupted {interrupted.where()}; resume with: {shlex.join(['grpojob', *argv])}", file=sys.stderr)
 
