@@ -2,8 +2,8 @@
 
     for each step:  rows → `/run` on the environment servers (they call the generation engines)
                     → TrainingSamples → policy.train_step → weights to every engine
-                    → metrics (JSONL, TensorBoard, the sinks), a log line, progress,
-                      a checkpoint every `interval` steps
+                    → a checkpoint every `interval` steps (timed: the log line shows it)
+                    → metrics (JSONL, TensorBoard, the sinks), a log line, progress
 
 Asynchronous GRPO (``spec.grpo.maxOffPolicySteps`` = k >= 1): the rollouts of steps s+1 … s+k are
 launched before step s trains, so generation of the next steps overlaps training of this one. Weights
@@ -57,6 +57,7 @@ from grpojob_trainer.experience.rollouts import EnvironmentURLs, PolicySampling,
 from grpojob_trainer.generation.group import GenerationGroup
 from grpojob_trainer.nemo_gym.protocol import Row
 from grpojob_trainer.observability.metrics import (
+    CHECKPOINT,
     ROLLOUT_WAIT,
     WEIGHT_SYNC,
     MetricsLogger,
@@ -172,7 +173,7 @@ async def run_loop(
 class TrainingLoop:
     """One run of the loop: the pieces it drives and where it stands (the step it resumed at, the weights'
     version, the rollouts launched ahead). `step` reads as a step runs: collect the rollouts, train, sync the
-    weights, evaluate, log, checkpoint."""
+    weights, evaluate, checkpoint, log, export."""
 
     def __init__(
         self,
@@ -277,21 +278,30 @@ class TrainingLoop:
         if self.evaluation_due(step):
             metrics |= await self.evaluate(step)
         new_best = self.evaluator is not None and self.evaluator.history.best != best_before
+        self.result.last_step = step
+        self.completed = CompletedStep(step, rollouts.data_position)
+        saving = self.checkpoint_due(step, new_best)
+        if saving:  # before the step's log line, which shows its time
+            with timer.phase(CHECKPOINT):
+                self.completed.checkpoint = self.save(step, rollouts.data_position)
         metrics |= timer.metrics()
         metrics |= throughput_metrics(samples, time.perf_counter() - started, finished - rollouts.started_s)
         self.logger.log(step, metrics)
         log.info("%s", step_line(step, self.grpo.max_steps, metrics))
         self.progress.publish(step, metrics.get("rollout/reward/mean", math.nan))
-        self.result.last_step = step
-        self.completed = CompletedStep(step, rollouts.data_position)
-        if (
+        if saving:
+            await self.export_step_model(step)
+        return metrics
+
+    def checkpoint_due(self, step: int, new_best: bool) -> bool:
+        """Whether ``step`` writes a checkpoint: every ``interval`` steps, the last, a new best evaluation with
+        ``select: bestEvaluation``, and the step a stop ends the run after."""
+        return (
             step % self.spec.checkpointing.interval == 0
             or step == self.grpo.max_steps
             or (self.select_best and new_best)
             or self.stop.requested
-        ):
-            await self.checkpoint(step, rollouts.data_position)
-        return metrics
+        )
 
     def evaluation_due(self, step: int) -> bool:
         """Whether ``step``'s weights are evaluated: on its `spec.evaluation` schedule, unless the run stops."""
@@ -390,10 +400,9 @@ class TrainingLoop:
             self.progress.publish_evaluation(_report(last), _report(best) if best else None)
         return metrics
 
-    async def checkpoint(self, step: int, data_position: dict[str, Any]) -> None:
-        """Save the checkpoint of ``step``, and export its model too with ``spec.output.everyCheckpoint`` (not
-        on a stop)."""
-        self.completed.checkpoint = self.save(step, data_position)
+    async def export_step_model(self, step: int) -> None:
+        """With ``spec.output.everyCheckpoint``, export the model of the checkpoint ``step`` just wrote (not on a
+        stop)."""
         if self.spec.output.every_checkpoint and not self.stop.requested:  # off the event loop: rollouts run
             name = paths.step_model_dir(step)
             await asyncio.to_thread(export_model, self.job, self.policy, self.output_dir, name, step, self.progress)
