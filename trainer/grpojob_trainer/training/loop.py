@@ -75,6 +75,7 @@ from grpojob_trainer.training.evaluation import (
     evaluation_due,
     evaluation_line,
 )
+from grpojob_trainer.training.exports import export_checkpoint_model, export_model
 from grpojob_trainer.training.stop import Interrupted, StopRequest
 from grpojob_trainer.weight_sync.paths import WeightSync, weight_sync_for
 
@@ -480,30 +481,3 @@ def _evaluator(
 
 def _report(evaluated: Evaluated) -> EvaluationReport:
     return EvaluationReport(evaluated.step, evaluated.mean_reward)
-
-
-def export_checkpoint_model(
-    job: api.GRPOJob,
-    policy: PolicyGroup,
-    checkpoint_dir: Path,
-    output_dir: Path,
-    step: int,
-    progress: ProgressPublisher,
-) -> None:
-    """Export the model of the checkpoint of ``step`` (`spec.output.select: bestEvaluation`) as the final one."""
-    output = job.spec.output
-    checkpoint = checkpoint_path(checkpoint_dir, step)
-    final = output_dir / paths.FINAL_MODEL_DIR
-    written = policy.export_checkpoint(str(checkpoint), str(final), output.dtype, output.format)
-    log.info("exported the model of step %d (the best evaluation) from %s to %s", step, checkpoint, written)
-    progress.publish_output_model(f"{paths.output_dir(job)}/{paths.FINAL_MODEL_DIR}", step)
-
-
-def export_model(
-    job: api.GRPOJob, policy: PolicyGroup, output_dir: Path, name: str, step: int, progress: ProgressPublisher
-) -> None:
-    """Export the policy to ``output_dir / name`` and report it (by its path inside the output claim)."""
-    output = job.spec.output
-    written = policy.export(str(output_dir / name), output.dtype, job.spec.checkpointing.keep, output.format)
-    log.info("exported the model of step %d to %s", step, written)
-    progress.publish_output_model(f"{paths.output_dir(job)}/{name}", step)
