@@ -18,6 +18,15 @@ from tests.trainer.test_grpojob_run import finish, grpojob, write_job
 STEPS = 10
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_heard():
+    """The run hears Ctrl-C as from a terminal, however pytest was started: a shell's background job ignores SIGINT,
+    its children inherit that, and `grpojob run` keeps an ignored signal ignored (as `nohup` means it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def logged_steps(out_dir: Path) -> list[tuple[int, int, int]]:
     """(step, data epoch, data index) of each logged step: which prompts each step trained on."""
     lines = (out_dir / "metrics.jsonl").read_text().splitlines() if (out_dir / "metrics.jsonl").exists() else []

@@ -12,6 +12,15 @@ import pytest
 from grpojob_trainer.training.stop import Interrupted, StopRequest
 
 
+@pytest.fixture
+def ctrl_c_heard():
+    """SIGINT handled as in a terminal, however pytest was started (a shell's background job ignores it, and the
+    stop request keeps an ignored signal ignored, as `nohup` means it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_a_signal_outside_the_loop_interrupts_where_the_command_is_and_the_handlers_come_back():
     before = signal.getsignal(signal.SIGTERM)
 
@@ -22,7 +31,7 @@ def test_a_signal_outside_the_loop_interrupts_where_the_command_is_and_the_handl
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_in_the_loop_a_signal_ends_the_wait_it_interrupts_and_nothing_else():
+def test_in_the_loop_a_signal_ends_the_wait_it_interrupts_and_nothing_else(ctrl_c_heard):
     async def loop(stop: StopRequest) -> tuple[bool, bool]:
         quick = await stop.finished(asyncio.sleep(0))
         asyncio.get_running_loop().call_later(0.01, os.kill, os.getpid(), signal.SIGINT)
