@@ -27,6 +27,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+PREEMPTED = "preempted"
+"""How the trainer's termination message begins when it stopped on notice (SIGTERM: an eviction, a node drain,
+a preemption) after checkpointing its last completed step: `preempted at step 12; checkpoint PATH`. The operator
+retries such an attempt without counting it against `spec.backoffLimit`."""
+
+
+def preemption_message(where: str) -> str:
+    """The trainer's termination message after a preemption: ``where`` is "at step N; checkpoint PATH"."""
+    return f"{PREEMPTED} {where}"
+
+
+def is_preemption(message: str) -> bool:
+    """Whether a termination message (or a container's "reason: message") is the trainer's `preemption_message`."""
+    return any(part.startswith(f"{PREEMPTED} ") for part in (message, message.partition(": ")[2]))
+
+
 STEP_KEY = "step"
 MEAN_REWARD_KEY = "meanReward"
 OUTPUT_MODEL_KEY = "outputModel"

@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import shlex
+import signal
 import sys
 import traceback
 from pathlib import Path
 
+from grpojob_api.progress import preemption_message
 from grpojob_trainer.cluster.connection import ask_for_token_auth
 from grpojob_trainer.commands.downloads import download_repos, download_step
 from grpojob_trainer.commands.local import run_local
@@ -28,6 +31,7 @@ from grpojob_trainer.commands.train import train_in_cluster
 from grpojob_trainer.errors import AllRolloutsFailed, EnvironmentNotReady, RayHeadLost, UsageError
 from grpojob_trainer.models.tiny import SHAPES
 from grpojob_trainer.observability.console import LOG_FORMAT, wants_bar
+from grpojob_trainer.training.stop import Interrupted, StopRequest
 
 log = logging.getLogger("grpojob")
 
@@ -52,6 +56,18 @@ def _failed(reason: str, termination_log: Path | None) -> None:
     """Report a fatal error the command knows: one line on stderr (no traceback), and the termination message."""
     print(f"grpojob: {reason}", file=sys.stderr)
     write_termination_message(termination_log, reason)
+
+
+def _interrupted(interrupted: Interrupted, command: str, argv: list[str], termination_log: Path | None) -> None:
+    """Report a run stopped by a signal in one line: where it stopped, its checkpoint, and (on this machine) the
+    command that resumes from it; the trainer pod's line is its termination message, the job's status."""
+    if command == "train":
+        if interrupted.signum == signal.SIGTERM:
+            _failed(preemption_message(interrupted.where()), termination_log)
+        else:
+            _failed(f"stopped by {signal.Signals(interrupted.signum).name} {interrupted.where()}", termination_log)
+        return
+    print(f"grpojob: interrupted {interrupted.where()}; resume with: {shlex.join(['grpojob', *argv])}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         _failed(str(error), termination_log)
         return 2
+    except Interrupted as interrupted:
+        _interrupted(interrupted, args.command, sys.argv[1:] if argv is None else argv, termination_log)
+        return interrupted.exit_code
     except (AllRolloutsFailed, EnvironmentNotReady) as error:
         _failed(str(error), termination_log)
         return 1
@@ -156,9 +175,11 @@ def run_command(args: argparse.Namespace) -> int:
         # Before anything imports Ray, which reads its authentication mode once, at import.
         ask_for_token_auth()
         bar = wants_bar(sys.stderr, verbose=args.verbose, no_progress=args.no_progress)
-        return run_local(args.job, args.out, show_progress=bar, tensorboard=not args.no_tensorboard)
+        with StopRequest().installed() as stop:
+            return run_local(args.job, args.out, show_progress=bar, tensorboard=not args.no_tensorboard, stop=stop)
     if args.command == "train":
-        return train_in_cluster(args.config)
+        with StopRequest().installed() as stop:
+            return train_in_cluster(args.config, stop=stop)
     if args.command == "export":
         from grpojob_trainer.policy.export import export_checkpoint
 

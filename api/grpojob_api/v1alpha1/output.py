@@ -23,6 +23,9 @@ from grpojob_api.v1alpha1.base import (
     given,
 )
 
+DEFAULT_GRACE_PERIOD_SECONDS = 120
+"""Kubernetes' default of 30 s is shorter than the checkpoint of a 7B model's weights and optimizer state."""
+
 
 class CheckpointSpec(ApiModel):
     """Checkpoints (model, optimizer, step, RNG state, data position); a restarted trainer resumes."""
@@ -37,6 +40,12 @@ class CheckpointSpec(ApiModel):
     """Save every this many steps (and after the last)."""
     keep: int = Field(default=2, ge=1)
     """Newest checkpoints kept."""
+    grace_period_seconds: int = Field(default=DEFAULT_GRACE_PERIOD_SECONDS, ge=1, le=86400)
+    """How long the trainer has once its pod is told to stop (an eviction, a node drain, Kueue's preemption,
+    a spot notice surfaced as the pod's deletion): it abandons a step still collecting rollouts or finishes
+    one already training, writes the checkpoint of its last completed step, and exits as preempted, which
+    the operator retries without counting against `backoffLimit`. The trainer pod's
+    `terminationGracePeriodSeconds`: leave room for one step's training and one checkpoint's write."""
 
 
 class OutputFormat(StrEnum):

@@ -95,6 +95,9 @@ class GRPOJobStatus(ApiModel):
     observed_generation: int | None = None
     attempt: int = 0
     """Trainer attempt, counted from 1; incremented on each retry."""
+    preemptions: int = 0
+    """Attempts that ended because the trainer pod was told to stop (an eviction, a node drain, a preemption),
+    its last completed step checkpointed: retried without counting against `spec.backoffLimit`."""
     start_time: datetime | None = None
     completion_time: datetime | None = None
     step: int | None = None

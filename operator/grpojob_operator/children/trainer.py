@@ -195,7 +195,16 @@ def build_trainer_job(
         service_account=child.trainer,
         run_once=True,
     )
-    return pod.run_once_job(metadata(job, child.trainer, "trainer", attempt_label), template)
+    template["spec"]["terminationGracePeriodSeconds"] = job.spec.checkpointing.grace_period_seconds
+    manifest = pod.run_once_job(metadata(job, child.trainer, "trainer", attempt_label), template)
+    # A pod ended by a disruption (eviction, preemption, a node drain) says so in the Job's Failed condition,
+    # which outlives the pod: the operator then retries without counting it against spec.backoffLimit.
+    manifest["spec"]["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onPodConditions": [DISRUPTED]}]}
+    return manifest
+
+
+DISRUPTED = {"type": "DisruptionTarget", "status": "True"}
+"""The pod condition Kubernetes sets on a pod it is about to stop for a disruption."""
 
 
 def _config_volume(child: names.ChildNames) -> Manifest:

@@ -10,7 +10,8 @@ from grpojob_operator.plan.conditions import condition
 
 def transition_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
     """An Event when a run ends, breaks or is paused: the job succeeded or failed (``Phase<phase>``), the
-    trainer failed and is retried (a Warning ``TrainerFailed``), the job was suspended or resumed.
+    trainer failed and is retried (a Warning ``TrainerFailed``; a Normal ``TrainerPreempted`` when its pod was
+    told to stop), the job was suspended or resumed.
 
     Each Event is an API write, and the way to Running (Initializing, the head ready, the endpoints, the
     trainer) is in the status already, one condition each with its lastTransitionTime; so that way posts
@@ -24,6 +25,8 @@ def _run_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
     if new.attempt > old.attempt > 0:  # an attempt failed, whatever the phase (a retry may stay Initializing)
         trainer = condition(new, ConditionType.TRAINER_RUNNING)
         message = trainer.message if trainer else f"retrying (attempt {new.attempt})"
+        if new.preemptions > old.preemptions:  # told to stop, its step checkpointed: no failure of its own
+            return [*events, Event("Normal", "TrainerPreempted", message)]
         return [*events, Event("Warning", "TrainerFailed", message)]
     if old.phase == new.phase:
         return events

@@ -12,10 +12,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from grpojob_api import v1alpha1 as api
-from grpojob_api.progress import parse_progress
+from grpojob_api.progress import is_preemption, parse_progress
 from grpojob_api.v1alpha1 import ConditionType, Phase
 from grpojob_operator.children.claims import output_model_status
-from grpojob_operator.children.trainer import build_trainer_job
+from grpojob_operator.children.trainer import DISRUPTED, build_trainer_job
 from grpojob_operator.observe import ConfigMapInfo, PodInfo, TrainerJobInfo
 from grpojob_operator.plan.actions import Create, Delete
 from grpojob_operator.plan.conditions import condition, fail, set_condition
@@ -74,7 +74,7 @@ def trainer(pass_: Pass) -> bool:
         set_condition(status, ConditionType.COMPLETE, True, "Completed", status.message, now)
         return STOP
     if job.failed:
-        retry_or_fail(pass_, trainer_failure(job, pods))
+        retry_or_fail(pass_, trainer_failure(job, pods), preempted=preempted(job, pods))
         return STOP
     current = [p for p in pods if p.attempt == status.attempt and not p.deleting]
     running = [p for p in current if p.phase == "Running"]
@@ -100,19 +100,28 @@ def trainer(pass_: Pass) -> bool:
     return STOP
 
 
-def retry_or_fail(pass_: Pass, cause: str) -> None:
+def retry_or_fail(pass_: Pass, cause: str, preempted: bool = False) -> None:
     """The current attempt failed: start the next one (the next pass replaces the trainer Job), or fail
-    the job when `spec.backoffLimit` retries are used up."""
+    the job when `spec.backoffLimit` retries are used up. A ``preempted`` attempt (its pod told to stop, its
+    last step checkpointed) is always retried, and counts against none of them."""
     status, now = pass_.status, pass_.now
     limit = pass_.job.spec.backoff_limit
-    if status.attempt < limit + 1:
+    failures = status.attempt - status.preemptions
+    if preempted:
+        message = f"attempt {status.attempt} was preempted: {cause}; retrying (not counted in spec.backoffLimit)"
+        status.preemptions += 1
+        status.attempt += 1
+        status.progress_time = None
+        set_condition(status, ConditionType.TRAINER_RUNNING, False, "TrainerPreempted", message, now)
+        status.phase = Phase.INITIALIZING
+    elif failures < limit + 1:
         message = f"attempt {status.attempt} of {limit + 1} failed: {cause}; retrying"
         status.attempt += 1
         status.progress_time = None
         set_condition(status, ConditionType.TRAINER_RUNNING, False, "TrainerFailed", message, now)
         status.phase = Phase.INITIALIZING
     else:
-        message = f"the trainer failed {status.attempt} times (spec.backoffLimit is {limit}); last: {cause}"
+        message = f"the trainer failed {failures} times (spec.backoffLimit is {limit}); last: {cause}"
         fail(pass_.plan, "BackoffLimitExceeded", message, now)
 
 
@@ -128,6 +137,14 @@ def stall(job: api.GRPOJob, status: api.GRPOJobStatus, now: datetime) -> str | N
         f"the trainer made no progress for {deadline}s (spec.progressDeadlineSeconds): {last}, "
         f"last progress at {since.isoformat(timespec='seconds')}"
     )
+
+
+def preempted(job: TrainerJobInfo, pods: list[PodInfo]) -> bool:
+    """Whether the attempt ended because its pod was told to stop: the trainer's own word (its termination
+    message, once it checkpointed), or the Job's Failed condition naming the pod's disruption (which outlives
+    an evicted pod)."""
+    ended = [detail for pod in pods if pod.attempt == job.attempt for _, code, detail in pod.terminated if code != 0]
+    return any(is_preemption(detail) for detail in ended) or DISRUPTED["type"] in job.failure_message
 
 
 def trainer_failure(job: TrainerJobInfo, pods: list[PodInfo]) -> str:

@@ -199,10 +199,13 @@ class Jobs:
         wait_until(running, f"the trainer pod of attempt {attempt} to run", timeout)
         return next(p for p in self.pods(selector) if p.status.phase == "Running")
 
-    def exit_pod(self, pod_name: str, code: int) -> None:
-        """End a pod's containers with an exit code, as its process would (kwok stage grpojob-pod-exit)."""
-        annotation = {"metadata": {"annotations": {"grpojob.dev/kwok-exit-code": str(code)}}}
-        self.core.patch_namespaced_pod(pod_name, self.namespace, annotation)
+    def exit_pod(self, pod_name: str, code: int, message: str | None = None) -> None:
+        """End a pod's containers with an exit code (and a termination message), as its process would (kwok stage
+        grpojob-pod-exit)."""
+        annotations = {"grpojob.dev/kwok-exit-code": str(code)}
+        if message is not None:
+            annotations["grpojob.dev/kwok-exit-message"] = message
+        self.core.patch_namespaced_pod(pod_name, self.namespace, {"metadata": {"annotations": annotations}})
 
     def config_map(self, name: str) -> dict[str, str] | None:
         try:

@@ -39,6 +39,32 @@ def test_a_failed_trainer_is_retried_up_to_backoff_limit_then_the_job_fails(oper
     assert status["attempt"] == 2
 
 
+def test_a_preempted_trainer_is_retried_without_using_up_the_backoff_limit(operator, jobs):
+    jobs.create(job_manifest("spot", backoffLimit=0))
+    jobs.wait_phase("spot", "Running")
+    first = jobs.wait_trainer_pod("spot", attempt=1)
+    said = "preempted at step 3; checkpoint /checkpoints/spot/step_00000003"
+    jobs.exit_pod(first.metadata.name, 143, message=said)  # what the trainer writes once told to stop
+
+    try:
+        jobs.wait_trainer_pod("spot", attempt=2)
+    except TimeoutError:
+        pods = [(p.metadata.name, p.status.container_statuses) for p in jobs.trainer_pods("spot")]
+        raise AssertionError(f"{jobs.status('spot')}\n{pods}") from None
+    status = jobs.status("spot")
+    assert (status["attempt"], status["preemptions"]) == (2, 1)
+    eventually(
+        lambda: any(reason == "TrainerPreempted" and said in message for reason, message in jobs.events("spot")),
+        "a TrainerPreempted event quoting the trainer",
+        30,
+    )
+
+    second = jobs.wait_trainer_pod("spot", attempt=2)
+    jobs.exit_pod(second.metadata.name, 1)  # a failure of its own: backoffLimit 0 allows none
+    failed = jobs.wait_phase("spot", "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded" and "failed 1 times" in failed["message"]
+
+
 def test_a_pod_stuck_in_image_pull_backoff_fails_the_job_naming_the_pod(operator, jobs):
     manifest = job_manifest("badimage")
     manifest["spec"]["environments"][0]["image"] = UNPULLABLE_IMAGE

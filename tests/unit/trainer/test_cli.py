@@ -3,9 +3,12 @@ creates at /dev/termination-log), where the operator reads it into the GRPOJob's
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ import pytest
 from grpojob_api import endpoints
 from grpojob_api.admission import parse_job
 from grpojob_api.endpoints import TrainerEnv
+from grpojob_api.progress import is_preemption
 from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.children.trainer import render_job_config
 from grpojob_operator.settings import OperatorSettings
@@ -100,7 +104,7 @@ import sys
 from grpojob_trainer import cli
 from grpojob_trainer.errors import RayHeadLost
 
-def lost(config):
+def lost(config, **_):
     raise RayHeadLost("the Ray head node 0123456789ab is gone from the cluster (its pod was replaced)")
 
 cli.train_in_cluster = lost
@@ -112,3 +116,18 @@ sys.exit(5)
     assert (
         termination_log.read_text() == "the Ray head node 0123456789ab is gone from the cluster (its pod was replaced)"
     )
+
+
+def test_a_trainer_told_to_stop_says_it_was_preempted_where_the_operator_reads_it(
+    config: Path, termination_log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def told_to_stop(config: Path, stop: object) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)  # the kubelet's notice, as the pod is evicted
+        time.sleep(60)
+        return 0
+
+    monkeypatch.setattr(cli, "train_in_cluster", told_to_stop)
+
+    assert cli.main(["train", "--config", str(config), "--termination-log", str(termination_log)]) == 143
+    assert termination_log.read_text() == "preempted before the first step; no checkpoint yet"
+    assert is_preemption(f"Error: {termination_log.read_text()}"), "the operator retries it uncounted"

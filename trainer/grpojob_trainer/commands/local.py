@@ -19,6 +19,7 @@ from grpojob_trainer.errors import UsageError
 from grpojob_trainer.local import nemo_gym_containers
 from grpojob_trainer.nemo_gym.protocol import Row
 from grpojob_trainer.training.data import Prompts
+from grpojob_trainer.training.stop import Interrupted, StopRequest
 
 if TYPE_CHECKING:
     from grpojob_trainer.training.loop import LoopResult
@@ -121,8 +122,11 @@ def local_model(model: api.ModelSpec) -> Path:
     return snapshot.path
 
 
-def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard: bool = True) -> int:
-    """`grpojob run`: the whole loop on this machine."""
+def run_local(
+    job_path: Path, out: Path | None, show_progress: bool, tensorboard: bool = True, stop: StopRequest | None = None
+) -> int:
+    """`grpojob run`: the whole loop on this machine; ``stop`` (its handlers installed) ends it early, raising
+    `Interrupted`."""
     import ray
 
     from grpojob_trainer.cluster import connection
@@ -148,7 +152,9 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
     gpus = machine_gpus(placement.layout(spec))
     layout = local_layout(spec, gpus)
     reap_at_exit(spec)
+    stop = stop or StopRequest()
     gcs = connection.start_local(layout.ray_resources, num_gpus=gpus)
+    stop.reinstall()  # Ray's SIGTERM handler would print its stack dump first
     print(
         f"Ray is up (GCS {gcs}, {gpus} GPUs, {layout.placement} placement); loading the model from {model}", flush=True
     )
@@ -183,25 +189,39 @@ def run_local(job_path: Path, out: Path | None, show_progress: bool, tensorboard
             display = started.enter_context(StepDisplay(name, steps, out / "run.log", bar=show_progress))
 
             result = asyncio.run(
-                run_loop(
-                    job,
-                    policy=policy,
-                    generation=generation,
-                    environment_urls=environment_urls,
-                    dataset=dataset,
-                    logger=logger,
-                    progress=FileProgressPublisher(out / "progress.json"),
-                    checkpoint_dir=Path(paths.checkpoint_dir(job)),
-                    output_dir=Path(paths.output_dir(job)).resolve(),
-                    on_step=display.on_step,
-                    evaluation_rows=evaluation_rows,
-                    evaluation_token=evaluation_token,
+                stop.watch(
+                    run_loop(
+                        job,
+                        policy=policy,
+                        generation=generation,
+                        environment_urls=environment_urls,
+                        dataset=dataset,
+                        logger=logger,
+                        progress=FileProgressPublisher(out / "progress.json"),
+                        checkpoint_dir=Path(paths.checkpoint_dir(job)),
+                        output_dir=Path(paths.output_dir(job)).resolve(),
+                        on_step=display.on_step,
+                        evaluation_rows=evaluation_rows,
+                        evaluation_token=evaluation_token,
+                        stop=stop,
+                    )
                 )
             )
+    except Interrupted as interrupted:
+        name_last_checkpoint(interrupted, job)
+        raise
     finally:
         ray.shutdown()
     print_summary(job, out, result)
     return 0
+
+
+def name_last_checkpoint(interrupted: Interrupted, job: api.GRPOJob) -> None:
+    """A run stopped before its loop (which resumes from the newest checkpoint) stopped at that checkpoint."""
+    from grpojob_trainer.policy.checkpoint import list_checkpoints
+
+    if interrupted.checkpoint is None and (saved := list_checkpoints(paths.checkpoint_dir(job))):
+        interrupted.step, interrupted.checkpoint = saved[-1]
 
 
 def warn_of_idle_engines(spec: api.GRPOJobSpec, engines: int) -> None:

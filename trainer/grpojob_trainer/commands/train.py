@@ -11,12 +11,16 @@ from grpojob_api import placement
 from grpojob_api.endpoints import GENERATION_PORT, ContractError, TrainerEnv
 from grpojob_trainer.commands.job import load_job, new_evaluation_token, read_evaluation_rows, read_training_prompts
 from grpojob_trainer.errors import UsageError
+from grpojob_trainer.training.stop import StopRequest
 
 log = logging.getLogger("grpojob")
 
 
-def train_in_cluster(config_path: Path) -> int:
-    """`grpojob train`: the trainer pod. Everything it needs comes from the endpoints ConfigMap and the Job."""
+def train_in_cluster(config_path: Path, stop: StopRequest | None = None) -> int:
+    """`grpojob train`: the trainer pod. Everything it needs comes from the endpoints ConfigMap and the Job.
+    ``stop`` (its handlers installed) ends it early, raising `Interrupted` once the last completed step is
+    checkpointed: on SIGTERM, the notice of an eviction, a drain or a preemption, within the pod's grace
+    period."""
     from grpojob_trainer.cluster import connection
     from grpojob_trainer.cluster.rendezvous import current_endpoints, wait_for_environments
     from grpojob_trainer.observability import tracking
@@ -39,7 +43,9 @@ def train_in_cluster(config_path: Path) -> int:
         exporter.serve(pod.metrics_port)
         sinks.append(exporter)
         log.info("training metrics on :%d/metrics", pod.metrics_port)
+    stop = stop or StopRequest()
     gcs = connection.join(endpoints.ray_gcs_address)
+    stop.reinstall()  # Ray's SIGTERM handler would print its stack dump first
     log.info("joined the Ray cluster; GCS address %s", gcs)
     head = connection.HeadWatch()
     dataset = read_training_prompts(spec, pod.dataset_paths)
@@ -64,19 +70,22 @@ def train_in_cluster(config_path: Path) -> int:
         log.info("logs of attempt %d in %s", endpoints.attempt, run_dir)
         with MetricsLogger(run_dir, sinks=sinks) as logger:
             asyncio.run(
-                run_loop(
-                    job,
-                    policy=placed.policy,
-                    generation=placed.generation,
-                    environment_urls=endpoints.environment_urls,
-                    dataset=dataset,
-                    logger=logger,
-                    progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),
-                    checkpoint_dir=Path(pod.checkpoint_dir),
-                    output_dir=Path(pod.output_dir),
-                    before_step=head.check,
-                    evaluation_rows=evaluation_rows,
-                    evaluation_token=evaluation_token,
+                stop.watch(
+                    run_loop(
+                        job,
+                        policy=placed.policy,
+                        generation=placed.generation,
+                        environment_urls=endpoints.environment_urls,
+                        dataset=dataset,
+                        logger=logger,
+                        progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),
+                        checkpoint_dir=Path(pod.checkpoint_dir),
+                        output_dir=Path(pod.output_dir),
+                        before_step=head.check,
+                        evaluation_rows=evaluation_rows,
+                        evaluation_token=evaluation_token,
+                        stop=stop,
+                    )
                 )
             )
     finally:

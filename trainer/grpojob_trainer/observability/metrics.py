@@ -41,6 +41,8 @@ TRAINING = "training"
 """Forward, backward and the optimizer step."""
 WEIGHT_SYNC = "weight_sync"
 """Pushing the new weights to every generation engine."""
+CHECKPOINT = "checkpoint"
+"""Writing the step's checkpoint (on the steps that write one)."""
 
 # Keys of the metrics every step logs that the log line and the Prometheus endpoint read.
 REWARD = "rollout/reward/mean"
@@ -188,7 +190,7 @@ def step_line(step: int, max_steps: int, metrics: Mapping[str, Any]) -> str:
     if isinstance(metrics.get(STEP_SECONDS), int | float):
         phases = [
             f"{phase} {metrics[f'time/{phase}']:.1f}s"
-            for phase in (GENERATION, ROLLOUT_WAIT, PREPARE, TRAINING, WEIGHT_SYNC)
+            for phase in (GENERATION, ROLLOUT_WAIT, PREPARE, TRAINING, WEIGHT_SYNC, CHECKPOINT)
             if isinstance(metrics.get(f"time/{phase}"), int | float)
         ]
         parts.append(f"time {metrics[STEP_SECONDS]:.1f}s" + (f" ({', '.join(phases)})" if phases else ""))

@@ -2,8 +2,8 @@
 
     for each step:  rows → `/run` on the environment servers (they call the generation engines)
                     → TrainingSamples → policy.train_step → weights to every engine
-                    → metrics (JSONL, TensorBoard, the sinks), a log line, progress,
-                      a checkpoint every `interval` steps
+                    → a checkpoint every `interval` steps (timed: the log line shows it)
+                    → metrics (JSONL, TensorBoard, the sinks), a log line, progress
 
 Asynchronous GRPO (``spec.grpo.maxOffPolicySteps`` = k >= 1): the rollouts of steps s+1 … s+k are
 launched before step s trains, so generation of the next steps overlaps training of this one. Weights
@@ -25,6 +25,10 @@ export is that checkpoint's model.
 A checkpoint stores the dataset position after the prompts of the step it saves, not after the prompts
 already drawn for batches still waiting to train, so a resumed run draws those again: it trains the same
 sequence of prompts as an uninterrupted run.
+
+A stop (SIGINT or SIGTERM, `grpojob_trainer.training.stop`) abandons a step still waiting for its rollouts and
+finishes one that trains, without waiting for later rollouts, pushing its weights or evaluating them; the last
+completed step is checkpointed unless it is, and `Interrupted` says where the run stopped.
 
 It works the same with a local Ray head (`grpojob run`) and on a RayCluster (`grpojob train` in the
 trainer pod); `grpojob_trainer.commands` sets up either and hands the pieces to `run_loop`, which runs a
@@ -53,6 +57,7 @@ from grpojob_trainer.experience.rollouts import EnvironmentURLs, PolicySampling,
 from grpojob_trainer.generation.group import GenerationGroup
 from grpojob_trainer.nemo_gym.protocol import Row
 from grpojob_trainer.observability.metrics import (
+    CHECKPOINT,
     ROLLOUT_WAIT,
     WEIGHT_SYNC,
     MetricsLogger,
@@ -70,6 +75,8 @@ from grpojob_trainer.training.evaluation import (
     evaluation_due,
     evaluation_line,
 )
+from grpojob_trainer.training.exports import export_checkpoint_model, export_model
+from grpojob_trainer.training.stop import Interrupted, StopRequest
 from grpojob_trainer.weight_sync.paths import WeightSync, weight_sync_for
 
 log = logging.getLogger(__name__)
@@ -110,6 +117,15 @@ class LaunchedRollouts:
     """The batch and when (on the loop's clock) it finished."""
 
 
+@dataclass
+class CompletedStep:
+    """The last step the policy trained (0: none), where its prompts ended, and its checkpoint, once written."""
+
+    step: int
+    data_position: dict[str, Any]
+    checkpoint: Path | None = None
+
+
 async def run_loop(
     job: api.GRPOJob,
     *,
@@ -125,26 +141,32 @@ async def run_loop(
     before_step: Callable[[], None] | None = None,
     evaluation_rows: list[Row] | None = None,
     evaluation_token: str | None = None,
+    stop: StopRequest | None = None,
 ) -> LoopResult:
     """Train until ``spec.grpo.maxSteps``, resuming from the newest checkpoint in ``checkpoint_dir``, then
     export the model to ``output_dir`` (as the policy's ranks see it; `spec.output`): `<output>/final`, and
     `<output>/step_<step>` with each checkpoint when ``spec.output.everyCheckpoint``. Callers run it with
     ``asyncio.run``. ``before_step`` runs before each step (the cluster's health check: it raises to end
     the attempt). ``evaluation_rows``: the held-out rows of ``spec.evaluation``; ``evaluation_token``: the
-    secret the engines accept as an evaluation's mark (`EVALUATION_MARK`)."""
+    secret the engines accept as an evaluation's mark (`EVALUATION_MARK`). ``stop``: the signal that ends the
+    run early (`grpojob_trainer.training.stop`; callers run the loop under ``stop.watch``): the step in flight
+    is abandoned or finished, the last completed step checkpointed, and `Interrupted` raised."""
     loop = TrainingLoop(
-        job, policy, generation, environment_urls, dataset, logger, progress, checkpoint_dir, output_dir
+        job, policy, generation, environment_urls, dataset, logger, progress, checkpoint_dir, output_dir, stop
     )
     loop.resume()
     loop.start_weight_sync()
     loop.start_evaluation(evaluation_rows, evaluation_token)
     await loop.begin()
     for step in range(loop.start + 1, loop.grpo.max_steps + 1):
+        if loop.stop.requested:
+            break
         if before_step is not None:
             before_step()
         metrics = await loop.step(step)
         if metrics is not None and on_step is not None:
             on_step(step, metrics)
+    loop.end_if_stopped()
     loop.export_final()
     return loop.result
 
@@ -152,7 +174,7 @@ async def run_loop(
 class TrainingLoop:
     """One run of the loop: the pieces it drives and where it stands (the step it resumed at, the weights'
     version, the rollouts launched ahead). `step` reads as a step runs: collect the rollouts, train, sync the
-    weights, evaluate, log, checkpoint."""
+    weights, evaluate, checkpoint, log, export."""
 
     def __init__(
         self,
@@ -165,6 +187,7 @@ class TrainingLoop:
         progress: ProgressPublisher,
         checkpoint_dir: Path,
         output_dir: Path,
+        stop: StopRequest | None = None,
     ) -> None:
         self.job, self.spec, self.grpo = job, job.spec, job.spec.grpo
         self.policy, self.generation, self.environment_urls, self.dataset = (
@@ -175,6 +198,7 @@ class TrainingLoop:
         )
         self.logger, self.progress = logger, progress
         self.checkpoint_dir, self.output_dir = checkpoint_dir, output_dir
+        self.stop = stop or StopRequest()
         asked = self.spec.generation
         self.sampling = PolicySampling(asked.temperature, asked.top_p, asked.max_new_tokens)
         self.config = job.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -188,6 +212,8 @@ class TrainingLoop:
         self.policy_version = 0
         """The version of the weights the policy holds and, between steps, the engines serve."""
         self.failed_in_a_row = 0
+        self.completed = CompletedStep(0, {})
+        """Where a stop leaves the run: the last step trained and its checkpoint."""
         self.result = LoopResult(first_step=1, last_step=0)
         self.began = time.perf_counter()
 
@@ -202,6 +228,7 @@ class TrainingLoop:
             self.start, self.position = resumed
             self.dataset.restore(self.position)
             log.info("resumed from the checkpoint of step %d in %s", self.start, self.checkpoint_dir)
+            self.completed = CompletedStep(self.start, self.position, checkpoint_path(self.checkpoint_dir, self.start))
         self.result = LoopResult(first_step=self.start + 1, last_step=self.start)
         self.policy_version, self.next_launch = self.start, self.start + 1
 
@@ -227,10 +254,13 @@ class TrainingLoop:
 
     async def step(self, step: int) -> dict[str, float] | None:
         """One step; its metrics, or None for a step whose every rollout failed (it raises `AllRolloutsFailed`
-        after ``spec.grpo.maxFailedSteps`` such steps in a row)."""
+        after ``spec.grpo.maxFailedSteps`` such steps in a row) or that a stop abandoned."""
         timer = StepTimer()
         started = time.perf_counter()
-        rollouts, batch, finished = await self.collect_rollouts(step, timer)
+        collected = await self.collect_rollouts(step, timer)
+        if collected is None:
+            return None  # abandoned: the policy has not changed since the last completed step
+        rollouts, batch, finished = collected
         metrics: dict[str, float] = dict(batch.metrics)
         metrics |= position_metrics(rollouts.data_position)
         metrics |= {"timeline/rollouts_started": rollouts.started_s, "timeline/rollouts_finished": finished}
@@ -246,22 +276,39 @@ class TrainingLoop:
         metrics |= await self.train(samples)
         metrics |= await self.sync_weights(timer)
         best_before = self.evaluator.history.best if self.evaluator is not None else None
-        if self.evaluator is not None and evaluation_due(step, self.evaluator.spec.every_steps, self.grpo.max_steps):
+        if self.evaluation_due(step):
             metrics |= await self.evaluate(step)
         new_best = self.evaluator is not None and self.evaluator.history.best != best_before
+        self.result.last_step = step
+        self.completed = CompletedStep(step, rollouts.data_position)
+        saving = self.checkpoint_due(step, new_best)
+        if saving:  # before the step's log line, which shows its time
+            with timer.phase(CHECKPOINT):
+                self.completed.checkpoint = self.save(step, rollouts.data_position)
         metrics |= timer.metrics()
         metrics |= throughput_metrics(samples, time.perf_counter() - started, finished - rollouts.started_s)
         self.logger.log(step, metrics)
         log.info("%s", step_line(step, self.grpo.max_steps, metrics))
         self.progress.publish(step, metrics.get("rollout/reward/mean", math.nan))
-        self.result.last_step = step
-        if (
+        if saving:
+            await self.export_step_model(step)
+        return metrics
+
+    def checkpoint_due(self, step: int, new_best: bool) -> bool:
+        """Whether ``step`` writes a checkpoint: every ``interval`` steps, the last, a new best evaluation with
+        ``select: bestEvaluation``, and the step a stop ends the run after."""
+        return (
             step % self.spec.checkpointing.interval == 0
             or step == self.grpo.max_steps
             or (self.select_best and new_best)
-        ):
-            await self.checkpoint(step, rollouts.data_position)
-        return metrics
+            or self.stop.requested
+        )
+
+    def evaluation_due(self, step: int) -> bool:
+        """Whether ``step``'s weights are evaluated: on its `spec.evaluation` schedule, unless the run stops."""
+        if self.evaluator is None or self.stop.requested:
+            return False
+        return evaluation_due(step, self.evaluator.spec.every_steps, self.grpo.max_steps)
 
     def launch_rollouts(self, up_to: int) -> None:
         """Launch every batch that may be in flight while step ``up_to`` is next to train."""
@@ -290,12 +337,18 @@ class TrainingLoop:
         position = self.dataset.position.as_dict()
         return LaunchedRollouts(step, self.policy_version, position, self.clock(), asyncio.create_task(collect()))
 
-    async def collect_rollouts(self, step: int, timer: StepTimer) -> tuple[LaunchedRollouts, RolloutBatch, float]:
-        """Launch what may run ahead, then wait for ``step``'s batch; it, and when it finished."""
+    async def collect_rollouts(
+        self, step: int, timer: StepTimer
+    ) -> tuple[LaunchedRollouts, RolloutBatch, float] | None:
+        """Launch what may run ahead, then wait for ``step``'s batch; it, and when it finished (None: a stop came
+        first)."""
         self.launch_rollouts(step)
         rollouts = self.launched.popleft()
         with timer.phase(ROLLOUT_WAIT):
-            batch, finished = await rollouts.task
+            if not await self.stop.finished(rollouts.task):
+                rollouts.task.cancel()
+                return None
+            batch, finished = rollouts.task.result()
         return rollouts, batch, finished
 
     def count_failed_step(self, step: int, batch: RolloutBatch, metrics: dict[str, float]) -> None:
@@ -323,11 +376,14 @@ class TrainingLoop:
         return metrics
 
     async def sync_weights(self, timer: StepTimer) -> dict[str, float]:
-        """Push the new weights once the rollouts launched meanwhile are done (they must not see a change)."""
+        """Push the new weights once the rollouts launched meanwhile are done (they must not see a change); on a
+        stop, the step ends without them and pushes nothing (no engine serves again before the run resumes)."""
         assert self.weight_sync is not None
         with timer.phase(ROLLOUT_WAIT):
             if pending := [later.task for later in self.launched if not later.task.done()]:
-                await asyncio.wait(pending)
+                await self.stop.finished(asyncio.wait(pending))
+        if self.stop.requested:
+            return {}
         metrics = {"timeline/weight_sync_started": self.clock()}
         with timer.phase(WEIGHT_SYNC):
             metrics |= self.weight_sync.push()
@@ -345,9 +401,16 @@ class TrainingLoop:
             self.progress.publish_evaluation(_report(last), _report(best) if best else None)
         return metrics
 
-    async def checkpoint(self, step: int, data_position: dict[str, Any]) -> None:
-        """Save the checkpoint of ``step`` (with the evaluation history, keeping the best evaluation's), and
-        export its model too with ``spec.output.everyCheckpoint``."""
+    async def export_step_model(self, step: int) -> None:
+        """With ``spec.output.everyCheckpoint``, export the model of the checkpoint ``step`` just wrote (not on a
+        stop)."""
+        if self.spec.output.every_checkpoint and not self.stop.requested:  # off the event loop: rollouts run
+            name = paths.step_model_dir(step)
+            await asyncio.to_thread(export_model, self.job, self.policy, self.output_dir, name, step, self.progress)
+
+    def save(self, step: int, data_position: dict[str, Any]) -> Path:
+        """Save the checkpoint of ``step``, whose prompts end at ``data_position``, with the evaluation history
+        (keeping the best evaluation's checkpoint); its path."""
         saved_position = dict(data_position)
         kept = None
         if self.evaluator is not None:
@@ -356,9 +419,20 @@ class TrainingLoop:
             kept = best.step if self.select_best and best is not None else None
         keep = self.spec.checkpointing.keep
         self.policy.save(CheckpointRequest(str(self.checkpoint_dir), step, saved_position, self.config, keep, kept))
-        if self.spec.output.every_checkpoint:  # off the event loop: later steps' rollouts are in flight
-            name = paths.step_model_dir(step)
-            await asyncio.to_thread(export_model, self.job, self.policy, self.output_dir, name, step, self.progress)
+        return checkpoint_path(self.checkpoint_dir, step)
+
+    def end_if_stopped(self) -> None:
+        """After a stop: drop the rollouts launched ahead, checkpoint the last completed step unless it has its
+        checkpoint, and raise `Interrupted` naming both."""
+        if self.stop.signum is None:
+            return
+        for later in self.launched:
+            later.task.cancel()
+        completed = self.completed
+        if completed.checkpoint is None and completed.step > 0:
+            completed.checkpoint = self.save(completed.step, completed.data_position)
+        log.info("stopped by %s after step %d", self.stop.name, completed.step)
+        raise Interrupted(self.stop.signum, completed.step or None, completed.checkpoint)
 
     def export_final(self) -> None:
         """Export the final model: the last step's policy, or the best evaluation's checkpoint."""
@@ -407,30 +481,3 @@ def _evaluator(
 
 def _report(evaluated: Evaluated) -> EvaluationReport:
     return EvaluationReport(evaluated.step, evaluated.mean_reward)
-
-
-def export_checkpoint_model(
-    job: api.GRPOJob,
-    policy: PolicyGroup,
-    checkpoint_dir: Path,
-    output_dir: Path,
-    step: int,
-    progress: ProgressPublisher,
-) -> None:
-    """Export the model of the checkpoint of ``step`` (`spec.output.select: bestEvaluation`) as the final one."""
-    output = job.spec.output
-    checkpoint = checkpoint_path(checkpoint_dir, step)
-    final = output_dir / paths.FINAL_MODEL_DIR
-    written = policy.export_checkpoint(str(checkpoint), str(final), output.dtype, output.format)
-    log.info("exported the model of step %d (the best evaluation) from %s to %s", step, checkpoint, written)
-    progress.publish_output_model(f"{paths.output_dir(job)}/{paths.FINAL_MODEL_DIR}", step)
-
-
-def export_model(
-    job: api.GRPOJob, policy: PolicyGroup, output_dir: Path, name: str, step: int, progress: ProgressPublisher
-) -> None:
-    """Export the policy to ``output_dir / name`` and report it (by its path inside the output claim)."""
-    output = job.spec.output
-    written = policy.export(str(output_dir / name), output.dtype, job.spec.checkpointing.keep, output.format)
-    log.info("exported the model of step %d to %s", step, written)
-    progress.publish_output_model(f"{paths.output_dir(job)}/{name}", step)

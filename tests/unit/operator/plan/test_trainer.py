@@ -103,6 +103,46 @@ def test_the_last_allowed_failure_fails_the_job_with_the_cause():
     assert plan.status.completion_time == NOW
 
 
+def test_a_preempted_trainer_is_retried_without_counting_against_the_backoff_limit():
+    children = with_endpoints(base_children(), attempt=2)
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 2, False, True, "BackoffLimitExceeded", False)}
+    said = "Error: preempted at step 7; checkpoint /checkpoints/demo/step_00000007"
+    children["Pod"]["demo-trainer-b"] = pod(
+        "demo-trainer-b", "trainer", attempt=2, phase="Failed", terminated=(("trainer", 143, said),)
+    )
+
+    plan = run(job_body(status={"attempt": 2, "phase": "Running"}), children)  # backoffLimit 1: one failure used
+
+    assert (plan.status.phase, plan.status.attempt, plan.status.preemptions) == ("Initializing", 3, 1)
+    running = condition(plan.status, api.ConditionType.TRAINER_RUNNING)
+    assert running is not None and running.reason == "TrainerPreempted" and "preempted at step 7" in running.message
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "TrainerPreempted")]
+
+
+def test_an_evicted_trainer_whose_pod_is_gone_is_known_by_its_jobs_condition():
+    children = with_endpoints(base_children(), attempt=2)
+    reason = "Pod default/demo-trainer-b has condition DisruptionTarget matching FailJob rule at index 0"
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 2, False, True, reason, False)}
+
+    plan = run(job_body(status={"attempt": 2, "phase": "Running"}), children)
+
+    assert (plan.status.phase, plan.status.attempt, plan.status.preemptions) == ("Initializing", 3, 1)
+
+
+def test_failures_after_preemptions_count_only_themselves():
+    children = with_endpoints(base_children(), attempt=3)
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 3, False, True, "", False)}
+    children["Pod"]["demo-trainer-c"] = pod(
+        "demo-trainer-c", "trainer", attempt=3, phase="Failed", terminated=(("trainer", 1, "Error: boom"),)
+    )
+
+    retried = run(job_body(status={"attempt": 3, "preemptions": 2, "phase": "Running"}), children)
+    failed = run(job_body(status={"attempt": 3, "preemptions": 1, "phase": "Running"}), children)
+
+    assert (retried.status.phase, retried.status.attempt) == ("Initializing", 4), "one failure of two allowed"
+    assert failed.status.phase == "Failed" and "failed 2 times" in failed.status.message
+
+
 def test_a_trainer_that_finishes_while_the_head_is_down_still_ends_the_job():
     children = with_endpoints(base_children(head_ready=False))
     children["Pod"] = {}

@@ -130,6 +130,8 @@ def test_the_log_line_of_a_step_has_its_reward_time_phases_failed_rollouts_and_g
         "step 3/16 reward 0.4125 time 12.3s (generation 8.1s, training 3.0s, weight_sync 0.4s) "
         "failed rollouts 2/64 groups with varied rewards 5/8 generated 1.83e+03 tokens/s"
     )
+    # A step that wrote its checkpoint shows the checkpoint's own time.
+    assert "weight_sync 0.4s, checkpoint 2.5s) " in step_line(3, 16, {**STEP_METRICS, "time/checkpoint": 2.5})
     # A step whose every rollout failed has no reward.
     assert (
         step_line(4, 16, {"rollout/count": 64.0, "rollout/failed": 64.0}) == "step 4/16 reward - failed rollouts 64/64"

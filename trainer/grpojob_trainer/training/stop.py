@@ -1,0 +1,153 @@
+"""Stopping a run on notice: SIGINT (Ctrl-C) or SIGTERM (`kill`, a pod's eviction, a node drain, a preemption).
+
+The first signal asks the loop to stop. A step still collecting its rollouts is abandoned (the policy has not
+changed yet, and a resumed run draws its prompts again); a step already training is finished (an update cannot
+be taken back), without waiting for the next steps' rollouts, pushing its weights or evaluating them. The loop
+then writes a checkpoint of its last completed step unless it has one and raises `Interrupted`, which the
+command reports in one line and turns into the exit code a shell expects of the signal (130, 143).
+
+Outside the loop (loading the model, starting the environments, the final export) there is no step to finish:
+the signal raises `Interrupted` where the command is, and the command's clean-up runs as it does on an error. A
+second signal while the first is handled ends the process at once.
+
+The handlers replace Ray's: after `ray.init` a SIGTERM would reach Ray's C++ failure handler, which prints a
+stack dump before Python's handler exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import TypeVar
+
+T = TypeVar("T")
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def exit_code(signum: int) -> int:
+    """What a shell reports for a process ended by ``signum``: 128 + its number (130 for SIGINT, 143 for
+    SIGTERM)."""
+    return 128 + signum
+
+
+class Interrupted(Exception):
+    """The run stopped on a signal, after writing what it could."""
+
+    def __init__(self, signum: int, step: int | None = None, checkpoint: Path | None = None) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.step = step
+        """The last completed step (None: none yet)."""
+        self.checkpoint = checkpoint
+        """The checkpoint of ``step``, or the newest one there is (None: none)."""
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.signum)
+
+    def where(self) -> str:
+        """ "at step N; checkpoint PATH", or what stands for either when there is none."""
+        at = "before the first step" if self.step is None else f"at step {self.step}"
+        saved = f"checkpoint {self.checkpoint}" if self.checkpoint is not None else "no checkpoint yet"
+        return f"{at}; {saved}"
+
+
+class StopRequest:
+    """The signal that asks the run to stop, once one came. ``install`` it before the work starts; the loop
+    watches it (``watching``) and asks it at its safe points."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else "nothing"
+
+    @contextlib.contextmanager
+    def installed(self, signals: Iterable[int] = SIGNALS) -> Iterator[StopRequest]:
+        """Handle ``signals`` (one ignored when this process started, as `nohup` leaves SIGINT, stays ignored)
+        until the block ends, then restore the handlers there were."""
+        previous = {}
+        for signum in signals:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, self._outside_the_loop)
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def reinstall(self) -> None:
+        """Take the signals back from a library that set its own handlers (``ray.init`` sets SIGTERM's)."""
+        for signum in SIGNALS:
+            if signal.getsignal(signum) not in (signal.SIG_IGN, self._outside_the_loop):
+                signal.signal(signum, self._outside_the_loop)
+
+    def _outside_the_loop(self, signum: int, frame: FrameType | None) -> None:
+        self._second(signum)
+        self.signum = signum
+        raise Interrupted(signum)
+
+    def _in_the_loop(self, signum: int) -> None:
+        self._second(signum)
+        self.signum = signum
+        if self._event is not None:
+            self._event.set()
+
+    def _second(self, signum: int) -> None:
+        """A second signal while the first is handled: stop now, writing nothing more."""
+        if self.signum is None:
+            return
+        print(f"grpojob: {signal.Signals(signum).name} again: stopping now", file=sys.stderr, flush=True)
+        os._exit(exit_code(signum))
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[StopRequest]:
+        """While the loop runs, a signal only records the request (asyncio's handlers wake the loop however
+        busy Ray's threads keep the process); the loop asks at its safe points."""
+        loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+        if self.requested:
+            self._event.set()
+        handled = [signum for signum in SIGNALS if signal.getsignal(signum) == self._outside_the_loop]
+        for signum in handled:
+            loop.add_signal_handler(signum, self._in_the_loop, signum)
+        try:
+            yield self
+        finally:
+            for signum in handled:
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, self._outside_the_loop)
+            self._event = None
+
+    async def watch(self, work: Awaitable[T]) -> T:
+        """Await ``work`` (the loop) while watching: ``asyncio.run(stop.watch(run_loop(...)))``."""
+        async with self.watching():
+            return await work
+
+    async def finished(self, awaitable: Awaitable[object]) -> bool:
+        """Wait for ``awaitable`` or a stop, whichever comes first; whether ``awaitable`` finished (a task left
+        unfinished is the caller's to cancel)."""
+        future = asyncio.ensure_future(awaitable)
+        if self._event is None:
+            await asyncio.wait({future})
+            return True
+        stopped = asyncio.ensure_future(self._event.wait())
+        try:
+            await asyncio.wait({future, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        return future.done()
