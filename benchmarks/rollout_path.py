@@ -11,8 +11,9 @@ engine that returns a fixed 256-token answer):
   sends them: driver → ``/run`` → ``/seed_session`` → the policy → ``/verify``, in a separate process.
 
 Prints the medians and their ratio (ours / anchor), and the CPU time the environment server spent per round (all
-its processes, from ``/proc``: Linux), which a busy machine moves less than the wall-clock times. The model is the
-tiny one (`grpojob tiny-model`), written to a temporary directory: only its tokenizer is used.
+its processes, from ``/proc``: Linux) and this process (the driver and the generation server), which a busy machine
+moves less than the wall-clock times. The model is the tiny one (`grpojob tiny-model`), written to a temporary
+directory: only its tokenizer is used.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             replicas=args.environment_replicas,
         )
         config = ServerConfig("policy", SamplingParams(1.0, 1.0, 512))
-        anchor, ours, cpu = [], [], []
+        anchor, ours, cpu, own_cpu = [], [], [], []
         with GenerationServer(InstantEngine(tokenizer), config) as server:
             processes = EnvironmentProcesses(
                 [environment],
@@ -140,12 +141,13 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(args.repeats + 1):  # the first round warms both paths up
                     anchor.append(asyncio.run(direct_calls(server.base_url, rows)))
                     pids = [process.pid for process in processes.processes.values()]
-                    cpu_before, started = cpu_seconds(pids), time.perf_counter()
+                    cpu_before, own_before, started = cpu_seconds(pids), time.process_time(), time.perf_counter()
                     batch = asyncio.run(
                         collect_rollouts(rows, urls, concurrency=len(rows), retries=0, sampling=sampling)
                     )
                     ours.append(time.perf_counter() - started)
                     cpu.append(cpu_seconds(pids) - cpu_before)
+                    own_cpu.append(time.process_time() - own_before)
                     if batch.failures:
                         raise SystemExit(f"{len(batch.failures)} rollouts failed: {batch.failures[0].error}")
     ours_s, anchor_s = statistics.median(ours[1:]), statistics.median(anchor[1:])
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.rollouts} direct policy calls (anchor):      {anchor_s:.2f} s")
     print(f"ours / anchor: {ours_s / anchor_s:.2f}")
     print(f"environment server CPU per round: {statistics.median(cpu[1:]):.2f} s")
+    print(f"driver and generation server CPU per round: {statistics.median(own_cpu[1:]):.2f} s")
     return 0
 
 
