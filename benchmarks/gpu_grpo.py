@@ -82,8 +82,9 @@ class Workload:
     generations_per_prompt: int = 8
     max_new_tokens: int = 256
     micro_batch_size: int = 16
-    torch_compile: bool = False
-    """Our leg: `spec.training.torchCompile` (decoder layers through torch.compile)."""
+    torch_compile: str = ""
+    """Our leg: `spec.training.torchCompile` (decoder layers through torch.compile), "true" or "false"; empty:
+    unset, the default (compiled on GPUs)."""
     steps: int = 8
     environment_replicas: int = 1
     """Our legs: the arithmetic environment's `replicas` (under `grpojob run`, that many server processes)."""
@@ -281,7 +282,7 @@ def job_yaml(out: Path, workload: Workload, name: str, colocated: bool, ahead: i
             "training": {
                 "gpusPerReplica": 1,
                 "microBatchSize": workload.micro_batch_size,
-                "torchCompile": workload.torch_compile,
+                **({"torchCompile": workload.torch_compile.lower() == "true"} if workload.torch_compile else {}),
                 "optimizer": {"learningRate": workload.learning_rate},
                 **(
                     {"lora": {"rank": workload.lora_rank, "alpha": 2 * workload.lora_rank}}

@@ -10,8 +10,10 @@ engine that returns a fixed 256-token answer):
 - ours: every row through the arithmetic environment's ``/run`` with `collect_rollouts`, as a GRPO step
   sends them: driver → ``/run`` → ``/seed_session`` → the policy → ``/verify``, in a separate process.
 
-Prints the medians and their ratio (ours / anchor). The model is the tiny one (`grpojob tiny-model`),
-written to a temporary directory: only its tokenizer is used.
+Prints the medians and their ratio (ours / anchor), and the CPU time the environment server spent per round (all
+its processes, from ``/proc``: Linux) and this process (the driver and the generation server), which a busy machine
+moves less than the wall-clock times. The model is the tiny one (`grpojob tiny-model`), written to a temporary
+directory: only its tokenizer is used.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -63,6 +66,25 @@ class InstantEngine(ContinuousBatchingBackend):
         return GenerationResult(self.answer, (-1.0,) * len(self.answer), "length", self._weights_version)
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds of ``pids`` and every process below them (Linux's ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, seen, todo = 0.0, set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        todo += [int(child) for child in children]
+    return total
+
+
 async def direct_calls(base_url: str, rows: list[dict[str, Any]]) -> float:
     """Seconds to send every row's prompt straight to the policy, all at once."""
     import aiohttp
@@ -105,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             replicas=args.environment_replicas,
         )
         config = ServerConfig("policy", SamplingParams(1.0, 1.0, 512))
-        anchor, ours = [], []
+        anchor, ours, cpu, own_cpu = [], [], [], []
         with GenerationServer(InstantEngine(tokenizer), config) as server:
             processes = EnvironmentProcesses(
                 [environment],
@@ -118,17 +140,22 @@ def main(argv: list[str] | None = None) -> int:
                 sampling = PolicySampling(1.0, 1.0, 512)
                 for _ in range(args.repeats + 1):  # the first round warms both paths up
                     anchor.append(asyncio.run(direct_calls(server.base_url, rows)))
-                    started = time.perf_counter()
+                    pids = [process.pid for process in processes.processes.values()]
+                    cpu_before, own_before, started = cpu_seconds(pids), time.process_time(), time.perf_counter()
                     batch = asyncio.run(
                         collect_rollouts(rows, urls, concurrency=len(rows), retries=0, sampling=sampling)
                     )
                     ours.append(time.perf_counter() - started)
+                    cpu.append(cpu_seconds(pids) - cpu_before)
+                    own_cpu.append(time.process_time() - own_before)
                     if batch.failures:
                         raise SystemExit(f"{len(batch.failures)} rollouts failed: {batch.failures[0].error}")
     ours_s, anchor_s = statistics.median(ours[1:]), statistics.median(anchor[1:])
     print(f"{args.rollouts} rollouts through the environment: {ours_s:.2f} s (median of {args.repeats})")
     print(f"{args.rollouts} direct policy calls (anchor):      {anchor_s:.2f} s")
     print(f"ours / anchor: {ours_s / anchor_s:.2f}")
+    print(f"environment server CPU per round: {statistics.median(cpu[1:]):.2f} s")
+    print(f"driver and generation server CPU per round: {statistics.median(own_cpu[1:]):.2f} s")
     return 0
 
 

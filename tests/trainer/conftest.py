@@ -40,16 +40,14 @@ def generation_server(tiny_model_dir: Path) -> Iterator:
 
 
 def start_environment(name: str, policy_base_url: str, **config):
-    """An environment server (agent + resources) on a free port, calling the policy at ``policy_base_url``
-    (``config``: more `AgentConfig` fields)."""
+    """An environment server (agent + resources, the agent calling its own resources routes in process) on a
+    free port, calling the policy at ``policy_base_url`` (``config``: more `AgentConfig` fields)."""
     from grpojob_trainer.environments import get_environment
     from grpojob_trainer.environments.app import AgentConfig, create_environment_app
     from grpojob_trainer.net.http import ThreadedServer
-    from grpojob_trainer.net.loopback import free_port
 
-    port = free_port()
-    config = AgentConfig(policy_base_url=policy_base_url, resources_url=f"http://127.0.0.1:{port}", **config)
-    return ThreadedServer(create_environment_app(get_environment(name), config), port=port).start()
+    config = AgentConfig(policy_base_url=policy_base_url, **config)
+    return ThreadedServer(create_environment_app(get_environment(name), config)).start()
 
 
 @pytest.fixture(scope="session")

@@ -389,3 +389,54 @@ def test_each_malformed_or_odd_row_gets_its_answer_naming_the_field(environment_
     assert error["code"] == case.status
     assert error["param"] == case.param
     assert case.param in error["message"]
+
+
+class ScriptedResources:
+    """Another resources server: it sets a session cookie at ``/seed_session`` and answers ``/verify`` with the
+    row, the response and a reward of 1, recording each call's path and the cookie it came with."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str | None]] = []
+        self.app = FastAPI()
+
+        @self.app.post("/seed_session")
+        async def seed_session(request: Request) -> Response:
+            self.calls.append(("/seed_session", request.cookies.get("episode")))
+            response = JSONResponse({})
+            response.set_cookie("episode", "e1")
+            return response
+
+        @self.app.post("/verify")
+        async def verify(request: Request) -> dict:
+            self.calls.append(("/verify", request.cookies.get("episode")))
+            return {**await request.json(), "reward": 1.0}
+
+
+def test_an_agent_given_another_resources_server_seeds_and_verifies_there_carrying_its_cookie(policy_sampling):
+    resources = ScriptedResources()
+
+    with ThreadedServer(resources.app) as other, environment_against(ScriptedPolicy(), resources_url=other.url) as url:
+        response = run(url, example_row("arithmetic", 3, policy_sampling))
+
+    assert response.status_code == 200, response.text
+    assert resources.calls == [("/seed_session", None), ("/verify", "e1")]
+    assert response.json()["reward"] == 1.0
+
+
+class CrashingVerify(type(get_environment("arithmetic"))):
+    """The arithmetic environment with a verification that crashes."""
+
+    def verify(self, row: dict, response: dict, session: dict):
+        raise RuntimeError("the verifier crashed")
+
+
+def test_a_crash_in_the_servers_own_verify_makes_the_run_answer_502_naming_the_route(policy_sampling):
+    from grpojob_trainer.environments.app import AgentConfig, create_environment_app
+
+    with ThreadedServer(ScriptedPolicy().app) as policy:
+        app = create_environment_app(CrashingVerify(), AgentConfig(f"{policy.url}/v1"))
+        with ThreadedServer(app) as server:
+            response = run(server.url, example_row("arithmetic", 3, policy_sampling))
+
+    assert response.status_code == 502
+    assert response.json()["detail"] == "POST /verify answered 500: Internal Server Error"

@@ -20,7 +20,6 @@ from grpojob_trainer.environments.rewards import RewardFileError, RewardsConfig,
 from grpojob_trainer.experience.rollouts import collect_rollouts
 from grpojob_trainer.nemo_gym.protocol import Row, make_row
 from grpojob_trainer.net.http import ThreadedServer
-from grpojob_trainer.net.loopback import free_port
 
 FIVE_LINES = """
 def short_answer(completions, **kwargs):
@@ -71,9 +70,7 @@ def reward_server(
     config = RewardsConfig.model_validate({"file": str(file) if file else None, "functions": functions, **extra})
     environment = RewardsEnvironment(config)
     environment.start()
-    port = free_port()
-    config = AgentConfig(policy_base_url, resources_url=f"http://127.0.0.1:{port}")
-    server = ThreadedServer(create_environment_app(environment, config), port=port).start()
+    server = ThreadedServer(create_environment_app(environment, AgentConfig(policy_base_url))).start()
     try:
         yield server.url
     finally:

@@ -96,10 +96,12 @@ class TrainingSpec(ApiModel):
     """Recompute activations in the backward pass: less memory for longer sequences, about a third more
     compute. Unset: on GPUs, only the micro-batches whose activations would not fit the GPU's free memory
     recompute them (the others keep them and run at full speed); off on the CPU."""
-    torch_compile: bool = False
+    torch_compile: bool | None = None
     """On GPUs: compile each decoder layer with `torch.compile` (dynamic shapes). On the H200 the training
-    phase ran about 1.4x faster with it; the first step spends 10-20 s compiling, and the trainer image
-    needs a C compiler (Triton builds its launchers). Ignored on the CPU."""
+    phase ran about 1.4x faster with it; the first step spends 10-20 s compiling (less when the compiled
+    kernels are already in `<checkpoint directory>/compile-cache`, where a retry or a resumed job finds
+    them), and the trainer image needs a C compiler (Triton builds its launchers). Unset: on when the
+    policy trains on GPUs; `false` turns it off. Ignored on the CPU."""
     lora: LoraSpec | None = None
     """Train a LoRA adapter instead of every weight (unset: full fine-tuning)."""
     resources: WorkerResources = Field(default_factory=WorkerResources)

@@ -134,6 +134,7 @@ def run_local(
     from grpojob_trainer.observability import tracking
     from grpojob_trainer.observability.console import StepDisplay
     from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
+    from grpojob_trainer.policy.compilation import compile_cache_dir
     from grpojob_trainer.training.loop import run_loop
     from grpojob_trainer.training.placement import place_actors
 
@@ -167,6 +168,7 @@ def run_local(
             port=None,
             seed=spec.grpo.seed,
             evaluation_token=evaluation_token,
+            compile_cache_dir=compile_cache_dir(paths.checkpoint_dir(job)),
         )
         generation, policy, base_urls = placed.generation, placed.policy, placed.generation.base_urls
         warn_of_idle_engines(spec, len(base_urls))

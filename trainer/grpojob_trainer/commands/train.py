@@ -27,6 +27,7 @@ def train_in_cluster(config_path: Path, stop: StopRequest | None = None) -> int:
     from grpojob_trainer.observability.metrics import MetricSink, MetricsLogger
     from grpojob_trainer.observability.progress import ConfigMapProgressPublisher
     from grpojob_trainer.observability.prometheus import PrometheusMetrics
+    from grpojob_trainer.policy.compilation import compile_cache_dir
     from grpojob_trainer.training.loop import run_loop
     from grpojob_trainer.training.placement import place_actors
 
@@ -63,6 +64,7 @@ def train_in_cluster(config_path: Path, stop: StopRequest | None = None) -> int:
             seed=spec.grpo.seed,
             evaluation_token=evaluation_token,
             timeout_s=3600,
+            compile_cache_dir=compile_cache_dir(pod.checkpoint_dir),
         )
         wait_for_environments(endpoints.environment_urls)
         run_dir = Path(pod.log_dir)

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"environment {args.name}: {error}") from None
     config = AgentConfig(
         policy_base_url=args.policy_base_url,
-        resources_url=args.resources_url or f"http://127.0.0.1:{args.port}",
+        resources_url=args.resources_url or None,
         policy_model_name=args.policy_model_name,
     )
     app = create_environment_app(load_environment(args.name), config)

@@ -1,18 +1,24 @@
 """The agent loop behind ``POST /run``: seed the session, run one episode against the policy, verify.
 
 Like NeMo Gym's ``simple_agent``: the agent has no cookie jar; at every hop (run → seed_session →
-each tool call → verify) it sends the cookies of the previous response. The policy's chat completions
+each tool call → verify) it sends the cookies of the previous response. The resources routes are another
+server's over HTTP (`HttpResources`), or this server's own, called in process with the same requests and
+answers (`LocalResources`). The policy's chat completions
 are called with plain JSON over aiohttp (`PolicyClient`); Responses items are converted to chat messages
 and back (`grpojob_trainer.nemo_gym.responses`), so earlier assistant turns go back with their token ids.
 """
 
 from __future__ import annotations
 
+import asyncio
+import http.cookies
 import json
+import logging
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -20,6 +26,8 @@ from grpojob_trainer.environments.base import Environment
 from grpojob_trainer.environments.policy_client import ContextLengthExceeded, PolicyClient, drop_none
 from grpojob_trainer.nemo_gym.protocol import EpisodeResponse, ResponsesCreateParams, Row, RunResult
 from grpojob_trainer.nemo_gym.responses import chat_to_output_items, chat_tools, input_items, responses_to_chat
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,10 +51,10 @@ class Cookies:
         """Request headers carrying the current cookies."""
         return {"cookie": "; ".join(f"{k}={v}" for k, v in self.values.items())} if self.values else {}
 
-    def update_from(self, response: aiohttp.ClientResponse) -> None:
-        """Take the cookies the response set, if it set any."""
-        if response.cookies:
-            self.values = {name: morsel.value for name, morsel in response.cookies.items()}
+    def update_from(self, cookies: Mapping[str, http.cookies.Morsel]) -> None:
+        """Take the cookies a response set (its parsed ``Set-Cookie`` headers), if it set any."""
+        if cookies:
+            self.values = {name: morsel.value for name, morsel in cookies.items()}
 
 
 class ResourcesServerError(Exception):
@@ -58,8 +66,17 @@ class ResourcesServerError(Exception):
         self.body = body
 
 
-class ResourcesClient:
-    """The resources server's routes over HTTP. The session must have no cookie jar
+class ResourcesClient(Protocol):
+    """The resources server's routes, as the agent calls them."""
+
+    async def post(self, path: str, body: Any, cookies: Cookies, *, check: bool = True) -> str:
+        """POST ``body`` as JSON with the episode's cookies, take the cookies the answer sets, and return
+        its body; with ``check``, an error status raises `ResourcesServerError`."""
+        ...
+
+
+class HttpResources:
+    """Another server's resources routes over HTTP. The session must have no cookie jar
     (``aiohttp.DummyCookieJar``): the agent carries each episode's cookies itself."""
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
@@ -74,7 +91,71 @@ class ResourcesClient:
             text = await response.text()
             if check and response.status >= 400:
                 raise ResourcesServerError(url, response.status, text)
-            cookies.update_from(response)
+            cookies.update_from(response.cookies)
+        return text
+
+
+class LocalResources:
+    """This server's own resources routes, called in process through its whole ASGI app (middleware, the
+    session cookie, validation, error handlers): the request and the answer are those of an HTTP call to
+    the server itself, without the socket and the HTTP parsing at both ends, which cost an environment
+    server more CPU than the routes themselves."""
+
+    def __init__(self, app: Any, timeout_s: float) -> None:
+        self.app = app
+        self.timeout_s = timeout_s
+
+    async def post(self, path: str, body: Any, cookies: Cookies, *, check: bool = True) -> str:
+        """As `HttpResources.post`."""
+        payload = json.dumps(body).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        headers += [(name.encode(), value.encode("latin-1")) for name, value in cookies.header().items()]
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": headers,
+            "client": ("127.0.0.1", 0),
+            "server": ("127.0.0.1", 0),
+        }
+        sent = False
+        status, answer_headers, chunks = 500, [], []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return {"type": "http.disconnect"}
+            sent = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status, answer_headers
+            if message["type"] == "http.response.start":
+                status, answer_headers = message["status"], message.get("headers", [])
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self.app(scope, receive, send)
+        except TimeoutError:
+            raise
+        except Exception:  # answered 500 already (Starlette's ServerErrorMiddleware); logged as uvicorn would
+            logger.exception("Exception in ASGI application (POST %s, called in process)", path)
+        text = b"".join(chunks).decode(errors="replace")
+        if check and status >= 400:
+            raise ResourcesServerError(path, status, text)
+        set_cookies: http.cookies.SimpleCookie = http.cookies.SimpleCookie()
+        for name, value in answer_headers:
+            if name.lower() == b"set-cookie":
+                set_cookies.load(value.decode("latin-1"))
+        cookies.update_from(set_cookies)
         return text
 
 

@@ -4,8 +4,8 @@ Routes: ``GET /``, ``POST /run``, ``POST /seed_session``, ``POST /verify``, ``PO
 tool. Sessions use a signed cookie named ``<EnvironmentClass>___<name>``, re-issued on every response.
 A malformed row (its task fields included: `Environment.task`) is refused with HTTP 422, FastAPI's and NeMo
 Gym's status for a body that does not validate, in OpenAI's error shape naming the field.
-The agent reaches the resources routes over HTTP at ``resources_url`` (this server by default), so the
-cookie hops are exactly those of NeMo Gym.
+The agent sends the resources routes exactly the requests NeMo Gym's agent sends, cookies included: over HTTP
+to ``resources_url`` when it names another server, else to this server's own routes in process.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from grpojob_trainer.environments.agent import Agent, Cookies, ResourcesClient, ResourcesServerError
+from grpojob_trainer.environments.agent import (
+    Agent,
+    Cookies,
+    HttpResources,
+    LocalResources,
+    ResourcesClient,
+    ResourcesServerError,
+)
 from grpojob_trainer.environments.base import Environment, Tool, VerificationFailed
 from grpojob_trainer.environments.policy_client import PolicyCallFailed, PolicyClient, PolicyRefused
 from grpojob_trainer.environments.sessions import CookieSigner, SessionCookies, SessionStore
@@ -35,13 +42,14 @@ class AgentConfig:
 
     policy_base_url: str
     """OpenAI base URL of the generation server (ends in ``/v1``), from ``POLICY_BASE_URL``."""
-    resources_url: str
-    """Root URL of the resources server (this process when it hosts both)."""
+    resources_url: str | None = None
+    """Root URL of another resources server; None: this server's own routes, called in process."""
     policy_model_name: str | None = None
     """``model`` sent to the policy when the row has none (default: the first of ``/v1/models``)."""
     policy_api_key: str = "dummy"
     policy_timeout_s: float = 600.0
     tool_timeout_s: float = 60.0
+    """Limit on each call to a resources route (seed_session, a tool, verify)."""
 
 
 def create_environment_app(environment: Environment, config: AgentConfig) -> FastAPI:
@@ -59,17 +67,21 @@ def create_environment_app(environment: Environment, config: AgentConfig) -> Fas
             timeout=aiohttp.ClientTimeout(total=config.policy_timeout_s),
         )
         policy_client = PolicyClient(policy, config.policy_base_url, config.policy_api_key)
-        resources = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),  # as many connections as rollouts in flight
-            cookie_jar=aiohttp.DummyCookieJar(),
-            timeout=aiohttp.ClientTimeout(total=config.tool_timeout_s),
-        )
-        resources_client = ResourcesClient(resources, config.resources_url)
+        resources = None
+        resources_client: ResourcesClient = LocalResources(app, config.tool_timeout_s)
+        if config.resources_url is not None:
+            resources = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),  # as many connections as rollouts in flight
+                cookie_jar=aiohttp.DummyCookieJar(),
+                timeout=aiohttp.ClientTimeout(total=config.tool_timeout_s),
+            )
+            resources_client = HttpResources(resources, config.resources_url)
         clients["agent"] = Agent(
             environment, policy_client, resources_client, policy_model_name=config.policy_model_name
         )
         yield
-        await resources.close()
+        if resources is not None:
+            await resources.close()
         await policy.close()
         environment.stop()
 

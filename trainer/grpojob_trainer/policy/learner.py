@@ -52,6 +52,7 @@ from grpojob_trainer.algorithm.grpo import (
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.observability.metrics import PREPARE, TRAINING, StepTimer, tokens_per_second
 from grpojob_trainer.policy import memory
+from grpojob_trainer.policy.compilation import compiles_layers
 from grpojob_trainer.policy.forward import TokenBatch, build_batch, padding_batch, token_logprobs
 from grpojob_trainer.policy.lora import adapter_dropout, is_lora
 from grpojob_trainer.policy.packing import (
@@ -106,9 +107,9 @@ class PolicyLearner:
     Its adapter's dropout, if any, acts in the training forward only.
 
     ``packed``: forwards on packed rows with attention per sequence (see the module's docstring); None
-    chooses them where they pay (CUDA, bf16, torch's ``varlen_attn``). ``compile_layers``: on a GPU,
-    each decoder layer (the policy's and the reference's) goes through ``torch.compile`` with dynamic
-    shapes (``spec.training.torchCompile``).
+    chooses them where they pay (CUDA, bf16, torch's ``varlen_attn``). ``compile_layers``: whether each decoder
+    layer (the policy's and the reference's) goes through ``torch.compile`` with dynamic shapes
+    (``spec.training.torchCompile``, resolved by `compiles_layers`: None compiles on a GPU, never on the CPU).
     """
 
     def __init__(
@@ -126,7 +127,7 @@ class PolicyLearner:
         mesh: Any = None,
         mini_batches: int = 1,
         packed: bool | None = None,
-        compile_layers: bool = False,
+        compile_layers: bool | None = None,
         checkpointing: bool | None = None,
     ) -> None:
         if precision not in ("bf16", "fp32"):
@@ -172,7 +173,9 @@ class PolicyLearner:
             shard_model(self.model, mesh)
             if self.reference_model is not None:
                 shard_model(self.reference_model, mesh)
-        if compile_layers and on_gpu:  # each decoder layer through torch.compile (spec.training.torchCompile)
+        self.compiled = compiles_layers(compile_layers, self.device)
+        """Whether the decoder layers run through ``torch.compile``."""
+        if self.compiled:
             for module in (self.model, self.reference_model):
                 for layer in decoder_layers(module) if module is not None else ():
                     layer.compile(dynamic=True)

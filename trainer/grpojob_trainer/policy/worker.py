@@ -9,6 +9,7 @@ broadcast) is `grpojob_trainer.weight_sync.paths`'s choice; the worker offers th
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Iterator
 from enum import StrEnum
@@ -20,10 +21,13 @@ import torch
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.policy import memory
+from grpojob_trainer.policy.compilation import compiles_layers, use_compile_cache
 from grpojob_trainer.policy.config import RankConfig
 
 if TYPE_CHECKING:
     from grpojob_trainer.policy.checkpoint import CheckpointRequest
+
+log = logging.getLogger(__name__)
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -82,6 +86,7 @@ class PolicyWorker:
     def __init__(self, config: RankConfig) -> None:
         self.spec = config.spec
         self.model_path, self.seed, self.rank, self.world = config.model_path, config.seed, config.rank, config.world
+        self.compile_cache_dir = config.compile_cache_dir
         self.learner: Any = None
         self._shared: list[torch.Tensor] = []
         self._adapter_buckets: dict[int, tuple[bytes, list[torch.Tensor]]] = {}
@@ -128,6 +133,10 @@ class PolicyWorker:
         if self.world > 1:
             mesh = init_ranks(host, port, rank=self.rank, world=self.world, backend="nccl" if on_gpu else "gloo")
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if self.compile_cache_dir is not None and compiles_layers(
+            training.torch_compile, next(model.parameters()).device
+        ):
+            log.info("compiled kernels kept in %s", use_compile_cache(self.compile_cache_dir))
         self.learner = PolicyLearner.from_spec(model, self.spec, pad_token_id=pad, mesh=mesh)
 
     def _check_fits(self) -> None:

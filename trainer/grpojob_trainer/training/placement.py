@@ -42,11 +42,13 @@ def place_actors(
     seed: int,
     evaluation_token: str | None = None,
     timeout_s: float | None = None,
+    compile_cache_dir: str | None = None,
 ) -> PlacedActors:
     """Start ``layout``'s engines (serving on ``host``:``port``, a free port when None; engine i samples with
     seed ``seed + i``) and its policy ranks, the ranks once the engines serve when they share GPUs. Each actor
-    gets its config (`EngineConfig`, `RankConfig`) built here from ``spec``. Returns once every rank has loaded
-    the model and every engine serves; ``timeout_s`` bounds the wait for the worker pods (their images and GPUs)."""
+    gets its config (`EngineConfig`, `RankConfig`) built here from ``spec``; ranks that compile their layers keep
+    the compiled kernels in ``compile_cache_dir``. Returns once every rank has loaded the model and every engine
+    serves; ``timeout_s`` bounds the wait for the worker pods (their images and GPUs)."""
     import ray
 
     strategies = _colocated_bundles(layout, timeout_s) if layout.colocated else [None] * max(layout.ranks, 1)
@@ -73,7 +75,7 @@ def place_actors(
         generation = GenerationGroup.start(engines, timeout_s=timeout_s)
     ranks = [
         rank.options(**on(endpoints.POLICY_GROUP, layout.gpus_per_rank, i)).remote(
-            RankConfig(spec, model_path, seed, rank=i, world=layout.ranks)
+            RankConfig(spec, model_path, seed, rank=i, world=layout.ranks, compile_cache_dir=compile_cache_dir)
         )
         for i in range(layout.ranks)
     ]

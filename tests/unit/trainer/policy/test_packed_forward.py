@@ -191,4 +191,5 @@ def test_torch_compile_is_read_from_the_spec_and_ignored_on_the_cpu():
     assert spec.training.torch_compile
     compiled = PolicyLearner.from_spec(tiny_causal_lm(seed=6, tied=True), spec, pad_token_id=0)
     assert compiled.packed is False  # the CPU: padded, uncompiled
+    assert compiled.compiled is False
     assert math.isfinite(compiled.train_step(samples())["loss"])
