@@ -81,6 +81,22 @@ OPERATOR_WHEELS = (
 )
 """The operator's packages (pyproject's `operator` extra) and their requirements that neither the GPU machine's
 image (KINDS.md's list) nor the vLLM/Ray wheels (../shared/gpu/gpu-wheels.txt) hold; all pure Python."""
+RAY_POD_WHEELS = (
+    *("aiohttp-cors", "colorful", "py-spy", "smart-open", "virtualenv", "distlib", "platformdirs", "python-discovery"),
+    *("opencensus", "opencensus-context", "google-api-core", "googleapis-common-protos", "proto-plus", "google-auth"),
+    *("pyasn1", "pyasn1-modules"),
+    *("opentelemetry-api", "opentelemetry-sdk", "opentelemetry-semantic-conventions"),
+    *("opentelemetry-exporter-prometheus", "opentelemetry-proto"),
+)
+"""What ``ray[default]`` adds to Ray, and their requirements, that neither the GPU machine's image nor the
+vLLM/Ray wheels hold: without them Ray's dashboard agent serves no ``/api/healthz``, and KubeRay's probes never
+find a Ray pod ready. At the pins of the GPU trainer image's lock (images/vllm-requirements.txt)."""
+RAY_DEFAULT_ELSEWHERE = ("aiohttp", "requests", "grpcio", "pydantic", "prometheus-client")
+"""The rest of what ``ray[default]`` requires, which the GPU machine's image or the vLLM/Ray wheels hold."""
+TESTING_WHEELS = ("cryptography", "cffi", "pycparser")
+"""What the test cluster's tooling needs beyond the GPU machine's image (the certificates: `pki`), at the GPU
+image's pins: the node is started before the vLLM/Ray wheels, which hold these too, arrive."""
+GPU_LOCK = build.TESTING_DIR.parent / "images" / "vllm-requirements.txt"
 
 
 # -- here ------------------------------------------------------------------------------------------
@@ -117,13 +133,33 @@ def download_debs(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.deb"))
 
 
+def locked_pins(names: tuple[str, ...], lock: Path = GPU_LOCK) -> list[str]:
+    """``name==version`` of each name as the lock pins it; an error names those it lacks."""
+    pinned = {}
+    for line in lock.read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==", 1)
+            pinned[_normalised_name(name)] = version.split()[0]
+    missing = [name for name in names if _normalised_name(name) not in pinned]
+    if missing:
+        raise ValueError(f"{lock.name} pins none of {', '.join(missing)}")
+    return [f"{name}=={pinned[_normalised_name(name)]}" for name in names]
+
+
+def _normalised_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def download_wheels(directory: Path) -> list[Path]:
-    """The operator's wheels for CPython 3.12, at the versions installed in this environment."""
+    """The operator's wheels for CPython 3.12, at the versions installed in this environment; the Ray pods'
+    and the test tooling's, at the GPU image's pins."""
     pins = [f"{name}=={metadata.version(name)}" for name in OPERATOR_WHEELS]
+    pins += locked_pins((*RAY_POD_WHEELS, *TESTING_WHEELS))
     subprocess.run(
         [
             *(sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"),
             *("--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux2014_x86_64"),
+            *("--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_34_x86_64"),
             *("--dest", str(directory), *pins),
         ],
         check=True,

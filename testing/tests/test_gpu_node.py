@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from grpojob_testing import build, cluster, gpu_node
 
 
@@ -50,3 +52,26 @@ def test_installing_the_operator_wheels_keeps_the_commands_the_gpu_wheels_instal
 
     assert sorted(p.name for p in (site_packages / "bin").iterdir()) == ["kopf", "ray"]
     assert [p.name for p in (site_packages / "kopf").iterdir()] == ["new.py"]
+
+
+def test_the_ray_pods_get_everything_ray_default_requires_so_its_dashboard_agent_answers_probes():
+    """KubeRay's probes ask the dashboard agent for /api/healthz, which Ray serves only with ray[default]."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    requirements = [Requirement(line) for line in metadata.requires("ray") or []]
+    wanted = {
+        gpu_node._normalised_name(r.name)
+        for r in requirements
+        if r.marker is not None and r.marker.evaluate({"extra": "default", "python_version": "3.12"})
+    }
+    carried = {gpu_node._normalised_name(n) for n in (*gpu_node.RAY_POD_WHEELS, *gpu_node.RAY_DEFAULT_ELSEWHERE)}
+    assert wanted and wanted <= carried, sorted(wanted - carried)
+
+
+def test_the_carried_wheels_are_pinned_as_the_gpu_image_pins_them(tmp_path: Path):
+    pins = gpu_node.locked_pins((*gpu_node.RAY_POD_WHEELS, *gpu_node.TESTING_WHEELS))
+    assert "aiohttp-cors==0.8.1" in pins and all("==" in pin for pin in pins)
+    with pytest.raises(ValueError, match="no-such-package"):
+        gpu_node.locked_pins(("opencensus", "no-such-package"))
