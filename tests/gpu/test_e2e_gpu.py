@@ -103,10 +103,29 @@ def look_inside_the_worker(kube: Kube, namespace: str, pod: str, seen: Seen) -> 
         )  # fmt: skip
 
 
+STARTUP_TIMEOUT_S = 300
+"""A job still Initializing this long after it was applied (image present) is stuck: fail with what shows why,
+rather than wait out the whole timeout on a GPU machine lent by the half hour."""
+
+
+def why_it_is_stuck(kube: Kube, namespace: str, name: str) -> str:
+    """The job's pods, their warnings, and the Ray head's own logs of its dashboard agent (what KubeRay probes)."""
+    pods = kube.run("get", "pods", "-n", namespace, "-o", "wide", check=False)
+    events = kube.run("get", "events", "-n", namespace, "--field-selector=type=Warning", check=False)
+    head = kube.run("get", "pods", "-n", namespace, "-l", f"ray.io/cluster={name},ray.io/node-type=head", "-o", "name")
+    agent = kube.run(
+        "exec", "-n", namespace, head.strip(), "--", "sh", "-c",
+        "cd /tmp/ray/session_latest/logs && tail -n 20 dashboard_agent.log raylet.err",
+        check=False,
+    ) if head.strip() else ""  # fmt: skip
+    return f"pods:\n{pods}\nwarnings:\n{events[-3000:]}\nthe Ray head's dashboard agent:\n{agent[-3000:]}"
+
+
 def watch(kube: Kube, namespace: str, name: str, group: str, timeout: float) -> Seen:
     """Poll the job to a terminal phase, recording its progress and, while it runs, the worker pod's view."""
     seen = Seen()
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     while time.monotonic() < deadline:
         status = kube.json("get", "grpojob", name, "-n", namespace).get("status") or {}
         if status.get("phase") and (not seen.phases or seen.phases[-1] != status["phase"]):
@@ -125,6 +144,11 @@ def watch(kube: Kube, namespace: str, name: str, group: str, timeout: float) -> 
             look_inside_the_worker(kube, namespace, pod, seen)
         if status.get("phase") in TERMINAL:
             return seen
+        if status.get("phase") in (None, "Initializing") and time.monotonic() - started > STARTUP_TIMEOUT_S:
+            pytest.fail(
+                f"GRPOJob {namespace}/{name} still Initializing after {STARTUP_TIMEOUT_S}s\n"
+                + why_it_is_stuck(kube, namespace, name)
+            )
         time.sleep(2)
     pytest.fail(f"GRPOJob {namespace}/{name} did not finish in {timeout:.0f}s: {seen}")
 
