@@ -121,7 +121,8 @@ def retry_or_fail(pass_: Pass, cause: str, preempted: bool = False) -> None:
         set_condition(status, ConditionType.TRAINER_RUNNING, False, "TrainerFailed", message, now)
         status.phase = Phase.INITIALIZING
     else:
-        message = f"the trainer failed {failures} times (spec.backoffLimit is {limit}); last: {cause}"
+        attempts = "its only attempt" if failures == 1 else f"all {failures} attempts"
+        message = f"the trainer failed {attempts} (spec.backoffLimit is {limit}); last: {cause}"
         fail(pass_.plan, "BackoffLimitExceeded", message, now)
 
 

@@ -62,7 +62,7 @@ def test_a_preempted_trainer_is_retried_without_using_up_the_backoff_limit(opera
     second = jobs.wait_trainer_pod("spot", attempt=2)
     jobs.exit_pod(second.metadata.name, 1)  # a failure of its own: backoffLimit 0 allows none
     failed = jobs.wait_phase("spot", "Failed")
-    assert failed["reason"] == "BackoffLimitExceeded" and "failed 1 times" in failed["message"]
+    assert failed["reason"] == "BackoffLimitExceeded" and "failed its only attempt" in failed["message"]
 
 
 def test_a_pod_stuck_in_image_pull_backoff_fails_the_job_naming_the_pod(operator, jobs):

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI
@@ -54,8 +54,9 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 class EvaluationSampling:
     """How the requests of evaluation rollouts (`spec.evaluation`) sample, and the secret that marks them."""
 
-    token: str
-    """A request whose ``metadata`` carries this under `EVALUATION_MARK` is an evaluation's."""
+    token: str = field(repr=False)
+    """A request whose ``metadata`` carries this under `EVALUATION_MARK` is an evaluation's (kept out of the
+    repr: configs are logged)."""
     sampling: SamplingParams
 
 

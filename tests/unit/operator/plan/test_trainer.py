@@ -140,7 +140,7 @@ def test_failures_after_preemptions_count_only_themselves():
     failed = run(job_body(status={"attempt": 3, "preemptions": 1, "phase": "Running"}), children)
 
     assert (retried.status.phase, retried.status.attempt) == ("Initializing", 4), "one failure of two allowed"
-    assert failed.status.phase == "Failed" and "failed 2 times" in failed.status.message
+    assert failed.status.phase == "Failed" and "failed all 2 attempts" in failed.status.message
 
 
 def test_a_trainer_that_finishes_while_the_head_is_down_still_ends_the_job():

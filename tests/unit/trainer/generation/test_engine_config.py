@@ -61,3 +61,12 @@ def test_the_server_samples_as_the_spec_says_and_evaluates_only_with_a_token():
     assert without.server.evaluation is None
     assert marked.server.evaluation is not None
     assert (marked.server.evaluation.token, marked.server.evaluation.sampling.temperature) == ("secret", 0.0)
+
+
+def test_the_evaluation_secret_stays_out_of_the_config_as_it_is_logged():
+    asked = spec(evaluation={"dataset": {"path": "e.jsonl"}, "temperature": 0.0})
+
+    config = EngineConfig.from_spec(asked, "m", seed=0, shares_gpu=True, evaluation_token="s3cr3t-token")
+
+    assert config.server.evaluation is not None and config.server.evaluation.token == "s3cr3t-token"
+    assert "s3cr3t-token" not in repr(config)
