@@ -7,16 +7,16 @@
 from __future__ import annotations
 
 from grpojob_trainer.environments.arithmetic import ArithmeticEnvironment
-from grpojob_trainer.environments.base import Environment
+from grpojob_trainer.environments.base import Environment, ExampleEnvironment
 from grpojob_trainer.environments.lookup import LookupEnvironment
 
-ENVIRONMENTS: dict[str, type[Environment]] = {
+ENVIRONMENTS: dict[str, type[ExampleEnvironment]] = {
     ArithmeticEnvironment.name: ArithmeticEnvironment,
     LookupEnvironment.name: LookupEnvironment,
 }
 
 
-def get_environment(name: str) -> Environment:
+def get_environment(name: str) -> ExampleEnvironment:
     """The example environment called ``name``."""
     try:
         return ENVIRONMENTS[name]()
@@ -24,4 +24,4 @@ def get_environment(name: str) -> Environment:
         raise KeyError(f"unknown environment {name!r}; known: {sorted(ENVIRONMENTS)}") from None
 
 
-__all__ = ["ENVIRONMENTS", "Environment", "get_environment"]
+__all__ = ["ENVIRONMENTS", "Environment", "ExampleEnvironment", "get_environment"]

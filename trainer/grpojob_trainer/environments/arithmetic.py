@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from grpojob_trainer.environments.base import AnswerTask, Environment, Verdict, final_answer
+from grpojob_trainer.environments.base import AnswerTask, ExampleEnvironment, Verdict, final_answer
 from grpojob_trainer.nemo_gym.protocol import make_row
 
 DIGITS_WEIGHT = 0.2
@@ -35,7 +35,7 @@ def score_answer(text: str, expected: str) -> dict[str, float]:
     }
 
 
-class ArithmeticEnvironment(Environment):
+class ArithmeticEnvironment(ExampleEnvironment):
     """Add two digits whose sum is a single digit; the expected answer is that digit."""
 
     name = "arithmetic"

@@ -1,4 +1,4 @@
-"""What an example environment defines: its tools, rows, verification and (optionally) follow-ups."""
+"""What an environment defines: its tools, scoring and (optionally) follow-ups; and an example environment's rows."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ class AnswerTask(Task):
 
 
 class Environment(abc.ABC):
-    """One NeMo Gym environment: the resources server's logic plus the agent's episode rules."""
+    """What an environment server serves: the episode rules its agent follows (tools, model calls, follow-ups)
+    and how a finished episode is scored."""
 
     name: str
     """The environment name: ``agent_ref.name`` of its rows and the default instance name."""
@@ -83,17 +84,9 @@ class Environment(abc.ABC):
         return []
 
     @abc.abstractmethod
-    def make_row(self, rng: random.Random) -> dict[str, Any]:
-        """One dataset row in NeMo Gym's format (``agent_ref.name`` = `name`)."""
-
-    @abc.abstractmethod
-    def verify(self, row: dict[str, Any], response: dict[str, Any], session: dict[str, Any]) -> Verdict:
-        """Score a finished episode (``response`` is the Responses object with every output item)."""
-
     async def score(self, row: dict[str, Any], response: dict[str, Any], session: dict[str, Any]) -> Verdict:
-        """`verify`, awaited by ``/verify``: an environment whose scoring waits on other processes overrides
-        this. Raises `VerificationFailed` when the rollout cannot be scored."""
-        return self.verify(row, response, session)
+        """Score a finished episode, awaited by ``/verify`` (``response`` is the Responses object with every
+        output item). Raises `VerificationFailed` when the rollout cannot be scored."""
 
     def stop(self) -> None:  # noqa: B027 - a hook with nothing to do by default
         """Release what the environment holds when its server stops (nothing by default)."""
@@ -102,6 +95,22 @@ class Environment(abc.ABC):
         """A user message to continue an episode whose last turn had no tool call (None: stop, as Gym's
         simple agent does). ``truncated``: that turn hit the token limit."""
         return None
+
+
+class ExampleEnvironment(Environment):
+    """An environment that ships with grpojob (``arithmetic``, ``lookup``): it makes its own rows and scores
+    an episode in the server's process."""
+
+    @abc.abstractmethod
+    def make_row(self, rng: random.Random) -> dict[str, Any]:
+        """One dataset row in NeMo Gym's format (``agent_ref.name`` = `name`)."""
+
+    @abc.abstractmethod
+    def verify(self, row: dict[str, Any], response: dict[str, Any], session: dict[str, Any]) -> Verdict:
+        """Score a finished episode."""
+
+    async def score(self, row: dict[str, Any], response: dict[str, Any], session: dict[str, Any]) -> Verdict:
+        return self.verify(row, response, session)
 
     def make_rows(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
         """``count`` rows, reproducible from ``seed``."""

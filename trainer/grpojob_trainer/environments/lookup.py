@@ -14,7 +14,7 @@ import json
 import random
 from typing import Any
 
-from grpojob_trainer.environments.base import AnswerTask, Environment, Tool, Verdict, final_answer
+from grpojob_trainer.environments.base import AnswerTask, ExampleEnvironment, Tool, Verdict, final_answer
 from grpojob_trainer.nemo_gym.protocol import make_row
 
 KEYS = ("apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "rocket", "garden", "silver")
@@ -45,7 +45,7 @@ class LookupTask(AnswerTask):
     key: str
 
 
-class LookupEnvironment(Environment):
+class LookupEnvironment(ExampleEnvironment):
     """Find a key's value with the tool and answer with the value only."""
 
     name = "lookup"

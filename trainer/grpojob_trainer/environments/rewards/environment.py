@@ -9,7 +9,6 @@ would teach the policy something false.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from grpojob_trainer.environments.base import Environment, Verdict, VerificationFailed
@@ -65,7 +64,8 @@ def describe_row(row: dict[str, Any], prompt: str | list[dict[str, Any]]) -> str
 
 
 class RewardsEnvironment(Environment):
-    """Score each rollout with the reward functions of `RewardsConfig`, run by a `WorkerPool`."""
+    """Score each rollout with the reward functions of `RewardsConfig`, run by a `WorkerPool`; its rows are the
+    job's dataset."""
 
     name = "rewards"
     max_model_calls = 1
@@ -80,12 +80,6 @@ class RewardsEnvironment(Environment):
 
     def stop(self) -> None:
         self.workers.stop()
-
-    def make_row(self, rng: random.Random) -> dict[str, Any]:
-        raise NotImplementedError("the reward functions' rows come from the job's dataset")
-
-    def verify(self, row: dict[str, Any], response: dict[str, Any], session: dict[str, Any]) -> Verdict:
-        raise NotImplementedError("reward functions run in worker processes: await score()")
 
     async def score(self, row: dict[str, Any], response: dict[str, Any], session: dict[str, Any]) -> Verdict:
         prompt = prompt_of(row["responses_create_params"])
