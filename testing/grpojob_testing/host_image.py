@@ -31,8 +31,10 @@ How this differs from the Dockerfile's GPU ``trainer`` image (`make gpu-image`):
 - Python 3.12 of the machine (the Dockerfile's: Debian trixie's 3.13), with the machine's torch 2.11.0
   (CUDA 13.0) and transformers 5.17.0 and the vLLM 0.26.0 / Ray 2.60.0 wheels of
   ../shared/gpu/gpu-wheels.txt rather than images/vllm-requirements.txt's lock: the same vLLM, Ray and
-  torch, other versions of some of the rest; every image of a job is this one, so the Python and Ray of
-  the Ray pods, the trainer and the environment servers agree, as they must;
+  torch, other versions of some of the rest (what ``ray[default]`` adds to Ray, which the Ray pods' probes
+  need, comes with the node's parts at the lock's pins: `gpu_node.RAY_POD_WHEELS`); every image of a job is
+  this one, so the Python and Ray of the Ray pods, the trainer and the environment servers agree, as they
+  must;
 - our code from the source tree on ``PYTHONPATH`` rather than an installed wheel (no ``grpojob``
   distribution metadata), and the commands as small scripts;
 - the machine's whole user space (its compiler and Python headers too, which Triton and vLLM use at start)
