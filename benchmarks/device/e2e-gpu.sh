@@ -22,8 +22,8 @@
 #
 # Which calls, in order (carry = the one folder each names; `python -m grpojob_testing.gpu_node pack .gpuparts/node`
 # here prints the node parts' sizes):
-#   1. caps && part .gpuparts/node/p0     2. part .gpuparts/node/p1 && node
-#   3..10. part .gpuparts/p0 .. p7        11. part .gpuparts/trl && install && up
+#   1. caps && part .gpuparts/node/p0     2.. part .gpuparts/node/p1 .., and with the last node part: node
+#   then part .gpuparts/p0 .. p7          then part .gpuparts/trl && install && up
 #   then test -k 1_5b, bench, test -k 7b (wait where one outlasts its call)
 set -uo pipefail
 export PYTHONPATH=/tmp/site-packages:/root/operator-site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
