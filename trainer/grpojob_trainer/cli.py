@@ -31,7 +31,7 @@ from grpojob_trainer.commands.train import train_in_cluster
 from grpojob_trainer.errors import AllRolloutsFailed, EnvironmentNotReady, RayHeadLost, UsageError
 from grpojob_trainer.models.tiny import SHAPES
 from grpojob_trainer.observability.console import LOG_FORMAT, wants_bar
-from grpojob_trainer.training.stop import Interrupted, StopRequest
+from grpojob_trainer.training.stop import Interrupted, StopRequest, WorkerLost
 
 log = logging.getLogger("grpojob")
 
@@ -68,6 +68,13 @@ def _interrupted(interrupted: Interrupted, command: str, argv: list[str], termin
             _failed(f"stopped by {signal.Signals(interrupted.signum).name} {interrupted.where()}", termination_log)
         return
     print(f"grpojob: interrupted {interrupted.where()}; resume with: {shlex.join(['grpojob', *argv])}", file=sys.stderr)
+
+
+def _worker_lost(lost: WorkerLost, command: str, argv: list[str], termination_log: Path | None) -> None:
+    """Report a run ended by a lost Ray worker in one line: which, where, what happened and where the run resumes
+    (the trainer pod's retry, or on this machine the command that resumes it)."""
+    then = None if command == "train" else f"resume with: {shlex.join(['grpojob', *argv])}"
+    _failed(lost.reason(then), termination_log)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as interrupted:
         _interrupted(interrupted, args.command, sys.argv[1:] if argv is None else argv, termination_log)
         return interrupted.exit_code
+    except WorkerLost as lost:
+        _worker_lost(lost, args.command, sys.argv[1:] if argv is None else argv, termination_log)
+        return 1
     except (AllRolloutsFailed, EnvironmentNotReady) as error:
         _failed(str(error), termination_log)
         return 1
