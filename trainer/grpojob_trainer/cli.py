@@ -73,8 +73,7 @@ def _interrupted(interrupted: Interrupted, command: str, argv: list[str], termin
 def _worker_lost(lost: WorkerLost, command: str, argv: list[str], termination_log: Path | None) -> None:
     """Report a run ended by a lost Ray worker in one line: which, where, what happened and where the run resumes
     (the trainer pod's retry, or on this machine the command that resumes it)."""
-    then = None if command == "train" else f"resume with: {shlex.join(['grpojob', *argv])}"
-    _failed(lost.reason(then), termination_log)
+    _failed(lost.reason(None if command == "train" else shlex.join(["grpojob", *argv])), termination_log)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ for, rather than failing at once.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -33,13 +34,19 @@ class Place:
     node_id: str
     node_ip: str
     host: str
+    in_a_pod: bool
+
+    def __str__(self) -> str:
+        return f"{'pod' if self.in_a_pod else 'host'} {self.host}, node {self.node_ip}"
 
 
 def _place_of(_actor: object) -> Place:
     """Run inside an actor (``__ray_call__``): where it runs."""
     import ray
 
-    return Place(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), socket.gethostname())
+    node = ray.get_runtime_context().get_node_id()
+    pod = "KUBERNETES_SERVICE_HOST" in os.environ
+    return Place(node, ray.util.get_node_ip_address(), socket.gethostname(), pod)
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,8 @@ class LostWorker:
         return self.name.role == POLICY
 
     def where(self) -> str:
-        """``pod P, node IP`` (or what Ray said, when the worker's place is unknown)."""
-        if self.place is None:
-            return self.cause
-        return f"pod {self.place.host}, node {self.place.node_ip}"
+        """``pod P, node IP`` (``host H`` outside Kubernetes; what Ray said when the worker's place is unknown)."""
+        return self.cause if self.place is None else str(self.place)
 
     def what_happened(self) -> str:
         return "its node left the Ray cluster" if self.node_gone else f"its process died ({self.cause})"
@@ -83,9 +88,10 @@ class LostWorker:
 
 
 def _first_line(error: BaseException) -> str:
+    """Ray's reason for an actor's death, without its list of common causes."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     said = [line for line in lines if line.startswith("The actor is dead") or "node" in line.lower()]
-    return (said or lines or [type(error).__name__])[0][:300]
+    return (said or lines or [type(error).__name__])[0].partition(" Some common causes")[0][:300]
 
 
 class WorkerWatch:

@@ -81,15 +81,17 @@ class WorkerLost(Exception):
         self.checkpoint = checkpoint
         """The newest checkpoint there is, which the next run resumes from (None: none)."""
 
-    def reason(self, then: str | None = None) -> str:
-        """One line: which worker, at which step, where it ran and what happened; then ``then`` (how to go on),
-        by default where the retry resumes."""
-        if then is None:
-            then = (
-                f"the retry resumes from checkpoint {self.checkpoint}"
-                if self.checkpoint is not None
-                else "the retry starts from the first step (no checkpoint yet)"
-            )
+    def reason(self, command: str | None = None) -> str:
+        """One line: which worker, at which step, where it ran and what happened; then where the trainer pod's
+        retry resumes or, given the ``command`` that ran on this machine, how to resume it."""
+        if command is None:
+            then = "the retry starts from the first step (no checkpoint yet)"
+            if self.checkpoint is not None:
+                then = f"the retry resumes from checkpoint {self.checkpoint}"
+        elif self.checkpoint is not None:
+            then = f"resume from checkpoint {self.checkpoint} with: {command}"
+        else:
+            then = f"no checkpoint yet; start again with: {command}"
         detail = f"{self.lost.where()}: {self.lost.what_happened()}"
         return worker_lost_message(self.lost.name.role, (self.step or 0) + 1, detail, self.lost.node_gone, then)
 
