@@ -5,8 +5,9 @@
 within seconds of a worker's pod being deleted, its node reclaimed or its process crashing, whatever the loop
 is waiting for at the time. It then tells a lost node from a crash: a worker whose node left the Ray cluster
 (its pod deleted, its machine reclaimed: a preemption) is `LostWorker.node_gone`; a worker that died while its
-node stayed (out of memory, a crash) is not. The GCS may mark the node dead some seconds after the actor, so
-the watch waits up to ``node_grace_s`` for that before calling it a crash.
+node stayed (out of memory, a crash) is not. The GCS may mark the node dead some time after the actor (its health
+checks give up on a vanished node within about a minute), so the watch waits up to ``node_grace_s`` for that
+before calling it a crash.
 
 `wait_for_workers` is the other half: a retry's trainer, joined to a cluster whose lost worker pod is being
 replaced (Pending until a node comes), waits for the cluster's resources to come back, saying what it waits
@@ -104,7 +105,7 @@ class WorkerWatch:
         on_lost: Callable[[LostWorker], None],
         *,
         interval_s: float = 1.0,
-        node_grace_s: float = 30.0,
+        node_grace_s: float = 60.0,
     ) -> None:
         self.workers = dict(workers)
         self.on_lost = on_lost

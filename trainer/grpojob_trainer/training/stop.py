@@ -140,7 +140,7 @@ class StopRequest:
             with contextlib.suppress(RuntimeError):  # the loop has just closed: it asks `requested` anyway
                 loop.call_soon_threadsafe(event.set)
 
-    def lost_in_call(self, error: BaseException, timeout_s: float = 45.0) -> None:
+    def lost_in_call(self, error: BaseException, timeout_s: float = 90.0) -> None:
         """A call to a worker raised its death (``error``): wait, at most ``timeout_s``, for the watch to say
         which worker and whether its node went; without its word, the error's."""
         self.lost_in_a_call = True
