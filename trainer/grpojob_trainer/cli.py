@@ -23,7 +23,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from grpojob_api.progress import preemption_message
+from grpojob_api.progress import WORKER_LOST_EXIT_CODE, preemption_message
 from grpojob_trainer.cluster.connection import ask_for_token_auth
 from grpojob_trainer.commands.downloads import download_repos, download_step
 from grpojob_trainer.commands.local import run_local
@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """`grpojob`: parse the arguments, run the subcommand, and report a failure the user can act on in one line
-    (exit status 2 for a usage error, 1 for a run that failed), a bug with its traceback."""
+    (exit status 2 for a usage error, 1 for a run that failed, 75 for one whose Ray worker's node left the
+    cluster, 128 + the signal's number for one stopped on a signal), a bug with its traceback."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return interrupted.exit_code
     except WorkerLost as lost:
         _worker_lost(lost, args.command, sys.argv[1:] if argv is None else argv, termination_log)
-        return 1
+        return WORKER_LOST_EXIT_CODE if lost.lost.node_gone else 1
     except (AllRolloutsFailed, EnvironmentNotReady) as error:
         _failed(str(error), termination_log)
         return 1
