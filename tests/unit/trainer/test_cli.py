@@ -146,7 +146,7 @@ def test_a_trainer_that_lost_a_ray_worker_with_its_node_says_so_where_the_operat
 
     monkeypatch.setattr(cli, "train_in_cluster", lost_its_worker)
 
-    assert cli.main(["train", "--config", str(config), "--termination-log", str(termination_log)]) == 1
+    assert cli.main(["train", "--config", str(config), "--termination-log", str(termination_log)]) == 75
     assert termination_log.read_text() == (
         "a policy worker was lost at step 8 (pod demo-policy-worker-x7k2p, node 10.244.0.12: its node left the Ray "
         "cluster); the retry resumes from checkpoint /checkpoints/demo/step_6"

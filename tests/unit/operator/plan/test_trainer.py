@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from grpojob_api import v1alpha1 as api
 from grpojob_operator.observe import TrainerJobInfo
 from grpojob_operator.plan.actions import Delete
@@ -147,6 +149,18 @@ def test_a_trainer_that_lost_a_ray_worker_with_its_node_is_retried_as_preempted(
     assert running is not None and running.reason == "TrainerPreempted"
     assert "a policy worker was lost at step 8 (pod demo-policy-worker-x7k2p" in running.message
     assert [(e.type, e.reason) for e in plan.events] == [("Normal", "TrainerPreempted")]
+
+
+@pytest.mark.parametrize("code", [143, 75], ids=["stopped-on-notice", "worker-node-lost"])
+def test_a_deleted_trainer_pod_that_exited_as_preempted_is_known_by_its_jobs_condition(code: int):
+    children = with_endpoints(base_children(), attempt=2)
+    pod_ = "default/demo-trainer-b"  # Kubernetes' words in the Job's Failed condition:
+    reason = f"Container trainer for pod {pod_} failed with exit code {code} matching FailJob rule at index 1"
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 2, False, True, reason, False)}
+
+    plan = run(job_body(status={"attempt": 2, "phase": "Running"}), children)  # its pod and message are gone
+
+    assert (plan.status.phase, plan.status.attempt, plan.status.preemptions) == ("Initializing", 3, 1)
 
 
 def test_a_trainer_whose_ray_worker_died_on_its_own_counts_against_the_backoff_limit():
