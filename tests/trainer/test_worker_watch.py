@@ -90,7 +90,8 @@ def test_a_worker_whose_node_leaves_the_cluster_is_reported_lost_with_its_node_w
     assert when - removed < 30, f"reported {when - removed:.0f}s after the node went"
     assert (lost.name, lost.node_gone) == (WorkerName(POLICY, 0), True)
     assert lost.what_happened() == "its node left the Ray cluster"
-    assert lost.where() == f"pod {watched.places[WorkerName(POLICY, 0)].host}, node {lost.place.node_ip}"
+    at = watched.places[WorkerName(POLICY, 0)]
+    assert lost.where() == f"host {at.host}, node {at.node_ip}", "outside Kubernetes: a host, not a pod"
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(busy, timeout=10)
 
