@@ -201,7 +201,7 @@ def build_trainer_job(
     # A pod ended by a disruption (eviction, preemption, a node drain), or a trainer that stopped on notice or
     # lost a Ray worker's node (its exit codes), says so in the Job's Failed condition, which outlives the pod: the
     # operator then retries without counting it against spec.backoffLimit.
-    preempted = {"containerName": "trainer", "operator": "In", "values": list(PREEMPTION_EXIT_CODES)}
+    preempted = {"containerName": "trainer", "operator": "In", "values": sorted(PREEMPTION_EXIT_CODES)}  # API: ordered
     manifest["spec"]["podFailurePolicy"] = {
         "rules": [
             {"action": "FailJob", "onPodConditions": [DISRUPTED]},
