@@ -99,7 +99,7 @@ def test_a_ray_worker_pod_deleted_mid_step_ends_the_attempt_and_the_retry_resume
 ):
     core = client.CoreV1Api(api_client)
     started = run_until_step(api_client, namespace, "spot-worker", grpo_data, interval=4, step=5)
-    selector = "ray.io/cluster=spot-worker,ray.io/group=policy"
+    selector = "ray.io/cluster=spot-worker,ray.io/node-type=worker"  # on the CPU: one pod, a rank beside an engine
     (pod,) = core.list_namespaced_pod(namespace, label_selector=selector).items
     core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)  # its machine reclaimed
     deleted = time.monotonic()
