@@ -25,6 +25,7 @@ trainer's metrics:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 PREEMPTED = "preempted"
@@ -41,6 +42,42 @@ def preemption_message(where: str) -> str:
 def is_preemption(message: str) -> bool:
     """Whether a termination message (or a container's "reason: message") is the trainer's `preemption_message`."""
     return any(part.startswith(f"{PREEMPTED} ") for part in (message, message.partition(": ")[2]))
+
+
+WORKER_LOST = "was lost"
+"""How the trainer's termination message says a Ray worker's node left the cluster mid-run (its pod deleted, its
+machine reclaimed): `a policy worker was lost at step 8 (pod P, node IP: its node left the Ray cluster); the
+retry resumes from checkpoint PATH`. Like a preemption, such an attempt is retried without counting against
+`spec.backoffLimit`. A worker whose process died while its node stayed (out of memory, a crash) "died" instead,
+and counts."""
+
+PREEMPTED_EXIT_CODE = 143
+"""The trainer's exit code once it stopped on notice (128 + SIGTERM) with its last completed step checkpointed."""
+WORKER_LOST_EXIT_CODE = 75
+"""The trainer's exit code after a Ray worker's node left the cluster (EX_TEMPFAIL: a retry may succeed)."""
+PREEMPTION_EXIT_CODES = (PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE)
+"""Exit codes the trainer Job's pod failure policy names in the Job's Failed condition, which outlives the pod:
+the operator tells a preemption by them when the pod, and its termination message, are gone (a deleted pod)."""
+
+
+def preempted_exit(job_failure: str) -> bool:
+    """Whether the Job's Failed condition message names one of `PREEMPTION_EXIT_CODES` (Kubernetes: "Container
+    trainer for pod N/P failed with exit code 143 matching FailJob rule at index 1")."""
+    return any(f"exit code {code} matching" in job_failure for code in PREEMPTION_EXIT_CODES)
+
+
+_WORKER_LOST = re.compile(rf"^an? \w+ worker {WORKER_LOST} at step \d+ ")
+
+
+def worker_lost_message(role: str, step: int, detail: str, node_gone: bool, then: str) -> str:
+    """The trainer's one line after losing the ``role`` worker during ``step``: ``detail`` says where it ran and
+    what happened, ``then`` how the run goes on."""
+    return f"a {role} worker {WORKER_LOST if node_gone else 'died'} at step {step} ({detail}); {then}"
+
+
+def is_worker_lost(message: str) -> bool:
+    """Whether a termination message (or a container's "reason: message") says a worker's node left the cluster."""
+    return any(_WORKER_LOST.match(part) for part in (message, message.partition(": ")[2]))
 
 
 STEP_KEY = "step"

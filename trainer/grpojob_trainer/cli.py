@@ -23,7 +23,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from grpojob_api.progress import preemption_message
+from grpojob_api.progress import WORKER_LOST_EXIT_CODE, preemption_message
 from grpojob_trainer.cluster.connection import ask_for_token_auth
 from grpojob_trainer.commands.downloads import download_repos, download_step
 from grpojob_trainer.commands.local import run_local
@@ -31,7 +31,7 @@ from grpojob_trainer.commands.train import train_in_cluster
 from grpojob_trainer.errors import AllRolloutsFailed, EnvironmentNotReady, RayHeadLost, UsageError
 from grpojob_trainer.models.tiny import SHAPES
 from grpojob_trainer.observability.console import LOG_FORMAT, wants_bar
-from grpojob_trainer.training.stop import Interrupted, StopRequest
+from grpojob_trainer.training.stop import Interrupted, StopRequest, WorkerLost
 
 log = logging.getLogger("grpojob")
 
@@ -68,6 +68,12 @@ def _interrupted(interrupted: Interrupted, command: str, argv: list[str], termin
             _failed(f"stopped by {signal.Signals(interrupted.signum).name} {interrupted.where()}", termination_log)
         return
     print(f"grpojob: interrupted {interrupted.where()}; resume with: {shlex.join(['grpojob', *argv])}", file=sys.stderr)
+
+
+def _worker_lost(lost: WorkerLost, command: str, argv: list[str], termination_log: Path | None) -> None:
+    """Report a run ended by a lost Ray worker in one line: which, where, what happened and where the run resumes
+    (the trainer pod's retry, or on this machine the command that resumes it)."""
+    _failed(lost.reason(None if command == "train" else shlex.join(["grpojob", *argv])), termination_log)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """`grpojob`: parse the arguments, run the subcommand, and report a failure the user can act on in one line
-    (exit status 2 for a usage error, 1 for a run that failed), a bug with its traceback."""
+    (exit status 2 for a usage error, 1 for a run that failed, 75 for one whose Ray worker's node left the
+    cluster, 128 + the signal's number for one stopped on a signal), a bug with its traceback."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -155,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as interrupted:
         _interrupted(interrupted, args.command, sys.argv[1:] if argv is None else argv, termination_log)
         return interrupted.exit_code
+    except WorkerLost as lost:
+        _worker_lost(lost, args.command, sys.argv[1:] if argv is None else argv, termination_log)
+        return WORKER_LOST_EXIT_CODE if lost.lost.node_gone else 1
     except (AllRolloutsFailed, EnvironmentNotReady) as error:
         _failed(str(error), termination_log)
         return 1

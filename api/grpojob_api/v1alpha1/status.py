@@ -97,7 +97,8 @@ class GRPOJobStatus(ApiModel):
     """Trainer attempt, counted from 1; incremented on each retry."""
     preemptions: int = 0
     """Attempts that ended because the trainer pod was told to stop (an eviction, a node drain, a preemption),
-    its last completed step checkpointed: retried without counting against `spec.backoffLimit`."""
+    its last completed step checkpointed, or because a Ray worker's node left the cluster mid-run (its pod deleted,
+    its machine reclaimed): retried without counting against `spec.backoffLimit`."""
     start_time: datetime | None = None
     completion_time: datetime | None = None
     step: int | None = None

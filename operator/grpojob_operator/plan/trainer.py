@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from grpojob_api import v1alpha1 as api
-from grpojob_api.progress import is_preemption, parse_progress
+from grpojob_api.progress import is_preemption, is_worker_lost, parse_progress, preempted_exit
 from grpojob_api.v1alpha1 import ConditionType, Phase
 from grpojob_operator.children.claims import output_model_status
 from grpojob_operator.children.trainer import DISRUPTED, build_trainer_job
@@ -103,7 +103,7 @@ def trainer(pass_: Pass) -> bool:
 def retry_or_fail(pass_: Pass, cause: str, preempted: bool = False) -> None:
     """The current attempt failed: start the next one (the next pass replaces the trainer Job), or fail
     the job when `spec.backoffLimit` retries are used up. A ``preempted`` attempt (its pod told to stop, its
-    last step checkpointed) is always retried, and counts against none of them."""
+    last step checkpointed; or a Ray worker's node gone) is always retried, and counts against none of them."""
     status, now = pass_.status, pass_.now
     limit = pass_.job.spec.backoff_limit
     failures = status.attempt - status.preemptions
@@ -141,11 +141,14 @@ def stall(job: api.GRPOJob, status: api.GRPOJobStatus, now: datetime) -> str | N
 
 
 def preempted(job: TrainerJobInfo, pods: list[PodInfo]) -> bool:
-    """Whether the attempt ended because its pod was told to stop: the trainer's own word (its termination
-    message, once it checkpointed), or the Job's Failed condition naming the pod's disruption (which outlives
-    an evicted pod)."""
+    """Whether the attempt ended because its pod, or a Ray worker's, was told to stop or lost its machine: the
+    trainer's own word (its termination message: preempted once it checkpointed, or a worker whose node left the
+    Ray cluster), or the Job's Failed condition naming the pod's disruption or the trainer's exit code for either
+    (which outlive a deleted pod). A worker whose process died on a node that stayed is the job's own failure,
+    and counts."""
     ended = [detail for pod in pods if pod.attempt == job.attempt for _, code, detail in pod.terminated if code != 0]
-    return any(is_preemption(detail) for detail in ended) or DISRUPTED["type"] in job.failure_message
+    said = any(is_preemption(detail) or is_worker_lost(detail) for detail in ended)
+    return said or DISRUPTED["type"] in job.failure_message or preempted_exit(job.failure_message)
 
 
 def trainer_failure(job: TrainerJobInfo, pods: list[PodInfo]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpojob_api.progress import parse_progress, progress_data
+from grpojob_api.progress import is_worker_lost, parse_progress, progress_data, worker_lost_message
 
 
 def test_progress_round_trips_and_bad_reports_are_ignored():
@@ -29,3 +29,12 @@ def test_evaluations_round_trip_and_an_unreadable_one_is_ignored():
     assert baseline.last_evaluation == EvaluationReport(0, 0.25) and baseline.best_evaluation is None
     for unreadable in ("10", "x 0.5", "10 nan", "-1 0.5", "10 high"):
         assert parse_progress(progress_data(12, 0.5) | {"lastEvaluation": unreadable}).last_evaluation is None
+
+
+def test_a_worker_lost_with_its_node_is_told_from_one_that_died_on_its_own():
+    lost = worker_lost_message("policy", 8, "pod p, node 10.0.0.1: its node left the Ray cluster", True, "retry")
+    died = worker_lost_message("generation", 8, "pod p, node 10.0.0.1: its process died", False, "retry")
+
+    assert lost.startswith("a policy worker was lost at step 8 (") and died.startswith("a generation worker died at ")
+    assert is_worker_lost(lost) and is_worker_lost(f"Error: {lost}")
+    assert not is_worker_lost(died) and not is_worker_lost("Error: the policy worker was lost somewhere")

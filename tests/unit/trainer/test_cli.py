@@ -16,7 +16,7 @@ import pytest
 from grpojob_api import endpoints
 from grpojob_api.admission import parse_job
 from grpojob_api.endpoints import TrainerEnv
-from grpojob_api.progress import is_preemption
+from grpojob_api.progress import is_preemption, is_worker_lost
 from grpojob_operator.children.endpoints import endpoints_data
 from grpojob_operator.children.trainer import render_job_config
 from grpojob_operator.settings import OperatorSettings
@@ -131,3 +131,24 @@ def test_a_trainer_told_to_stop_says_it_was_preempted_where_the_operator_reads_i
     assert cli.main(["train", "--config", str(config), "--termination-log", str(termination_log)]) == 143
     assert termination_log.read_text() == "preempted before the first step; no checkpoint yet"
     assert is_preemption(f"Error: {termination_log.read_text()}"), "the operator retries it uncounted"
+
+
+def test_a_trainer_that_lost_a_ray_worker_with_its_node_says_so_where_the_operator_reads_it(
+    config: Path, termination_log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from grpojob_trainer.cluster.workers import LostWorker, Place, WorkerName
+    from grpojob_trainer.training.stop import WorkerLost
+
+    place = Place("node-2", "10.244.0.12", "demo-policy-worker-x7k2p", in_a_pod=True)
+
+    def lost_its_worker(config: Path, stop: object) -> int:
+        raise WorkerLost(LostWorker(WorkerName("policy", 0), place, True, ""), 7, Path("/checkpoints/demo/step_6"))
+
+    monkeypatch.setattr(cli, "train_in_cluster", lost_its_worker)
+
+    assert cli.main(["train", "--config", str(config), "--termination-log", str(termination_log)]) == 75
+    assert termination_log.read_text() == (
+        "a policy worker was lost at step 8 (pod demo-policy-worker-x7k2p, node 10.244.0.12: its node left the Ray "
+        "cluster); the retry resumes from checkpoint /checkpoints/demo/step_6"
+    )
+    assert is_worker_lost(f"Error: {termination_log.read_text()}"), "the operator retries it uncounted"

@@ -126,7 +126,7 @@ def run_local(
     job_path: Path, out: Path | None, show_progress: bool, tensorboard: bool = True, stop: StopRequest | None = None
 ) -> int:
     """`grpojob run`: the whole loop on this machine; ``stop`` (its handlers installed) ends it early, raising
-    `Interrupted`."""
+    `Interrupted`, as a lost engine or policy rank does, raising `WorkerLost`."""
     import ray
 
     from grpojob_trainer.cluster import connection
@@ -136,7 +136,7 @@ def run_local(
     from grpojob_trainer.observability.metrics import FileProgressPublisher, MetricsLogger
     from grpojob_trainer.policy.compilation import compile_cache_dir
     from grpojob_trainer.training.loop import run_loop
-    from grpojob_trainer.training.placement import place_actors
+    from grpojob_trainer.training.placement import place_actors, watch_workers
 
     job = load_job(job_path)
     spec = job.spec
@@ -159,6 +159,7 @@ def run_local(
     print(
         f"Ray is up (GCS {gcs}, {gpus} GPUs, {layout.placement} placement); loading the model from {model}", flush=True
     )
+    watch = None
     try:
         placed = place_actors(
             layout,
@@ -170,6 +171,7 @@ def run_local(
             evaluation_token=evaluation_token,
             compile_cache_dir=compile_cache_dir(paths.checkpoint_dir(job)),
         )
+        watch = watch_workers(placed, stop)
         generation, policy, base_urls = placed.generation, placed.policy, placed.generation.base_urls
         warn_of_idle_engines(spec, len(base_urls))
         processes = EnvironmentProcesses(
@@ -213,6 +215,8 @@ def run_local(
         name_last_checkpoint(interrupted, job)
         raise
     finally:
+        if watch is not None:
+            watch.stop()
         ray.shutdown()
     print_summary(job, out, result)
     return 0

@@ -20,16 +20,18 @@ def train_in_cluster(config_path: Path, stop: StopRequest | None = None) -> int:
     """`grpojob train`: the trainer pod. Everything it needs comes from the endpoints ConfigMap and the Job.
     ``stop`` (its handlers installed) ends it early, raising `Interrupted` once the last completed step is
     checkpointed: on SIGTERM, the notice of an eviction, a drain or a preemption, within the pod's grace
-    period."""
+    period. A Ray worker lost mid-run ends it too, raising `WorkerLost`; its retry waits for the worker's
+    replacement pod."""
     from grpojob_trainer.cluster import connection
     from grpojob_trainer.cluster.rendezvous import current_endpoints, wait_for_environments
+    from grpojob_trainer.cluster.workers import wait_for_workers
     from grpojob_trainer.observability import tracking
     from grpojob_trainer.observability.metrics import MetricSink, MetricsLogger
     from grpojob_trainer.observability.progress import ConfigMapProgressPublisher
     from grpojob_trainer.observability.prometheus import PrometheusMetrics
     from grpojob_trainer.policy.compilation import compile_cache_dir
     from grpojob_trainer.training.loop import run_loop
-    from grpojob_trainer.training.placement import place_actors
+    from grpojob_trainer.training.placement import place_actors, watch_workers
 
     job = load_job(config_path)
     spec = job.spec
@@ -52,11 +54,15 @@ def train_in_cluster(config_path: Path, stop: StopRequest | None = None) -> int:
     dataset = read_training_prompts(spec, pod.dataset_paths)
     evaluation_rows = read_evaluation_rows(spec, pod.evaluation_dataset_path)
     evaluation_token = new_evaluation_token(spec)
+    layout = placement.layout(spec)
+    watch = None
     try:
-        # Placing the engines and ranks waits for the worker pods (and their images and GPUs); a job that never
-        # gets them is ended by the operator's deadline or stuck-pod checks, and this gives up after an hour.
+        # Placing the engines and ranks waits for the worker pods (and their images and GPUs): on a retry after a
+        # lost worker, its replacement may wait for a node. A job that never gets them is ended by the operator's
+        # deadline or stuck-pod checks, and this gives up after an hour.
+        wait_for_workers(layout.ray_resources | ({"GPU": layout.gpus} if layout.gpus else {}), timeout_s=3600)
         placed = place_actors(
-            placement.layout(spec),
+            layout,
             spec,
             pod.model_path,
             host="0.0.0.0",
@@ -66,6 +72,7 @@ def train_in_cluster(config_path: Path, stop: StopRequest | None = None) -> int:
             timeout_s=3600,
             compile_cache_dir=compile_cache_dir(pod.checkpoint_dir),
         )
+        watch = watch_workers(placed, stop)
         wait_for_environments(endpoints.environment_urls)
         run_dir = Path(pod.log_dir)
         sinks += tracking.tracking_sinks(job, endpoints.attempt, run_dir)
@@ -91,5 +98,7 @@ def train_in_cluster(config_path: Path, stop: StopRequest | None = None) -> int:
                 )
             )
     finally:
+        if watch is not None:
+            watch.stop()
         connection.disconnect(head)
     return 0

@@ -28,7 +28,8 @@ sequence of prompts as an uninterrupted run.
 
 A stop (SIGINT or SIGTERM, `grpojob_trainer.training.stop`) abandons a step still waiting for its rollouts and
 finishes one that trains, without waiting for later rollouts, pushing its weights or evaluating them; the last
-completed step is checkpointed unless it is, and `Interrupted` says where the run stopped.
+completed step is checkpointed unless it is, and `Interrupted` says where the run stopped. A lost Ray worker stops
+it the same way (`grpojob_trainer.cluster.workers`), or the error of a call to it does; `WorkerLost` names it.
 
 It works the same with a local Ray head (`grpojob run`) and on a RayCluster (`grpojob train` in the
 trainer pod); `grpojob_trainer.commands` sets up either and hands the pieces to `run_loop`, which runs a
@@ -48,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ray.exceptions import RayActorError
+
 from grpojob_api import paths
 from grpojob_api import v1alpha1 as api
 from grpojob_api.progress import EvaluationReport
@@ -65,7 +68,7 @@ from grpojob_trainer.observability.metrics import (
     StepTimer,
     step_line,
 )
-from grpojob_trainer.policy.checkpoint import CheckpointRequest, checkpoint_path
+from grpojob_trainer.policy.checkpoint import CheckpointRequest, checkpoint_path, latest_checkpoint
 from grpojob_trainer.policy.group import PolicyGroup
 from grpojob_trainer.training.data import Prompts, position_metrics
 from grpojob_trainer.training.evaluation import (
@@ -76,7 +79,7 @@ from grpojob_trainer.training.evaluation import (
     evaluation_line,
 )
 from grpojob_trainer.training.exports import export_checkpoint_model, export_model
-from grpojob_trainer.training.stop import Interrupted, StopRequest
+from grpojob_trainer.training.stop import StopRequest
 from grpojob_trainer.weight_sync.paths import WeightSync, weight_sync_for
 
 log = logging.getLogger(__name__)
@@ -154,20 +157,24 @@ async def run_loop(
     loop = TrainingLoop(
         job, policy, generation, environment_urls, dataset, logger, progress, checkpoint_dir, output_dir, stop
     )
-    loop.resume()
-    loop.start_weight_sync()
-    loop.start_evaluation(evaluation_rows, evaluation_token)
-    await loop.begin()
-    for step in range(loop.start + 1, loop.grpo.max_steps + 1):
-        if loop.stop.requested:
-            break
-        if before_step is not None:
-            before_step()
-        metrics = await loop.step(step)
-        if metrics is not None and on_step is not None:
-            on_step(step, metrics)
-    loop.end_if_stopped()
-    loop.export_final()
+    try:
+        loop.resume()
+        loop.start_weight_sync()
+        loop.start_evaluation(evaluation_rows, evaluation_token)
+        await loop.begin()
+        for step in range(loop.start + 1, loop.grpo.max_steps + 1):
+            if loop.stop.requested:
+                break
+            if before_step is not None:
+                before_step()
+            metrics = await loop.step(step)
+            if metrics is not None and on_step is not None:
+                on_step(step, metrics)
+        loop.end_if_stopped()
+        loop.export_final()
+    except RayActorError as error:  # a call to a Ray worker that died: the run ends as on the watch's word
+        loop.stop.lost_in_call(error)
+        loop.end_if_stopped()
     return loop.result
 
 
@@ -423,16 +430,17 @@ class TrainingLoop:
 
     def end_if_stopped(self) -> None:
         """After a stop: drop the rollouts launched ahead, checkpoint the last completed step unless it has its
-        checkpoint, and raise `Interrupted` naming both."""
-        if self.stop.signum is None:
+        checkpoint (and the policy may still be read: `StopRequest.may_save`), and raise `Interrupted` (or
+        `WorkerLost`) naming both, or the newest checkpoint there is."""
+        if not self.stop.requested:
             return
         for later in self.launched:
             later.task.cancel()
         completed = self.completed
-        if completed.checkpoint is None and completed.step > 0:
+        if completed.checkpoint is None and completed.step > 0 and self.stop.may_save:
             completed.checkpoint = self.save(completed.step, completed.data_position)
         log.info("stopped by %s after step %d", self.stop.name, completed.step)
-        raise Interrupted(self.stop.signum, completed.step or None, completed.checkpoint)
+        raise self.stop.ended(completed.step or None, completed.checkpoint or latest_checkpoint(self.checkpoint_dir))
 
     def export_final(self) -> None:
         """Export the final model: the last step's policy, or the best evaluation's checkpoint."""

@@ -16,12 +16,14 @@ from typing import Any
 from grpojob_api import endpoints
 from grpojob_api import v1alpha1 as api
 from grpojob_api.placement import Layout
+from grpojob_trainer.cluster.workers import GENERATION, POLICY, WorkerName, WorkerWatch
 from grpojob_trainer.generation.config import EngineConfig
 from grpojob_trainer.generation.group import GenerationGroup
 from grpojob_trainer.generation.worker import GenerationWorker
 from grpojob_trainer.policy.config import RankConfig
 from grpojob_trainer.policy.group import PolicyGroup
 from grpojob_trainer.policy.worker import PolicyWorker
+from grpojob_trainer.training.stop import StopRequest
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,15 @@ def place_actors(
     ]
     policy = PolicyGroup.start(ranks, timeout_s=timeout_s)
     return PlacedActors(generation or GenerationGroup.start(engines, timeout_s=timeout_s), policy)
+
+
+def watch_workers(placed: PlacedActors, stop: StopRequest) -> WorkerWatch:
+    """Watch the placed engines and ranks; the first one lost stops the run (`StopRequest.worker_lost`). Stop the
+    watch before Ray shuts down, which ends the workers too."""
+    workers = {WorkerName(POLICY, i): rank for i, rank in enumerate(placed.policy.ranks)}
+    workers |= {WorkerName(GENERATION, i): engine for i, engine in enumerate(placed.generation.engines)}
+    stop.watched = True
+    return WorkerWatch(workers, stop.worker_lost).start()
 
 
 def _colocated_bundles(layout: Layout, timeout_s: float | None) -> list[Any]:

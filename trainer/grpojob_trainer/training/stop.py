@@ -12,6 +12,13 @@ second signal while the first is handled ends the process at once.
 
 The handlers replace Ray's: after `ray.init` a SIGTERM would reach Ray's C++ failure handler, which prints a
 stack dump before Python's handler exits.
+
+A lost Ray worker (`grpojob_trainer.cluster.workers.WorkerWatch`: its pod deleted, its node reclaimed, its
+process crashed) stops the run the same way, from the watch's thread, and so does a call to a worker that
+raised its death (`lost_in_call`). The last completed step is checkpointed only while the policy's ranks are
+intact and waiting on none of the dead worker's calls (an engine lost while rollouts ran or the policy
+trained); otherwise the newest checkpoint on disk is where the next run resumes. `WorkerLost` says which
+worker, where it ran and whether its node left the cluster (a preemption) or its process died on its own.
 """
 
 from __future__ import annotations
@@ -21,10 +28,14 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TypeVar
+
+from grpojob_api.progress import worker_lost_message
+from grpojob_trainer.cluster.workers import LostWorker
 
 T = TypeVar("T")
 
@@ -59,22 +70,88 @@ class Interrupted(Exception):
         return f"{at}; {saved}"
 
 
+class WorkerLost(Exception):
+    """The run stopped because a Ray worker was lost, after writing what it could."""
+
+    def __init__(self, lost: LostWorker, step: int | None = None, checkpoint: Path | None = None) -> None:
+        super().__init__(f"the {lost.name.role} worker {lost.name.index} was lost")
+        self.lost = lost
+        self.step = step
+        """The last completed step (None: none yet)."""
+        self.checkpoint = checkpoint
+        """The newest checkpoint there is, which the next run resumes from (None: none)."""
+
+    def reason(self, command: str | None = None) -> str:
+        """One line: which worker, at which step, where it ran and what happened; then where the trainer pod's
+        retry resumes or, given the ``command`` that ran on this machine, how to resume it."""
+        if command is None:
+            then = "the retry starts from the first step (no checkpoint yet)"
+            if self.checkpoint is not None:
+                then = f"the retry resumes from checkpoint {self.checkpoint}"
+        elif self.checkpoint is not None:
+            then = f"resume from checkpoint {self.checkpoint} with: {command}"
+        else:
+            then = f"no checkpoint yet; start again with: {command}"
+        detail = f"{self.lost.where()}: {self.lost.what_happened()}"
+        return worker_lost_message(self.lost.name.role, (self.step or 0) + 1, detail, self.lost.node_gone, then)
+
+
 class StopRequest:
     """The signal that asks the run to stop, once one came. ``install`` it before the work starts; the loop
     watches it (``watching``) and asks it at its safe points."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.lost: LostWorker | None = None
+        """The first Ray worker lost, once one is."""
+        self.lost_in_a_call = False
+        """Whether a call to a worker raised its death (the policy may have been inside that call)."""
+        self.watched = False
+        """Whether a `WorkerWatch` reports to this request (`grpojob_trainer.training.placement.watch_workers`)."""
+        self._lost_seen = threading.Event()
         self._event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def requested(self) -> bool:
-        return self.signum is not None
+        return self.signum is not None or self.lost is not None
 
     @property
     def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum is not None else "nothing"
+        if self.signum is not None:
+            return signal.Signals(self.signum).name
+        if self.lost is not None:
+            return f"the loss of the {self.lost.name.role} worker {self.lost.name.index}"
+        return "nothing"
+
+    @property
+    def may_save(self) -> bool:
+        """Whether the last completed step may still be checkpointed: the policy's ranks all alive, and none of
+        them inside a call that involved the lost worker."""
+        return self.lost is None or (not self.lost.policy and not self.lost_in_a_call)
+
+    def worker_lost(self, lost: LostWorker) -> None:
+        """The watch's word (from its thread): ``lost`` is gone; wake the loop as a signal does."""
+        if self.lost is None:
+            self.lost = lost
+        self._lost_seen.set()
+        loop, event = self._loop, self._event
+        if loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has just closed: it asks `requested` anyway
+                loop.call_soon_threadsafe(event.set)
+
+    def lost_in_call(self, error: BaseException, timeout_s: float = 90.0) -> None:
+        """A call to a worker raised its death (``error``): wait, at most ``timeout_s``, for the watch to say
+        which worker and whether its node went; without its word, the error's."""
+        self.lost_in_a_call = True
+        if not self._lost_seen.wait(timeout_s if self.watched else 0) and self.lost is None:
+            self.lost = LostWorker.from_error(error)
+
+    def ended(self, step: int | None, checkpoint: Path | None) -> Exception:
+        """What the run raises once it stopped after ``step`` (None: none), its newest checkpoint ``checkpoint``."""
+        if self.signum is None and self.lost is not None:
+            return WorkerLost(self.lost, step, checkpoint)
+        return Interrupted(self.signum or signal.SIGTERM, step, checkpoint)
 
     @contextlib.contextmanager
     def installed(self, signals: Iterable[int] = SIGNALS) -> Iterator[StopRequest]:
@@ -119,7 +196,7 @@ class StopRequest:
         """While the loop runs, a signal only records the request (asyncio's handlers wake the loop however
         busy Ray's threads keep the process); the loop asks at its safe points."""
         loop = asyncio.get_running_loop()
-        self._event = asyncio.Event()
+        self._event, self._loop = asyncio.Event(), loop
         if self.requested:
             self._event.set()
         handled = [signum for signum in SIGNALS if signal.getsignal(signum) == self._outside_the_loop]
@@ -131,7 +208,7 @@ class StopRequest:
             for signum in handled:
                 loop.remove_signal_handler(signum)
                 signal.signal(signum, self._outside_the_loop)
-            self._event = None
+            self._event, self._loop = None, None
 
     async def watch(self, work: Awaitable[T]) -> T:
         """Await ``work`` (the loop) while watching: ``asyncio.run(stop.watch(run_loop(...)))``."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from grpojob_api import v1alpha1 as api
 from grpojob_operator.observe import TrainerJobInfo
 from grpojob_operator.plan.actions import Delete
@@ -127,6 +129,56 @@ def test_an_evicted_trainer_whose_pod_is_gone_is_known_by_its_jobs_condition():
     plan = run(job_body(status={"attempt": 2, "phase": "Running"}), children)
 
     assert (plan.status.phase, plan.status.attempt, plan.status.preemptions) == ("Initializing", 3, 1)
+
+
+def test_a_trainer_that_lost_a_ray_worker_with_its_node_is_retried_as_preempted():
+    children = with_endpoints(base_children(), attempt=2)
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 2, False, True, "BackoffLimitExceeded", False)}
+    said = (
+        "Error: a policy worker was lost at step 8 (pod demo-policy-worker-x7k2p, node 10.244.0.12: its node left "
+        "the Ray cluster); the retry resumes from checkpoint /checkpoints/demo/step_00000006"
+    )
+    children["Pod"]["demo-trainer-b"] = pod(
+        "demo-trainer-b", "trainer", attempt=2, phase="Failed", terminated=(("trainer", 1, said),)
+    )
+
+    plan = run(job_body(status={"attempt": 2, "phase": "Running"}), children)  # backoffLimit 1: one failure used
+
+    assert (plan.status.phase, plan.status.attempt, plan.status.preemptions) == ("Initializing", 3, 1)
+    running = condition(plan.status, api.ConditionType.TRAINER_RUNNING)
+    assert running is not None and running.reason == "TrainerPreempted"
+    assert "a policy worker was lost at step 8 (pod demo-policy-worker-x7k2p" in running.message
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "TrainerPreempted")]
+
+
+@pytest.mark.parametrize("code", [143, 75], ids=["stopped-on-notice", "worker-node-lost"])
+def test_a_deleted_trainer_pod_that_exited_as_preempted_is_known_by_its_jobs_condition(code: int):
+    children = with_endpoints(base_children(), attempt=2)
+    pod_ = "default/demo-trainer-b"  # Kubernetes' words in the Job's Failed condition:
+    reason = f"Container trainer for pod {pod_} failed with exit code {code} matching FailJob rule at index 1"
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 2, False, True, reason, False)}
+
+    plan = run(job_body(status={"attempt": 2, "phase": "Running"}), children)  # its pod and message are gone
+
+    assert (plan.status.phase, plan.status.attempt, plan.status.preemptions) == ("Initializing", 3, 1)
+
+
+def test_a_trainer_whose_ray_worker_died_on_its_own_counts_against_the_backoff_limit():
+    children = with_endpoints(base_children(), attempt=2)
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 2, False, True, "BackoffLimitExceeded", False)}
+    said = (
+        "Error: a generation worker died at step 8 (pod demo-generation-worker-q9d4s, node 10.244.0.13: its process "
+        "died (The actor is dead because its worker process has died.)); the retry resumes from checkpoint "
+        "/checkpoints/demo/step_00000006"
+    )
+    children["Pod"]["demo-trainer-b"] = pod(
+        "demo-trainer-b", "trainer", attempt=2, phase="Failed", terminated=(("trainer", 1, said),)
+    )
+
+    plan = run(job_body(status={"attempt": 2, "phase": "Running"}), children)  # backoffLimit 1: one failure used
+
+    assert (plan.status.phase, plan.status.reason, plan.status.preemptions) == ("Failed", "BackoffLimitExceeded", 0)
+    assert "a generation worker died at step 8" in plan.status.message
 
 
 def test_failures_after_preemptions_count_only_themselves():
