@@ -2,7 +2,8 @@
 
     for each step:  rows → `/run` on the environment servers (they call the generation engines)
                     → TrainingSamples → policy.train_step → weights to every engine
-                    → a checkpoint every `interval` steps (timed: the log line shows it)
+                    → a checkpoint every `interval` steps: the state copied out of the policy (timed: the log
+                      line shows it), written in the background while the next steps train
                     → metrics (JSONL, TensorBoard, the sinks), a log line, progress
 
 Asynchronous GRPO (``spec.grpo.maxOffPolicySteps`` = k >= 1): the rollouts of steps s+1 … s+k are
@@ -25,6 +26,9 @@ export is that checkpoint's model.
 A checkpoint stores the dataset position after the prompts of the step it saves, not after the prompts
 already drawn for batches still waiting to train, so a resumed run draws those again: it trains the same
 sequence of prompts as an uninterrupted run.
+
+A checkpoint counts as written once it is on disk (`grpojob_trainer.training.checkpoints`): the run's end, a stop
+and the export of the best evaluation's checkpoint wait for the write in flight.
 
 A stop (SIGINT or SIGTERM, `grpojob_trainer.training.stop`) abandons a step still waiting for its rollouts and
 finishes one that trains, without waiting for later rollouts, pushing its weights or evaluating them; the last
@@ -65,8 +69,9 @@ from grpojob_trainer.observability.metrics import (
     StepTimer,
     step_line,
 )
-from grpojob_trainer.policy.checkpoint import CheckpointRequest, checkpoint_path
+from grpojob_trainer.policy.checkpoint import CheckpointRequest
 from grpojob_trainer.policy.group import PolicyGroup
+from grpojob_trainer.training.checkpoints import LoopCheckpoints
 from grpojob_trainer.training.data import Prompts, position_metrics
 from grpojob_trainer.training.evaluation import (
     Evaluated,
@@ -119,11 +124,10 @@ class LaunchedRollouts:
 
 @dataclass
 class CompletedStep:
-    """The last step the policy trained (0: none), where its prompts ended, and its checkpoint, once written."""
+    """The last step the policy trained (0: none) and where its prompts ended."""
 
     step: int
     data_position: dict[str, Any]
-    checkpoint: Path | None = None
 
 
 async def run_loop(
@@ -158,15 +162,20 @@ async def run_loop(
     loop.start_weight_sync()
     loop.start_evaluation(evaluation_rows, evaluation_token)
     await loop.begin()
-    for step in range(loop.start + 1, loop.grpo.max_steps + 1):
-        if loop.stop.requested:
-            break
-        if before_step is not None:
-            before_step()
-        metrics = await loop.step(step)
-        if metrics is not None and on_step is not None:
-            on_step(step, metrics)
-    loop.end_if_stopped()
+    try:
+        for step in range(loop.start + 1, loop.grpo.max_steps + 1):
+            if loop.stop.requested:
+                break
+            if before_step is not None:
+                before_step()
+            metrics = await loop.step(step)
+            if metrics is not None and on_step is not None:
+                on_step(step, metrics)
+    except Exception:
+        await asyncio.to_thread(loop.checkpoints.finish_after_error)
+        raise
+    await asyncio.to_thread(loop.checkpoints.collect, True)  # on disk before the run ends or names it
+    await loop.end_if_stopped()
     loop.export_final()
     return loop.result
 
@@ -213,7 +222,8 @@ class TrainingLoop:
         """The version of the weights the policy holds and, between steps, the engines serve."""
         self.failed_in_a_row = 0
         self.completed = CompletedStep(0, {})
-        """Where a stop leaves the run: the last step trained and its checkpoint."""
+        """Where a stop leaves the run: the last step trained."""
+        self.checkpoints = LoopCheckpoints(policy, checkpoint_dir)
         self.result = LoopResult(first_step=1, last_step=0)
         self.began = time.perf_counter()
 
@@ -228,7 +238,8 @@ class TrainingLoop:
             self.start, self.position = resumed
             self.dataset.restore(self.position)
             log.info("resumed from the checkpoint of step %d in %s", self.start, self.checkpoint_dir)
-            self.completed = CompletedStep(self.start, self.position, checkpoint_path(self.checkpoint_dir, self.start))
+            self.completed = CompletedStep(self.start, self.position)
+            self.checkpoints.resumed(self.start)
         self.result = LoopResult(first_step=self.start + 1, last_step=self.start)
         self.policy_version, self.next_launch = self.start, self.start + 1
 
@@ -281,10 +292,11 @@ class TrainingLoop:
         new_best = self.evaluator is not None and self.evaluator.history.best != best_before
         self.result.last_step = step
         self.completed = CompletedStep(step, rollouts.data_position)
+        metrics |= self.checkpoints.collect()  # the write before, if it finished while this step trained
         saving = self.checkpoint_due(step, new_best)
-        if saving:  # before the step's log line, which shows its time
+        if saving:  # before the step's log line, which shows what it waited for
             with timer.phase(CHECKPOINT):
-                self.completed.checkpoint = self.save(step, rollouts.data_position)
+                metrics |= await self.save(step, rollouts.data_position)
         metrics |= timer.metrics()
         metrics |= throughput_metrics(samples, time.perf_counter() - started, finished - rollouts.started_s)
         self.logger.log(step, metrics)
@@ -408,9 +420,10 @@ class TrainingLoop:
             name = paths.step_model_dir(step)
             await asyncio.to_thread(export_model, self.job, self.policy, self.output_dir, name, step, self.progress)
 
-    def save(self, step: int, data_position: dict[str, Any]) -> Path:
-        """Save the checkpoint of ``step``, whose prompts end at ``data_position``, with the evaluation history
-        (keeping the best evaluation's checkpoint); its path."""
+    async def save(self, step: int, data_position: dict[str, Any]) -> dict[str, float]:
+        """Start the checkpoint of ``step``, whose prompts end at ``data_position``, with the evaluation history
+        (keeping the best evaluation's checkpoint), once the write before it finished (its metrics returned);
+        returns once the policy may train on, the write running in the background."""
         saved_position = dict(data_position)
         kept = None
         if self.evaluator is not None:
@@ -418,21 +431,22 @@ class TrainingLoop:
             best = self.evaluator.history.best
             kept = best.step if self.select_best and best is not None else None
         keep = self.spec.checkpointing.keep
-        self.policy.save(CheckpointRequest(str(self.checkpoint_dir), step, saved_position, self.config, keep, kept))
-        return checkpoint_path(self.checkpoint_dir, step)
+        request = CheckpointRequest(str(self.checkpoint_dir), step, saved_position, self.config, keep, kept)
+        return await asyncio.to_thread(self.checkpoints.start, request)
 
-    def end_if_stopped(self) -> None:
-        """After a stop: drop the rollouts launched ahead, checkpoint the last completed step unless it has its
-        checkpoint, and raise `Interrupted` naming both."""
+    async def end_if_stopped(self) -> None:
+        """After a stop (the write in flight finished): drop the rollouts launched ahead, checkpoint the last
+        completed step unless it has its checkpoint on disk, and raise `Interrupted` naming both once it has."""
         if self.stop.signum is None:
             return
         for later in self.launched:
             later.task.cancel()
         completed = self.completed
-        if completed.checkpoint is None and completed.step > 0:
-            completed.checkpoint = self.save(completed.step, completed.data_position)
+        if self.checkpoints.path(completed.step) is None and completed.step > 0:
+            await self.save(completed.step, completed.data_position)
+            await asyncio.to_thread(self.checkpoints.collect, True)
         log.info("stopped by %s after step %d", self.stop.name, completed.step)
-        raise Interrupted(self.stop.signum, completed.step or None, completed.checkpoint)
+        raise Interrupted(self.stop.signum, completed.step or None, self.checkpoints.path(completed.step))
 
     def export_final(self) -> None:
         """Export the final model: the last step's policy, or the best evaluation's checkpoint."""
