@@ -35,11 +35,6 @@ class CheckpointWriter:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
 
-    @property
-    def writing(self) -> bool:
-        """Whether a write is in flight."""
-        return self._thread is not None and self._thread.is_alive()
-
     def start(self, snapshot: CheckpointSnapshot) -> None:
         """Write ``snapshot`` in the background, once the write in flight (if any) has finished; raises that write's
         error instead, if it failed."""
