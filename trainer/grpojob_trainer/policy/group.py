@@ -70,11 +70,12 @@ class PolicyGroup:
         """Load the newest checkpoint in ``directory`` on every rank; (its step, data position) or None."""
         return self._on_every_rank("resume", directory)
 
-    def save(self, request: CheckpointRequest) -> str:
+    def save(self, request: CheckpointRequest) -> list[WrittenCheckpoint]:
         """Start the checkpoint ``request`` asks for: gathered from every rank and copied into rank 0's memory
         (after the write before has finished), then written by rank 0 in the background, which keeps the newest
-        ``request.keep`` and that of ``request.kept_step``. Returns, with its path, once the state is copied: the
-        policy may train on; `checkpoints_written` says when the checkpoint is on disk."""
+        ``request.keep`` and that of ``request.kept_step``. Returns once the state is copied (the policy may train
+        on) with the writes finished since the last report, the one before among them; `checkpoints_written` says
+        when this one is on disk."""
         return self._on_every_rank("save", request)
 
     def checkpoints_written(self, wait: bool = False) -> list[WrittenCheckpoint]:

@@ -278,14 +278,15 @@ class PolicyWorker:
             return 0
         return self._group.send_buckets(layouts, tensors, self.learner.device)
 
-    def save(self, request: CheckpointRequest) -> str:
-        """Every rank: gather the full state; rank 0 copies it into host memory of its own (once the write before
-        has finished) and writes the checkpoint ``request`` asks for on its writer's thread, which then keeps the
-        newest ``request.keep`` and that of ``request.kept_step``. Returns once the state is copied, before the
-        write: `checkpoints_written` says when it is on disk. Its path."""
-        from grpojob_trainer.policy.checkpoint import checkpoint_path, snapshot_checkpoint
+    def save(self, request: CheckpointRequest) -> list[WrittenCheckpoint]:
+        """Every rank: gather the full state; rank 0 waits for the write before to finish, copies the state into
+        host memory of its own and writes the checkpoint ``request`` asks for on its writer's thread, which then
+        keeps the newest ``request.keep`` and that of ``request.kept_step``. Returns once the state is copied,
+        before the write (`checkpoints_written` says when it is on disk), with the writes finished since the last
+        report (rank 0's); raises the error of one that failed."""
+        from grpojob_trainer.policy.checkpoint import snapshot_checkpoint
 
-        self.writer.wait()  # one snapshot in host memory at a time
+        written = self.writer.finished(wait=True)  # one snapshot in host memory at a time
         snapshot = snapshot_checkpoint(
             request.directory,
             step=request.step,
@@ -299,7 +300,7 @@ class PolicyWorker:
         )
         if snapshot is not None:
             self.writer.start(snapshot)
-        return str(checkpoint_path(request.directory, request.step))
+        return written
 
     def checkpoints_written(self, wait: bool = False) -> list[WrittenCheckpoint]:
         """Rank 0: the checkpoints written since the last call (``wait``: once the write in flight has finished);

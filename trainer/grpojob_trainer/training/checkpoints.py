@@ -14,6 +14,7 @@ from pathlib import Path
 
 from grpojob_trainer.observability.metrics import CHECKPOINT_WRITE_SECONDS
 from grpojob_trainer.policy.checkpoint import CheckpointRequest, checkpoint_path
+from grpojob_trainer.policy.checkpoint_writer import WrittenCheckpoint
 from grpojob_trainer.policy.group import PolicyGroup
 
 log = logging.getLogger(__name__)
@@ -37,10 +38,9 @@ class LoopCheckpoints:
         return checkpoint_path(self.directory, step) if step == self.last_written else None
 
     def start(self, request: CheckpointRequest) -> dict[str, float]:
-        """Wait for the write in flight, then start ``request``'s: returns once the state is copied out of the
-        policy, with the finished write's metrics."""
-        metrics = self.collect(wait=True)
-        self.policy.save(request)
+        """Start ``request``'s write once the one in flight has finished: returns once the state is copied out of
+        the policy, with the finished write's metrics."""
+        metrics = self._written(self.policy.save(request))
         self.in_flight = request.step
         return metrics
 
@@ -49,8 +49,11 @@ class LoopCheckpoints:
         error if it failed."""
         if self.in_flight is None:
             return {}
+        return self._written(self.policy.checkpoints_written(wait))
+
+    def _written(self, finished: list[WrittenCheckpoint]) -> dict[str, float]:
         metrics = {}
-        for written in self.policy.checkpoints_written(wait):
+        for written in finished:
             log.info("checkpoint of step %d written in %.1fs: %s", written.step, written.seconds, written.path)
             self.last_written, self.in_flight = written.step, None
             metrics[CHECKPOINT_WRITE_SECONDS] = written.seconds

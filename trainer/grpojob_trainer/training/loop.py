@@ -292,11 +292,12 @@ class TrainingLoop:
         new_best = self.evaluator is not None and self.evaluator.history.best != best_before
         self.result.last_step = step
         self.completed = CompletedStep(step, rollouts.data_position)
-        metrics |= self.checkpoints.collect()  # the write before, if it finished while this step trained
         saving = self.checkpoint_due(step, new_best)
-        if saving:  # before the step's log line, which shows what it waited for
+        if saving:  # before the step's log line, which shows what it waited for (the write before among it)
             with timer.phase(CHECKPOINT):
                 metrics |= await self.save(step, rollouts.data_position)
+        else:
+            metrics |= self.checkpoints.collect()  # the write before, if it finished while this step trained
         metrics |= timer.metrics()
         metrics |= throughput_metrics(samples, time.perf_counter() - started, finished - rollouts.started_s)
         self.logger.log(step, metrics)

@@ -51,11 +51,12 @@ def test_the_policy_trains_on_while_its_checkpoint_is_written_and_the_checkpoint
     worker.train_step(step_samples())
     saved = parameters(worker)
 
-    path = worker.save(CheckpointRequest(str(tmp_path), 1, {"index": 8}, {}))
+    assert worker.save(CheckpointRequest(str(tmp_path), 1, {"index": 8}, {})) == [], "no write before it"
     for _ in range(2):  # while the write may still run
         worker.train_step(step_samples())
     written = worker.checkpoints_written(wait=True)
 
+    path = str(checkpoint_path(tmp_path, 1))
     assert [(w.step, w.path) for w in written] == [(1, path)] and written[0].seconds > 0
     assert worker.checkpoints_written(wait=True) == [], "each write is reported once"
     assert any(not torch.equal(saved[name], p) for name, p in parameters(worker).items()), "the policy trained on"
@@ -75,7 +76,11 @@ def test_a_failed_write_is_reported_once_and_leaves_no_checkpoint(base_model: Pa
     with pytest.raises(OSError):
         worker.checkpoints_written(wait=True)
     worker.save(CheckpointRequest(str(tmp_path / "checkpoints"), 2, {}, {}))
-    assert [w.step for w in worker.checkpoints_written(wait=True)] == [2]
+    worker.train_step(step_samples())
+    assert [w.step for w in worker.save(CheckpointRequest(str(tmp_path / "checkpoints"), 3, {}, {}))] == [2], (
+        "a save waits for the write before it and reports it"
+    )
+    assert [w.step for w in worker.checkpoints_written(wait=True)] == [3]
 
 
 class KillsTheProcess:

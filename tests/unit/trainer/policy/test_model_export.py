@@ -136,8 +136,9 @@ def test_a_policy_sharded_over_two_ranks_is_gathered_into_one_model(base_model, 
 
 def test_grpojob_export_writes_any_checkpoints_model(base_model, tmp_path, capsys):
     worker = trained_policy(base_model)
-    checkpoint = Path(worker.save(CheckpointRequest(str(tmp_path / "checkpoints"), 3, {}, {}, keep=2)))
-    worker.checkpoints_written(wait=True)
+    worker.save(CheckpointRequest(str(tmp_path / "checkpoints"), 3, {}, {}, keep=2))
+    (written,) = worker.checkpoints_written(wait=True)
+    checkpoint = Path(written.path)
 
     assert main(["export", str(tmp_path / "checkpoints"), str(tmp_path / "out"), "--dtype", "float32"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out")
@@ -148,8 +149,8 @@ def test_grpojob_export_writes_any_checkpoints_model(base_model, tmp_path, capsy
 
 def test_a_new_job_continues_from_an_earlier_jobs_checkpoint(base_model, tmp_path):
     first = trained_policy(base_model)
-    checkpoint = first.save(CheckpointRequest(str(tmp_path / "checkpoints"), 1, {}, {}, keep=1))
-    first.checkpoints_written(wait=True)
+    first.save(CheckpointRequest(str(tmp_path / "checkpoints"), 1, {}, {}, keep=1))
+    checkpoint = first.checkpoints_written(wait=True)[0].path
 
     continued = PolicyWorker(RankConfig(GRPOJobSpec.model_validate(SPEC), checkpoint, seed=0))
     continued.start("127.0.0.1", 0)
