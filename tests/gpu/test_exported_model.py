@@ -51,8 +51,8 @@ def exported(tmp_path_factory) -> tuple[Path, Path]:
         group_index=0,
     )
     worker.train_step([sample, dataclasses.replace(sample, reward=0.0)])
-    from grpojob_trainer.policy.checkpoint import gather_model_state
     from grpojob_trainer.policy.export import write_model
+    from grpojob_trainer.policy.state import gather_model_state
 
     out = write_model(
         gather_model_state(worker.learner.model),

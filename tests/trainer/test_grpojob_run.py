@@ -102,6 +102,28 @@ def test_outside_a_terminal_the_run_prints_one_line_a_step_and_no_bar(tiny_model
     assert re.findall(r"training.loop: step (\d+)/3 reward", logged) == ["1", "2", "3"]
 
 
+def test_checkpoints_are_written_beside_training_and_each_step_shows_what_it_waited_for(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    job = write_job(tmp_path, tiny_model_dir, steps=4, interval=1)
+    run = grpojob("run", str(job), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
+    out = finish(run, 600)
+    assert run.returncode == 0, out[-3000:]
+
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert all(record["time/checkpoint"] >= 0 for record in records), "the stall each step saw"
+    # A step's save waits for the write before it, whose time the step then logs.
+    assert ["time/checkpoint_write" in record for record in records] == [False, True, True, True]
+    assert re.findall(r"step \d+/4 reward .* checkpoint [0-9.]+s\)", out), out[-3000:]
+    written = re.findall(r"checkpoint of step (\d+) written in [0-9.]+s", out)
+    assert written == ["1", "2", "3", "4"], out[-3000:]
+    assert out.index("checkpoint of step 4 written") < out.index("exported the model of step 4"), (
+        "written, then exported"
+    )
+    checkpoints = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
+    assert checkpoints == ["step_00000003", "step_00000004"], "the newest two, and nothing half-written"
+
+
 def test_a_killed_trainer_resumes_from_its_last_checkpoint(tiny_model_dir: Path, tmp_path: Path):
     job = write_job(tmp_path, tiny_model_dir, steps=8, interval=3)
     first = grpojob("run", str(job), "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)

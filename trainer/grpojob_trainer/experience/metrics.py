@@ -97,3 +97,23 @@ def timing_metrics(spans: Sequence[tuple[float, float]], prefix: str = "rollout/
     metrics[f"{prefix}seconds/p90"] = percentile(durations, 90)
     metrics[f"{prefix}tail_s"] = max(finished) - percentile(finished, 90)
     return metrics
+
+
+def staleness_metrics(samples: list[TrainingSample], policy_version: int) -> dict[str, float]:
+    """``rollout/staleness/{mean,max}``: how many updates behind ``policy_version`` (the policy about to
+    train on them) the samples' generating policies are."""
+    behind = [policy_version - sample.policy_version for sample in samples]
+    return {"rollout/staleness/mean": sum(behind) / len(behind), "rollout/staleness/max": float(max(behind))}
+
+
+def throughput_metrics(
+    samples: list[TrainingSample], step_seconds: float, generation_seconds: float
+) -> dict[str, float]:
+    """The step's time and its tokens per second: generated (over the generation's time) and all (over the step's)."""
+    generated = sum(s.generated_tokens for s in samples)
+    return {
+        "time/step": step_seconds,
+        "time/generation": generation_seconds,
+        "throughput/generated_tokens_per_s": generated / max(generation_seconds, 1e-9),
+        "throughput/tokens_per_s": sum(len(s.token_ids) for s in samples) / step_seconds,
+    }

@@ -42,7 +42,8 @@ TRAINING = "training"
 WEIGHT_SYNC = "weight_sync"
 """Pushing the new weights to every generation engine."""
 CHECKPOINT = "checkpoint"
-"""Writing the step's checkpoint (on the steps that write one)."""
+"""What the step waited for its checkpoint (on the steps that write one): the write before it, if still in flight,
+and copying the state out of the policy. The write itself runs beside the next steps (`CHECKPOINT_WRITE_SECONDS`)."""
 
 # Keys of the metrics every step logs that the log line and the Prometheus endpoint read.
 REWARD = "rollout/reward/mean"
@@ -60,6 +61,8 @@ EVALUATION_SECONDS = "eval/seconds"
 STEP_SECONDS = "time/step"
 GENERATED_TOKENS_PER_S = "throughput/generated_tokens_per_s"
 WEIGHT_SYNC_SECONDS = "weight_sync/seconds"
+CHECKPOINT_WRITE_SECONDS = "time/checkpoint_write"
+"""The seconds a checkpoint's write took, beside training; logged with the step during which it finished."""
 
 
 def scalars(metrics: Mapping[str, Any]) -> dict[str, Scalar]:

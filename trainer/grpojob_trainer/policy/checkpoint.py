@@ -13,9 +13,13 @@ Layout of ``<directory>/step_<step:08d>/``:
   the model the run started from: then a checkpoint is also a Hugging Face model directory (float32),
   which `grpojob export` converts and which a new job's ``spec.model.path`` can start from.
 
-A checkpoint is written to a hidden temporary directory beside its final place and renamed into place
-only when every file is complete, so a crash mid-write leaves no ``step_*`` directory: a half-written
-checkpoint is never loaded. `latest_checkpoint` also ignores a ``step_*`` directory without ``meta.json``.
+Saving takes two parts: `snapshot_checkpoint` copies the state out of the policy into host memory of its own
+(the only part the training waits for), and `write_checkpoint` writes that snapshot, which may run on a thread
+of its own while the policy trains on (`grpojob_trainer.policy.checkpoint_writer`). The write goes to a hidden
+temporary directory beside the final place, every file fsynced, and the directory is renamed into place only then,
+so a crash or a kill mid-write leaves no ``step_*`` directory: a half-written checkpoint is never loaded.
+`latest_checkpoint` also ignores a ``step_*`` directory without ``meta.json``, and `remove_unfinished` (run
+when a run resumes) deletes what interrupted writes left.
 
 A LoRA policy's checkpoint (`grpojob_trainer.policy.lora`) holds the adapter instead of the model:
 ``adapter_model.safetensors`` and ``adapter_config.json`` as PEFT writes them (so the checkpoint is also
@@ -31,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -39,12 +42,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import safetensors.torch
 import torch
 
-from grpojob_trainer.policy.lora import adapter_config, adapter_parameter_name, adapter_weights, is_lora
+from grpojob_trainer.policy.lora import adapter_config, adapter_parameter_name, is_lora
 from grpojob_trainer.policy.model_files import copy_model_files
+from grpojob_trainer.policy.state import (
+    gather_adapter_state,
+    gather_state,
+    own_copy,
+    restore_state,
+    rng_state,
+    set_rng_state,
+    storages,
+)
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -71,146 +82,6 @@ def checkpoint_path(directory: str | os.PathLike[str], step: int) -> Path:
     return Path(directory) / f"step_{step:08d}"
 
 
-def rng_state() -> dict[str, Any]:
-    """The states of Python's, NumPy's and torch's global random-number generators."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {
-            "kind": kind,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` returned."""
-    random.setstate(state["python"])
-    saved = state["numpy"]
-    np.random.set_state(
-        (
-            saved["kind"],
-            saved["keys"].numpy().astype(np.uint32),
-            saved["pos"],
-            saved["has_gauss"],
-            saved["cached_gaussian"],
-        )
-    )
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def tied_names(model: torch.nn.Module) -> list[list[str]]:
-    """Names of parameters that are one tensor (tied weights), in groups of two or more, first name first."""
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    return [names for names in groups.values() if len(names) > 1]
-
-
-def optimizer_param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """The names of ``optimizer``'s parameters in the order its state dict numbers them."""
-    names = {id(param): name for name, param in model.named_parameters()}
-    return [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
-
-
-def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer state dict keyed by parameter names (``get_optimizer_state_dict``'s) keyed by number
-    instead, as ``Optimizer.state_dict`` numbers them: in the order of the parameter groups."""
-    index: dict[str, int] = {}
-    groups = []
-    for group in state["param_groups"]:
-        groups.append({**group, "params": [index.setdefault(name, len(index)) for name in group["params"]]})
-    return {"state": {index[name]: value for name, value in state["state"].items()}, "param_groups": groups}
-
-
-def optimizer_state_by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    """The inverse of `optimizer_state_by_index`, for parameters numbered as ``names`` lists them."""
-    return {
-        "state": {names[index]: value for index, value in state["state"].items()},
-        "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]],
-    }
-
-
-def gather_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full (unsharded, on the CPU) model state, tied weights once. A collective on a sharded model:
-    every rank calls it, rank 0 gets the state and the others an empty dict."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    model_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not model_state:
-        return {}
-    for names in tied_names(model):
-        for alias in names[1:]:
-            model_state.pop(alias, None)
-    return {k: v.contiguous() for k, v in model_state.items()}
-
-
-def gather_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """`gather_model_state`, and the optimizer state, numbered as ``Optimizer.state_dict`` numbers it.
-    A collective on a sharded model: rank 0 gets the states and the others empty dicts."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    model_state = gather_model_state(model)
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
-    if not model_state:
-        return {}, {}
-    return model_state, optimizer_state_by_index(optimizer_state)
-
-
-def gather_adapter_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """A LoRA policy's `gather_state`: the adapter's tensors under their file names and the optimizer's
-    state. A collective on a sharded model: rank 0 gets the states and the others empty dicts."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    from grpojob_trainer.policy.ranks import rank
-
-    adapter = {name: tensor.cpu().contiguous() for name, tensor in adapter_weights(model)}
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
-    if rank() != 0:
-        return {}, {}
-    return adapter, optimizer_state_by_index(optimizer_state)
-
-
-def restore_state(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    model_state: dict[str, torch.Tensor],
-    optimizer_state: dict[str, Any] | None,
-    *,
-    strict: bool = True,
-) -> None:
-    """Load full states (as `gather_state` returns them, or as read from a checkpoint) into a model and
-    optimizer, sharded or not (every rank of a sharded model calls it with the full states). Not
-    ``strict``: ``model_state`` may hold only some of the model's tensors (a LoRA policy's adapter)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-
-    model_state = dict(model_state)
-    for names in tied_names(model):
-        present = next((name for name in names if name in model_state), None)
-        if present is not None:
-            model_state |= {name: model_state[present] for name in names}
-    options = StateDictOptions(full_state_dict=True, strict=strict)
-    set_model_state_dict(model, model_state, options=options)
-    if optimizer is not None and optimizer_state is not None:
-        named = optimizer_state_by_name(optimizer_state, optimizer_param_names(model, optimizer))
-        set_optimizer_state_dict(model, optimizer, named, options=options)
-
-
 @dataclass(frozen=True)
 class CheckpointRequest:
     """A checkpoint to write, as the driver asks every rank for it (`PolicyGroup.save`): where, of which step,
@@ -228,6 +99,107 @@ class CheckpointRequest:
     """Keep the checkpoint of this step too (the best evaluation's)."""
 
 
+@dataclass
+class CheckpointSnapshot:
+    """Everything a checkpoint of one step holds, in host memory of its own (no tensor shares memory with the
+    policy, which trains on meanwhile): what `write_checkpoint` writes."""
+
+    directory: Path
+    step: int
+    meta_text: str
+    """``meta.json``, already serialised (a position or config that is not JSON fails before any copy)."""
+    model_state: dict[str, torch.Tensor]
+    """The model's tensors, or a LoRA policy's adapter under its file names."""
+    optimizer_state: dict[str, Any]
+    rng: dict[str, Any]
+    adapter_config: dict[str, Any] | None
+    """A LoRA policy's ``adapter_config.json``; None for a full fine-tune."""
+    base_model: str | None
+    keep: int | None = None
+    kept_step: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return checkpoint_path(self.directory, self.step)
+
+
+def snapshot_checkpoint(
+    directory: str | os.PathLike[str],
+    *,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data_position: dict[str, Any],
+    config: dict[str, Any],
+    keep: int | None = None,
+    kept_step: int | None = None,
+    base_model: str | os.PathLike[str] | None = None,
+) -> CheckpointSnapshot | None:
+    """Copy what the checkpoint of ``step`` holds out of the policy (off its GPU, out of its shards) into host
+    memory of its own, with the random-number generators' states as they are now; the training may go on once it
+    returns. A collective on a sharded model: every rank calls it, rank 0 gets the snapshot and the others None.
+    ``data_position`` and ``config`` must be JSON-serialisable."""
+    lora = is_lora(model)
+    model_config = model.config.to_dict() if hasattr(model, "config") and hasattr(model.config, "to_dict") else None
+    meta = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "data_position": data_position,
+        "config": config,
+        "model_config": model_config,
+    }
+    meta_text = json.dumps(meta, indent=2, sort_keys=True)  # fails before anything is gathered or written
+    model_state, optimizer_state = gather_adapter_state(model, optimizer) if lora else gather_state(model, optimizer)
+    if not model_state:  # not rank 0
+        return None
+    live = storages([*model.state_dict().values(), *(t for s in optimizer.state.values() for t in s.values())])
+    return CheckpointSnapshot(
+        directory=Path(directory),
+        step=step,
+        meta_text=meta_text,
+        model_state=own_copy(model_state, live),
+        optimizer_state=own_copy(optimizer_state, live),
+        rng=rng_state(),
+        adapter_config=adapter_config(model, str(base_model or "")) if lora else None,
+        base_model=None if base_model is None else str(base_model),
+        keep=keep,
+        kept_step=kept_step,
+    )
+
+
+def write_checkpoint(snapshot: CheckpointSnapshot) -> Path:
+    """Write ``snapshot`` into a hidden temporary directory beside its place, fsync every file, then rename the
+    directory into place (an existing checkpoint of the same step is replaced); with ``keep``, then delete all but
+    the newest ``keep`` and that of ``kept_step``. A write that fails or is killed midway publishes nothing: the
+    newest complete checkpoint stays the latest. Returns the checkpoint's directory."""
+    directory, final = snapshot.directory, snapshot.path
+    directory.mkdir(parents=True, exist_ok=True)
+    temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{snapshot.step:08d}-", dir=directory))
+    try:
+        if snapshot.adapter_config is not None:
+            write_adapter_files(temp, snapshot.model_state, snapshot.adapter_config)
+        else:
+            safetensors.torch.save_file(snapshot.model_state, str(temp / MODEL), metadata={"format": "pt"})
+        torch.save(snapshot.optimizer_state, temp / OPTIMIZER)
+        torch.save(snapshot.rng, temp / RNG)
+        if snapshot.base_model is not None and snapshot.adapter_config is None:
+            copy_model_files(snapshot.base_model, temp, "float32")
+        (temp / META).write_text(snapshot.meta_text, encoding="utf-8")  # last: a directory without it is not one
+        for file in temp.iterdir():
+            _fsync(file)
+        _fsync(temp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(temp, final)
+        _fsync(directory)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    if snapshot.keep is not None:
+        prune_checkpoints(directory, snapshot.keep, snapshot.kept_step)
+    return final
+
+
 def save_checkpoint(
     directory: str | os.PathLike[str],
     *,
@@ -240,55 +212,25 @@ def save_checkpoint(
     kept_step: int | None = None,
     base_model: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically; with ``keep``, then delete all but the newest ``keep``
-    and that of ``kept_step``.
+    """`snapshot_checkpoint`, then `write_checkpoint`, in the caller's thread; the checkpoint's directory.
+
     With ``base_model`` (the model directory the run started from) the checkpoint carries its config,
     generation config and tokenizer files, so it is a model directory too; a LoRA policy's checkpoint
-    holds its adapter (naming ``base_model`` as its base) and no model files.
-
-    ``data_position`` and ``config`` must be JSON-serialisable. An existing checkpoint of the same step
-    is replaced. Returns the checkpoint's directory. With a sharded model every rank calls this (the
-    state is gathered from all of them) and rank 0 writes.
+    holds its adapter (naming ``base_model`` as its base) and no model files. With a sharded model every rank
+    calls this (the state is gathered from all of them) and rank 0 writes.
     """
-    directory = Path(directory)
-    final = checkpoint_path(directory, step)
-    lora = is_lora(model)
-    model_state, optimizer_state = gather_adapter_state(model, optimizer) if lora else gather_state(model, optimizer)
-    if not model_state:  # not rank 0
-        return final
-    directory.mkdir(parents=True, exist_ok=True)
-    model_config = model.config.to_dict() if hasattr(model, "config") and hasattr(model.config, "to_dict") else None
-    meta = {
-        "format": FORMAT_VERSION,
-        "step": step,
-        "data_position": data_position,
-        "config": config,
-        "model_config": model_config,
-    }
-    meta_text = json.dumps(meta, indent=2, sort_keys=True)  # fails before anything is written
-    temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{step:08d}-", dir=directory))
-    try:
-        if lora:
-            write_adapter_files(temp, model_state, adapter_config(model, str(base_model or "")))
-        else:
-            safetensors.torch.save_file(model_state, str(temp / MODEL), metadata={"format": "pt"})
-        torch.save(optimizer_state, temp / OPTIMIZER)
-        torch.save(rng_state(), temp / RNG)
-        if base_model is not None and not lora:
-            copy_model_files(base_model, temp, "float32")
-        (temp / META).write_text(meta_text, encoding="utf-8")
-        for file in temp.iterdir():
-            _fsync(file)
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(temp, final)
-        _fsync(directory)
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
-    if keep is not None:
-        prune_checkpoints(directory, keep, kept_step)
-    return final
+    snapshot = snapshot_checkpoint(
+        directory,
+        step=step,
+        model=model,
+        optimizer=optimizer,
+        data_position=data_position,
+        config=config,
+        keep=keep,
+        kept_step=kept_step,
+        base_model=base_model,
+    )
+    return checkpoint_path(directory, step) if snapshot is None else write_checkpoint(snapshot)
 
 
 def load_checkpoint(
@@ -379,6 +321,18 @@ def prune_checkpoints(directory: str | os.PathLike[str], keep: int, kept_step: i
     directory = Path(directory)
     doomed = [path for step, path in list_checkpoints(directory)[:-keep] if step != kept_step]
     doomed += [entry for entry in directory.iterdir() if entry.name.startswith(_TEMP_PREFIX)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def remove_unfinished(directory: str | os.PathLike[str]) -> list[Path]:
+    """Delete what interrupted writes left under ``directory`` (their temporary directories), while no write is in
+    flight (as a run resumes). Returns what was deleted."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    doomed = [entry for entry in directory.iterdir() if entry.name.startswith(_TEMP_PREFIX)]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed

@@ -17,6 +17,7 @@ from grpojob_trainer.errors import UsageError
 
 if TYPE_CHECKING:
     from grpojob_trainer.policy.checkpoint import CheckpointRequest
+    from grpojob_trainer.policy.checkpoint_writer import WrittenCheckpoint
 
 
 class PolicyGroup:
@@ -69,10 +70,18 @@ class PolicyGroup:
         """Load the newest checkpoint in ``directory`` on every rank; (its step, data position) or None."""
         return self._on_every_rank("resume", directory)
 
-    def save(self, request: CheckpointRequest) -> str:
-        """Write the checkpoint ``request`` asks for (gathered from every rank, written by rank 0), keeping the
-        newest ``request.keep`` and that of ``request.kept_step``; its path."""
+    def save(self, request: CheckpointRequest) -> list[WrittenCheckpoint]:
+        """Start the checkpoint ``request`` asks for: gathered from every rank and copied into rank 0's memory
+        (after the write before has finished), then written by rank 0 in the background, which keeps the newest
+        ``request.keep`` and that of ``request.kept_step``. Returns once the state is copied (the policy may train
+        on) with the writes finished since the last report, the one before among them; `checkpoints_written` says
+        when this one is on disk."""
         return self._on_every_rank("save", request)
+
+    def checkpoints_written(self, wait: bool = False) -> list[WrittenCheckpoint]:
+        """The checkpoints written since the last call, oldest first (``wait``: once the write in flight has
+        finished); raises the error of a write that failed."""
+        return self._on_rank0("checkpoints_written", wait)
 
     def export_checkpoint(self, checkpoint: str, out: str, dtype: str, output_format: str = "merged") -> str:
         """Write the model of ``checkpoint`` at ``out`` as `export` writes the live policy's (on rank 0, where

@@ -21,6 +21,7 @@ import torch
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.policy import memory
+from grpojob_trainer.policy.checkpoint_writer import CheckpointWriter, WrittenCheckpoint
 from grpojob_trainer.policy.compilation import compiles_layers, use_compile_cache
 from grpojob_trainer.policy.config import RankConfig
 
@@ -93,6 +94,8 @@ class PolicyWorker:
         """By bucket size: the adapter's buckets, shared once and refilled at every push, with their payload."""
         self._group: Any = None
         self._layouts: dict[int, list[Any]] = {}
+        self.writer = CheckpointWriter()
+        """Rank 0's: writes the checkpoints while the policy trains on."""
 
     def rendezvous_address(self) -> tuple[str, int]:
         """Rank 0: where the ranks' process group will rendezvous (this node's address, a free port)."""
@@ -284,12 +287,16 @@ class PolicyWorker:
             return 0
         return self._group.send_buckets(layouts, tensors, self.learner.device)
 
-    def save(self, request: CheckpointRequest) -> str:
-        """Every rank: gather the full state; rank 0 writes the checkpoint ``request`` asks for, then keeps the
-        newest ``request.keep`` and that of ``request.kept_step``. Its path."""
-        from grpojob_trainer.policy.checkpoint import save_checkpoint
+    def save(self, request: CheckpointRequest) -> list[WrittenCheckpoint]:
+        """Every rank: gather the full state; rank 0 waits for the write before to finish, copies the state into
+        host memory of its own and writes the checkpoint ``request`` asks for on its writer's thread, which then
+        keeps the newest ``request.keep`` and that of ``request.kept_step``. Returns once the state is copied,
+        before the write (`checkpoints_written` says when it is on disk), with the writes finished since the last
+        report (rank 0's); raises the error of one that failed."""
+        from grpojob_trainer.policy.checkpoint import snapshot_checkpoint
 
-        path = save_checkpoint(
+        written = self.writer.finished(wait=True)  # one snapshot in host memory at a time
+        snapshot = snapshot_checkpoint(
             request.directory,
             step=request.step,
             model=self.learner.model,
@@ -300,7 +307,14 @@ class PolicyWorker:
             kept_step=request.kept_step,
             base_model=self.model_path,
         )
-        return str(path)
+        if snapshot is not None:
+            self.writer.start(snapshot)
+        return written
+
+    def checkpoints_written(self, wait: bool = False) -> list[WrittenCheckpoint]:
+        """Rank 0: the checkpoints written since the last call (``wait``: once the write in flight has finished);
+        raises the error of a write that failed."""
+        return self.writer.finished(wait)
 
     def export_checkpoint(self, checkpoint: str, out: str, dtype: str, output_format: str = "merged") -> str:
         """Rank 0: the model of ``checkpoint`` at ``out``, merged or (``output_format`` ``adapter``) as its
@@ -308,6 +322,7 @@ class PolicyWorker:
         from grpojob_trainer.policy.export import export_checkpoint
 
         adapter = output_format == api.OutputFormat.ADAPTER
+        self.writer.wait()  # the checkpoint may be the one being written
         return str(export_checkpoint(checkpoint, out, base=self.model_path, dtype=dtype, adapter=adapter))
 
     def export(self, out: str, dtype: str, keep: int | None = None, output_format: str = "merged") -> str | None:
@@ -316,8 +331,8 @@ class PolicyWorker:
         LoRA policy's adapter merged into it) or, for ``output_format`` ``adapter``, as a PEFT adapter
         directory; then, given ``keep``, keeps only the newest ``keep`` models exported with checkpoints
         beside it (here, because rank 0 is where the output volume is mounted). Its path on rank 0."""
-        from grpojob_trainer.policy.checkpoint import gather_model_state
         from grpojob_trainer.policy.export import prune_exports, write_adapter, write_merged_model, write_model
+        from grpojob_trainer.policy.state import gather_model_state
 
         config = self.adapter_config()
         # A LoRA policy's merged model: merged on the policy's devices, layer by layer, unless its base is held
@@ -347,9 +362,12 @@ class PolicyWorker:
         return frozen is None or frozen.dtype == torch.float32 or dtype == "bfloat16"
 
     def resume(self, directory: str) -> tuple[int, dict[str, Any]] | None:
-        """Every rank: load the newest checkpoint in ``directory``; (its step, its data position), or None."""
-        from grpojob_trainer.policy.checkpoint import latest_checkpoint, load_checkpoint
+        """Every rank: load the newest complete checkpoint in ``directory`` (rank 0 first deletes what interrupted
+        writes left there); (its step, its data position), or None."""
+        from grpojob_trainer.policy.checkpoint import latest_checkpoint, load_checkpoint, remove_unfinished
 
+        if self.rank == 0:
+            remove_unfinished(directory)
         path = latest_checkpoint(directory) if Path(directory).exists() else None
         if path is None:
             return None

@@ -2,7 +2,8 @@
 
     for each step:  rows → `/run` on the environment servers (they call the generation engines)
                     → TrainingSamples → policy.train_step → weights to every engine
-                    → a checkpoint every `interval` steps (timed: the log line shows it)
+                    → a checkpoint every `interval` steps: the state copied out of the policy (timed: the log
+                      line shows it), written in the background while the next steps train
                     → metrics (JSONL, TensorBoard, the sinks), a log line, progress
 
 Asynchronous GRPO (``spec.grpo.maxOffPolicySteps`` = k >= 1): the rollouts of steps s+1 … s+k are
@@ -25,6 +26,9 @@ export is that checkpoint's model.
 A checkpoint stores the dataset position after the prompts of the step it saves, not after the prompts
 already drawn for batches still waiting to train, so a resumed run draws those again: it trains the same
 sequence of prompts as an uninterrupted run.
+
+A checkpoint counts as written once it is on disk (`grpojob_trainer.training.checkpoints`): the run's end, a stop
+and the export of the best evaluation's checkpoint wait for the write in flight.
 
 A stop (SIGINT or SIGTERM, `grpojob_trainer.training.stop`) abandons a step still waiting for its rollouts and
 finishes one that trains, without waiting for later rollouts, pushing its weights or evaluating them; the last
@@ -56,6 +60,7 @@ from grpojob_api import v1alpha1 as api
 from grpojob_api.progress import EvaluationReport
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.errors import AllRolloutsFailed
+from grpojob_trainer.experience.metrics import staleness_metrics, throughput_metrics
 from grpojob_trainer.experience.rollouts import EnvironmentURLs, PolicySampling, RolloutBatch, collect_rollouts
 from grpojob_trainer.generation.group import GenerationGroup
 from grpojob_trainer.nemo_gym.protocol import Row
@@ -68,8 +73,9 @@ from grpojob_trainer.observability.metrics import (
     StepTimer,
     step_line,
 )
-from grpojob_trainer.policy.checkpoint import CheckpointRequest, checkpoint_path, latest_checkpoint
+from grpojob_trainer.policy.checkpoint import CheckpointRequest
 from grpojob_trainer.policy.group import PolicyGroup
+from grpojob_trainer.training.checkpoints import LoopCheckpoints
 from grpojob_trainer.training.data import Prompts, position_metrics
 from grpojob_trainer.training.evaluation import (
     Evaluated,
@@ -99,13 +105,6 @@ def expand_groups(rows: list[Row], generations: int) -> tuple[list[Row], list[in
     return expanded, groups
 
 
-def staleness_metrics(samples: list[TrainingSample], policy_version: int) -> dict[str, float]:
-    """``rollout/staleness/{mean,max}``: how many updates behind ``policy_version`` (the policy about to
-    train on them) the samples' generating policies are."""
-    behind = [policy_version - sample.policy_version for sample in samples]
-    return {"rollout/staleness/mean": sum(behind) / len(behind), "rollout/staleness/max": float(max(behind))}
-
-
 @dataclass
 class LaunchedRollouts:
     """The rollouts of one step, launched (possibly ahead of the step's training)."""
@@ -122,11 +121,10 @@ class LaunchedRollouts:
 
 @dataclass
 class CompletedStep:
-    """The last step the policy trained (0: none), where its prompts ended, and its checkpoint, once written."""
+    """The last step the policy trained (0: none) and where its prompts ended."""
 
     step: int
     data_position: dict[str, Any]
-    checkpoint: Path | None = None
 
 
 async def run_loop(
@@ -170,11 +168,16 @@ async def run_loop(
             metrics = await loop.step(step)
             if metrics is not None and on_step is not None:
                 on_step(step, metrics)
-        loop.end_if_stopped()
+        await asyncio.to_thread(loop.checkpoints.collect, True)  # on disk before the run ends or names it
+        await loop.end_if_stopped()
         loop.export_final()
     except RayActorError as error:  # a call to a Ray worker that died: the run ends as on the watch's word
         loop.stop.lost_in_call(error)
-        loop.end_if_stopped()
+        await asyncio.to_thread(loop.checkpoints.finish_after_error)
+        await loop.end_if_stopped()
+    except Exception:
+        await asyncio.to_thread(loop.checkpoints.finish_after_error)
+        raise
     return loop.result
 
 
@@ -220,7 +223,8 @@ class TrainingLoop:
         """The version of the weights the policy holds and, between steps, the engines serve."""
         self.failed_in_a_row = 0
         self.completed = CompletedStep(0, {})
-        """Where a stop leaves the run: the last step trained and its checkpoint."""
+        """Where a stop leaves the run: the last step trained."""
+        self.checkpoints = LoopCheckpoints(policy, checkpoint_dir)
         self.result = LoopResult(first_step=1, last_step=0)
         self.began = time.perf_counter()
 
@@ -235,7 +239,8 @@ class TrainingLoop:
             self.start, self.position = resumed
             self.dataset.restore(self.position)
             log.info("resumed from the checkpoint of step %d in %s", self.start, self.checkpoint_dir)
-            self.completed = CompletedStep(self.start, self.position, checkpoint_path(self.checkpoint_dir, self.start))
+            self.completed = CompletedStep(self.start, self.position)
+            self.checkpoints.resumed(self.start)
         self.result = LoopResult(first_step=self.start + 1, last_step=self.start)
         self.policy_version, self.next_launch = self.start, self.start + 1
 
@@ -289,9 +294,11 @@ class TrainingLoop:
         self.result.last_step = step
         self.completed = CompletedStep(step, rollouts.data_position)
         saving = self.checkpoint_due(step, new_best)
-        if saving:  # before the step's log line, which shows its time
+        if saving:  # before the step's log line, which shows what it waited for (the write before among it)
             with timer.phase(CHECKPOINT):
-                self.completed.checkpoint = self.save(step, rollouts.data_position)
+                metrics |= await self.save(step, rollouts.data_position)
+        else:
+            metrics |= self.checkpoints.collect()  # the write before, if it finished while this step trained
         metrics |= timer.metrics()
         metrics |= throughput_metrics(samples, time.perf_counter() - started, finished - rollouts.started_s)
         self.logger.log(step, metrics)
@@ -415,9 +422,10 @@ class TrainingLoop:
             name = paths.step_model_dir(step)
             await asyncio.to_thread(export_model, self.job, self.policy, self.output_dir, name, step, self.progress)
 
-    def save(self, step: int, data_position: dict[str, Any]) -> Path:
-        """Save the checkpoint of ``step``, whose prompts end at ``data_position``, with the evaluation history
-        (keeping the best evaluation's checkpoint); its path."""
+    async def save(self, step: int, data_position: dict[str, Any]) -> dict[str, float]:
+        """Start the checkpoint of ``step``, whose prompts end at ``data_position``, with the evaluation history
+        (keeping the best evaluation's checkpoint), once the write before it finished (its metrics returned);
+        returns once the policy may train on, the write running in the background."""
         saved_position = dict(data_position)
         kept = None
         if self.evaluator is not None:
@@ -425,22 +433,26 @@ class TrainingLoop:
             best = self.evaluator.history.best
             kept = best.step if self.select_best and best is not None else None
         keep = self.spec.checkpointing.keep
-        self.policy.save(CheckpointRequest(str(self.checkpoint_dir), step, saved_position, self.config, keep, kept))
-        return checkpoint_path(self.checkpoint_dir, step)
+        request = CheckpointRequest(str(self.checkpoint_dir), step, saved_position, self.config, keep, kept)
+        return await asyncio.to_thread(self.checkpoints.start, request)
 
-    def end_if_stopped(self) -> None:
-        """After a stop: drop the rollouts launched ahead, checkpoint the last completed step unless it has its
-        checkpoint (and the policy may still be read: `StopRequest.may_save`), and raise `Interrupted` (or
-        `WorkerLost`) naming both, or the newest checkpoint there is."""
+    async def end_if_stopped(self) -> None:
+        """After a stop (the write in flight finished): drop the rollouts launched ahead, checkpoint the last
+        completed step unless it has its checkpoint on disk (and the policy may still be read:
+        `StopRequest.may_save`), and raise `Interrupted` (or `WorkerLost`) naming both, or the newest checkpoint
+        there is."""
         if not self.stop.requested:
             return
         for later in self.launched:
             later.task.cancel()
         completed = self.completed
-        if completed.checkpoint is None and completed.step > 0 and self.stop.may_save:
-            completed.checkpoint = self.save(completed.step, completed.data_position)
+        if self.checkpoints.path(completed.step) is None and completed.step > 0 and self.stop.may_save:
+            await self.save(completed.step, completed.data_position)
+            await asyncio.to_thread(self.checkpoints.collect, True)
         log.info("stopped by %s after step %d", self.stop.name, completed.step)
-        raise self.stop.ended(completed.step or None, completed.checkpoint or latest_checkpoint(self.checkpoint_dir))
+        raise self.stop.ended(
+            completed.step or None, self.checkpoints.path(completed.step) or self.checkpoints.newest()
+        )
 
     def export_final(self) -> None:
         """Export the final model: the last step's policy, or the best evaluation's checkpoint."""
@@ -453,19 +465,6 @@ class TrainingLoop:
             export_model(
                 self.job, self.policy, self.output_dir, paths.FINAL_MODEL_DIR, self.result.last_step, self.progress
             )
-
-
-def throughput_metrics(
-    samples: list[TrainingSample], step_seconds: float, generation_seconds: float
-) -> dict[str, float]:
-    """The step's time and its tokens per second: generated (over the generation's time) and all (over the step's)."""
-    generated = sum(s.generated_tokens for s in samples)
-    return {
-        "time/step": step_seconds,
-        "time/generation": generation_seconds,
-        "throughput/generated_tokens_per_s": generated / max(generation_seconds, 1e-9),
-        "throughput/tokens_per_s": sum(len(s.token_ids) for s in samples) / step_seconds,
-    }
 
 
 EVALUATION_KEY = "evaluation"

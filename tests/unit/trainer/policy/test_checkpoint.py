@@ -1,7 +1,9 @@
-"""Checkpoints: an exact resume, self-description, keep-K pruning and half-written checkpoints ignored."""
+"""Checkpoints: an exact resume, self-description, keep-K pruning, half-written checkpoints ignored, and a snapshot
+that stays as it was while the policy trains on."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from pathlib import Path
@@ -19,6 +21,8 @@ from grpojob_trainer.policy.checkpoint import (
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
+    snapshot_checkpoint,
+    write_checkpoint,
 )
 from grpojob_trainer.policy.learner import PolicyLearner
 
@@ -140,3 +144,25 @@ def test_a_failed_save_leaves_nothing_behind(tmp_path: Path):
             tmp_path, step=1, model=policy.model, optimizer=policy.optimizer, data_position={"x": object()}, config={}
         )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_snapshot_stays_as_it_was_saved_while_the_policy_trains_on(tmp_path: Path):
+    seed_everything(1)
+    policy = new_trainer()
+    train(policy, 1)
+    snapshot = snapshot_checkpoint(
+        tmp_path, step=1, model=policy.model, optimizer=policy.optimizer, data_position={"row": 2}, config=CONFIG
+    )
+    assert snapshot is not None
+    saved = copy.deepcopy((snapshot.model_state, snapshot.optimizer_state))
+    train(policy, 1)  # in place: parameters, moments and step counts
+
+    for name, tensor in snapshot.model_state.items():
+        assert torch.equal(tensor, saved[0][name]), name
+    for index, state in snapshot.optimizer_state["state"].items():
+        for key, tensor in state.items():
+            assert torch.equal(tensor, saved[1]["state"][index][key]), (index, key)
+
+    resumed = new_trainer()
+    info = load_checkpoint(write_checkpoint(snapshot), model=resumed.model, optimizer=resumed.optimizer)
+    assert info.step == 1 and info.data_position == {"row": 2}

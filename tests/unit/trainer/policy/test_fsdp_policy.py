@@ -129,7 +129,7 @@ def test_a_packed_step_on_two_ranks_equals_the_padded_step_on_one():
 
 def full_state(trainer: PolicyLearner) -> tuple[dict, dict]:
     """A copy of the gathered state (on the CPU, some of it are the live tensors)."""
-    from grpojob_trainer.policy.checkpoint import gather_state
+    from grpojob_trainer.policy.state import gather_state
 
     return copy.deepcopy(gather_state(trainer.model, trainer.optimizer))
 

@@ -114,7 +114,7 @@ def test_a_large_model_is_written_in_safetensors_shards_with_an_index(base_model
 
 
 def two_rank_export(rank: int, world: int, host: str, port: int, model_dir: str, out: str) -> dict:
-    from grpojob_trainer.policy.checkpoint import gather_model_state
+    from grpojob_trainer.policy.state import gather_model_state
 
     worker = trained_policy(Path(model_dir), rank, world, host, port)
     gathered = gather_model_state(worker.learner.model)
@@ -136,7 +136,9 @@ def test_a_policy_sharded_over_two_ranks_is_gathered_into_one_model(base_model, 
 
 def test_grpojob_export_writes_any_checkpoints_model(base_model, tmp_path, capsys):
     worker = trained_policy(base_model)
-    checkpoint = Path(worker.save(CheckpointRequest(str(tmp_path / "checkpoints"), 3, {}, {}, keep=2)))
+    worker.save(CheckpointRequest(str(tmp_path / "checkpoints"), 3, {}, {}, keep=2))
+    (written,) = worker.checkpoints_written(wait=True)
+    checkpoint = Path(written.path)
 
     assert main(["export", str(tmp_path / "checkpoints"), str(tmp_path / "out"), "--dtype", "float32"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out")
@@ -147,7 +149,8 @@ def test_grpojob_export_writes_any_checkpoints_model(base_model, tmp_path, capsy
 
 def test_a_new_job_continues_from_an_earlier_jobs_checkpoint(base_model, tmp_path):
     first = trained_policy(base_model)
-    checkpoint = first.save(CheckpointRequest(str(tmp_path / "checkpoints"), 1, {}, {}, keep=1))
+    first.save(CheckpointRequest(str(tmp_path / "checkpoints"), 1, {}, {}, keep=1))
+    checkpoint = first.checkpoints_written(wait=True)[0].path
 
     continued = PolicyWorker(RankConfig(GRPOJobSpec.model_validate(SPEC), checkpoint, seed=0))
     continued.start("127.0.0.1", 0)

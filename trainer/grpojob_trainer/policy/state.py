@@ -1,0 +1,182 @@
+"""The policy's full state, gathered out of its ranks into host memory and put back: the model's tensors (tied
+weights once), a LoRA policy's adapter, the optimizer's state numbered as ``Optimizer.state_dict`` numbers it, and
+the random-number generators' states. What a checkpoint (`grpojob_trainer.policy.checkpoint`) and an export hold.
+
+Gathering is a collective on a sharded model (FSDP2, ``torch.distributed.checkpoint.state_dict``): every rank calls
+it, rank 0 gets the full state and the others empty dicts.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from grpojob_trainer.policy.lora import adapter_weights
+
+
+def rng_state() -> dict[str, Any]:
+    """The states of Python's, NumPy's and torch's global random-number generators."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned."""
+    random.setstate(state["python"])
+    saved = state["numpy"]
+    np.random.set_state(
+        (
+            saved["kind"],
+            saved["keys"].numpy().astype(np.uint32),
+            saved["pos"],
+            saved["has_gauss"],
+            saved["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def tied_names(model: torch.nn.Module) -> list[list[str]]:
+    """Names of parameters that are one tensor (tied weights), in groups of two or more, first name first."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def optimizer_param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names of ``optimizer``'s parameters in the order its state dict numbers them."""
+    names = {id(param): name for name, param in model.named_parameters()}
+    return [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
+
+
+def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter names (``get_optimizer_state_dict``'s) keyed by number
+    instead, as ``Optimizer.state_dict`` numbers them: in the order of the parameter groups."""
+    index: dict[str, int] = {}
+    groups = []
+    for group in state["param_groups"]:
+        groups.append({**group, "params": [index.setdefault(name, len(index)) for name in group["params"]]})
+    return {"state": {index[name]: value for name, value in state["state"].items()}, "param_groups": groups}
+
+
+def optimizer_state_by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The inverse of `optimizer_state_by_index`, for parameters numbered as ``names`` lists them."""
+    return {
+        "state": {names[index]: value for index, value in state["state"].items()},
+        "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]],
+    }
+
+
+def gather_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded, on the CPU) model state, tied weights once. A collective on a sharded model:
+    every rank calls it, rank 0 gets the state and the others an empty dict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    model_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not model_state:
+        return {}
+    for names in tied_names(model):
+        for alias in names[1:]:
+            model_state.pop(alias, None)
+    return {k: v.contiguous() for k, v in model_state.items()}
+
+
+def gather_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """`gather_model_state`, and the optimizer state, numbered as ``Optimizer.state_dict`` numbers it.
+    A collective on a sharded model: rank 0 gets the states and the others empty dicts."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    model_state = gather_model_state(model)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+    if not model_state:
+        return {}, {}
+    return model_state, optimizer_state_by_index(optimizer_state)
+
+
+def gather_adapter_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A LoRA policy's `gather_state`: the adapter's tensors under their file names and the optimizer's
+    state. A collective on a sharded model: rank 0 gets the states and the others empty dicts."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from grpojob_trainer.policy.ranks import rank
+
+    adapter = {name: tensor.cpu().contiguous() for name, tensor in adapter_weights(model)}
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+    if rank() != 0:
+        return {}, {}
+    return adapter, optimizer_state_by_index(optimizer_state)
+
+
+def restore_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any] | None,
+    *,
+    strict: bool = True,
+) -> None:
+    """Load full states (as `gather_state` returns them, or as read from a checkpoint) into a model and
+    optimizer, sharded or not (every rank of a sharded model calls it with the full states). Not
+    ``strict``: ``model_state`` may hold only some of the model's tensors (a LoRA policy's adapter)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    model_state = dict(model_state)
+    for names in tied_names(model):
+        present = next((name for name in names if name in model_state), None)
+        if present is not None:
+            model_state |= {name: model_state[present] for name in names}
+    options = StateDictOptions(full_state_dict=True, strict=strict)
+    set_model_state_dict(model, model_state, options=options)
+    if optimizer is not None and optimizer_state is not None:
+        named = optimizer_state_by_name(optimizer_state, optimizer_param_names(model, optimizer))
+        set_optimizer_state_dict(model, optimizer, named, options=options)
+
+
+def storages(tensors: list[torch.Tensor]) -> set[int]:
+    """Where the host-memory storages of ``tensors`` (a sharded tensor's local shard) begin."""
+    from torch.distributed.tensor import DTensor
+
+    found = set()
+    for tensor in tensors:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        if local.device.type == "cpu":
+            found.add(local.untyped_storage().data_ptr())
+    return found
+
+
+def own_copy(state: Any, live: set[int]) -> Any:
+    """``state`` (tensors in dicts, lists and tuples) with every tensor that shares memory with the policy
+    (``live``: `storages`) copied: gathering a policy on the CPU returns its own tensors, which the next step
+    changes in place (gathering one off a GPU copies already)."""
+    if isinstance(state, torch.Tensor):
+        return state.clone() if state.untyped_storage().data_ptr() in live else state
+    if isinstance(state, dict):
+        return {key: own_copy(value, live) for key, value in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(own_copy(value, live) for value in state)
+    return state
