@@ -68,7 +68,7 @@ from grpojob_trainer.observability.metrics import (
     StepTimer,
     step_line,
 )
-from grpojob_trainer.policy.checkpoint import CheckpointRequest, checkpoint_path, latest_checkpoint
+from grpojob_trainer.policy.checkpoint import CheckpointRequest, checkpoint_path
 from grpojob_trainer.policy.group import PolicyGroup
 from grpojob_trainer.training.data import Prompts, position_metrics
 from grpojob_trainer.training.evaluation import (
@@ -220,6 +220,8 @@ class TrainingLoop:
         """The version of the weights the policy holds and, between steps, the engines serve."""
         self.failed_in_a_row = 0
         self.completed = CompletedStep(0, {})
+        self.newest: Path | None = None
+        """The newest checkpoint: resumed from or written (the ranks write them; this pod may not see them)."""
         """Where a stop leaves the run: the last step trained and its checkpoint."""
         self.result = LoopResult(first_step=1, last_step=0)
         self.began = time.perf_counter()
@@ -235,7 +237,8 @@ class TrainingLoop:
             self.start, self.position = resumed
             self.dataset.restore(self.position)
             log.info("resumed from the checkpoint of step %d in %s", self.start, self.checkpoint_dir)
-            self.completed = CompletedStep(self.start, self.position, checkpoint_path(self.checkpoint_dir, self.start))
+            self.newest = checkpoint_path(self.checkpoint_dir, self.start)
+            self.completed = CompletedStep(self.start, self.position, self.newest)
         self.result = LoopResult(first_step=self.start + 1, last_step=self.start)
         self.policy_version, self.next_launch = self.start, self.start + 1
 
@@ -426,7 +429,8 @@ class TrainingLoop:
             kept = best.step if self.select_best and best is not None else None
         keep = self.spec.checkpointing.keep
         self.policy.save(CheckpointRequest(str(self.checkpoint_dir), step, saved_position, self.config, keep, kept))
-        return checkpoint_path(self.checkpoint_dir, step)
+        self.newest = checkpoint_path(self.checkpoint_dir, step)
+        return self.newest
 
     def end_if_stopped(self) -> None:
         """After a stop: drop the rollouts launched ahead, checkpoint the last completed step unless it has its
@@ -440,7 +444,7 @@ class TrainingLoop:
         if completed.checkpoint is None and completed.step > 0 and self.stop.may_save:
             completed.checkpoint = self.save(completed.step, completed.data_position)
         log.info("stopped by %s after step %d", self.stop.name, completed.step)
-        raise self.stop.ended(completed.step or None, completed.checkpoint or latest_checkpoint(self.checkpoint_dir))
+        raise self.stop.ended(completed.step or None, completed.checkpoint or self.newest)
 
     def export_final(self) -> None:
         """Export the final model: the last step's policy, or the best evaluation's checkpoint."""
