@@ -28,6 +28,9 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site-packages:/root/operator-site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
 export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# No bytecode written into the machine's Python while its layers are being imported (`node` starts that in the
+# background): a file that appears between the import's two passes makes it start over. compileall writes anyway.
+export PYTHONDONTWRITEBYTECODE=1
 export GRPOJOB_TEST_KUBECONFIG=$HOME/.cache/grpojob/clusters/gpu/kubeconfig
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

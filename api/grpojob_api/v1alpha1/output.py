@@ -45,7 +45,8 @@ class CheckpointSpec(ApiModel):
     a spot notice surfaced as the pod's deletion): it abandons a step still collecting rollouts or finishes
     one already training, writes the checkpoint of its last completed step, and exits as preempted, which
     the operator retries without counting against `backoffLimit`. The trainer pod's
-    `terminationGracePeriodSeconds`: leave room for one step's training and one checkpoint's write."""
+    `terminationGracePeriodSeconds`: leave room for one step's training and two checkpoints' writes (the one
+    in flight, then the last step's)."""
 
 
 class OutputFormat(StrEnum):

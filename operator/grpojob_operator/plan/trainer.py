@@ -115,7 +115,8 @@ def retry_or_fail(pass_: Pass, cause: str, preempted: bool = False) -> None:
         set_condition(status, ConditionType.TRAINER_RUNNING, False, "TrainerPreempted", message, now)
         status.phase = Phase.INITIALIZING
     elif failures < limit + 1:
-        message = f"attempt {status.attempt} of {limit + 1} failed: {cause}; retrying"
+        retries = f"retry {failures} of spec.backoffLimit's {limit}"
+        message = f"attempt {status.attempt} failed: {cause}; retrying ({retries})"
         status.attempt += 1
         status.progress_time = None
         set_condition(status, ConditionType.TRAINER_RUNNING, False, "TrainerFailed", message, now)

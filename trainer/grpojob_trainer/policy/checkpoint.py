@@ -188,10 +188,14 @@ def write_checkpoint(snapshot: CheckpointSnapshot) -> Path:
         for file in temp.iterdir():
             _fsync(file)
         _fsync(temp)
-        if final.exists():
-            shutil.rmtree(final)
+        replaced = None
+        if final.exists():  # moved aside whole first: a crash between the renames leaves no half checkpoint
+            replaced = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{snapshot.step:08d}-old-", dir=directory))
+            os.rename(final, replaced / final.name)
         os.rename(temp, final)
         _fsync(directory)
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise

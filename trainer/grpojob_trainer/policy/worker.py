@@ -295,7 +295,9 @@ class PolicyWorker:
         report (rank 0's); raises the error of one that failed."""
         from grpojob_trainer.policy.checkpoint import snapshot_checkpoint
 
-        written = self.writer.finished(wait=True)  # one snapshot in host memory at a time
+        # One snapshot in host memory at a time. The gather below is a collective: a failed write before this
+        # one is raised only after it, or the other ranks would wait in it for rank 0 until their timeout.
+        self.writer.wait()
         snapshot = snapshot_checkpoint(
             request.directory,
             step=request.step,
@@ -307,6 +309,7 @@ class PolicyWorker:
             kept_step=request.kept_step,
             base_model=self.model_path,
         )
+        written = self.writer.finished()
         if snapshot is not None:
             self.writer.start(snapshot)
         return written

@@ -70,4 +70,4 @@ class LoopCheckpoints:
         try:
             self.collect(wait=True)
         except Exception as error:  # the policy's ranks may be what failed
-            log.warning("the checkpoint of step %s was not written: %s", step, error)
+            log.warning("the checkpoint of step %s may not have been written: %s", step, error)

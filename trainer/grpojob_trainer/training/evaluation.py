@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from grpojob_api import v1alpha1 as api
+from grpojob_api.progress import EvaluationReport
 from grpojob_trainer.experience.rollouts import EnvironmentURLs, PolicySampling, collect_rollouts
 from grpojob_trainer.nemo_gym.protocol import Row
 
@@ -85,6 +86,10 @@ class Evaluated:
 
     step: int
     mean_reward: float
+
+    def report(self) -> EvaluationReport:
+        """As the trainer's progress reports it."""
+        return EvaluationReport(self.step, self.mean_reward)
 
 
 @dataclass

@@ -27,13 +27,13 @@ A checkpoint stores the dataset position after the prompts of the step it saves,
 already drawn for batches still waiting to train, so a resumed run draws those again: it trains the same
 sequence of prompts as an uninterrupted run.
 
-A checkpoint counts as written once it is on disk (`grpojob_trainer.training.checkpoints`): the run's end, a stop
-and the export of the best evaluation's checkpoint wait for the write in flight.
-
+A checkpoint counts as written once on disk (`grpojob_trainer.training.checkpoints`): the run's end, a stop and
+the export of the best evaluation's checkpoint wait for the write in flight.
 A stop (SIGINT or SIGTERM, `grpojob_trainer.training.stop`) abandons a step still waiting for its rollouts and
 finishes one that trains, without waiting for later rollouts, pushing its weights or evaluating them; the last
 completed step is checkpointed unless it is, and `Interrupted` says where the run stopped. A lost Ray worker stops
-it the same way (`grpojob_trainer.cluster.workers`), or the error of a call to it does; `WorkerLost` names it.
+it the same way (`grpojob_trainer.cluster.workers`), or the error of a call to it does; `WorkerLost` names it. An
+error after a stop ends the run as the stop does (its exit code tells a preempted attempt from a failed one).
 
 It works the same with a local Ray head (`grpojob run`) and on a RayCluster (`grpojob train` in the
 trainer pod); `grpojob_trainer.commands` sets up either and hands the pieces to `run_loop`, which runs a
@@ -57,7 +57,6 @@ from ray.exceptions import RayActorError
 
 from grpojob_api import paths
 from grpojob_api import v1alpha1 as api
-from grpojob_api.progress import EvaluationReport
 from grpojob_trainer.algorithm.samples import TrainingSample
 from grpojob_trainer.errors import AllRolloutsFailed
 from grpojob_trainer.experience.metrics import staleness_metrics, throughput_metrics
@@ -78,14 +77,13 @@ from grpojob_trainer.policy.group import PolicyGroup
 from grpojob_trainer.training.checkpoints import LoopCheckpoints
 from grpojob_trainer.training.data import Prompts, position_metrics
 from grpojob_trainer.training.evaluation import (
-    Evaluated,
     EvaluationHistory,
     Evaluator,
     evaluation_due,
     evaluation_line,
 )
 from grpojob_trainer.training.exports import export_checkpoint_model, export_model
-from grpojob_trainer.training.stop import StopRequest
+from grpojob_trainer.training.stop import Interrupted, StopRequest, WorkerLost
 from grpojob_trainer.weight_sync.paths import WeightSync, weight_sync_for
 
 log = logging.getLogger(__name__)
@@ -171,13 +169,17 @@ async def run_loop(
         await asyncio.to_thread(loop.checkpoints.collect, True)  # on disk before the run ends or names it
         await loop.end_if_stopped()
         loop.export_final()
-    except RayActorError as error:  # a call to a Ray worker that died: the run ends as on the watch's word
-        loop.stop.lost_in_call(error)
-        await asyncio.to_thread(loop.checkpoints.finish_after_error)
-        await loop.end_if_stopped()
-    except Exception:
-        await asyncio.to_thread(loop.checkpoints.finish_after_error)
+    except (Interrupted, WorkerLost):
         raise
+    except RayActorError as error:  # a call to a Ray worker that died: the run ends as on the watch's word
+        await asyncio.to_thread(loop.stop.lost_in_call, error)
+        await loop.end_after_error()
+    except Exception:
+        if not loop.stop.requested:
+            await asyncio.to_thread(loop.checkpoints.finish_after_error)
+            raise
+        log.exception("after the stop")
+        await loop.end_after_error()
     return loop.result
 
 
@@ -412,7 +414,7 @@ class TrainingLoop:
         log.info("%s", evaluation_line(step, metrics, self.evaluator.spec.k))
         last, best = self.evaluator.history.last, self.evaluator.history.best
         if last is not None:
-            self.progress.publish_evaluation(_report(last), _report(best) if best else None)
+            self.progress.publish_evaluation(last.report(), best.report() if best else None)
         return metrics
 
     async def export_step_model(self, step: int) -> None:
@@ -454,6 +456,13 @@ class TrainingLoop:
             completed.step or None, self.checkpoints.path(completed.step) or self.checkpoints.newest()
         )
 
+    async def end_after_error(self) -> None:
+        """After an error once a stop was requested: the write in flight finishes if the policy's ranks are all
+        alive (one in a collective with a lost rank never answers); then `end_if_stopped` raises."""
+        if self.stop.may_save:
+            await asyncio.to_thread(self.checkpoints.finish_after_error)
+        await self.end_if_stopped()
+
     def export_final(self) -> None:
         """Export the final model: the last step's policy, or the best evaluation's checkpoint."""
         best = self.evaluator.history.best if self.evaluator is not None else None
@@ -484,7 +493,3 @@ def _evaluator(
     max_new_tokens = spec.evaluation_max_new_tokens
     sampling = PolicySampling(evaluation.temperature, evaluation.top_p, max_new_tokens, evaluation_token=token)
     return Evaluator(rows, evaluation, sampling, environment_urls, spec.grpo, generation_url)
-
-
-def _report(evaluated: Evaluated) -> EvaluationReport:
-    return EvaluationReport(evaluated.step, evaluated.mean_reward)

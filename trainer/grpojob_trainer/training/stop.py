@@ -144,6 +144,8 @@ class StopRequest:
         """A call to a worker raised its death (``error``): wait, at most ``timeout_s``, for the watch to say
         which worker and whether its node went; without its word, the error's."""
         self.lost_in_a_call = True
+        if self.signum is not None:  # stopping on a signal already: its grace period is not ours to spend
+            timeout_s = 0
         if not self._lost_seen.wait(timeout_s if self.watched else 0) and self.lost is None:
             self.lost = LostWorker.from_error(error)
 
