@@ -59,9 +59,10 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         # elsewhere the API server drops a null as an absent field.
         if schema.get("default", ...) is not None:
             out["nullable"] = True
-        for key in ("description", "default"):
-            if key in schema and schema[key] is not None:
-                out[key] = schema[key]
+        if schema.get("default") is not None:
+            out["default"] = schema["default"]
+        if schema.get("description") is not None:  # one line, as every other field's (`kubectl explain` wraps it)
+            out["description"] = " ".join(schema["description"].split())
         return out
 
     optional: set[str] = set()  # fields that may be absent with no default (`X | None = None`)

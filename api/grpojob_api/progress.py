@@ -6,7 +6,10 @@ beside the config (`grpojob.yaml`), after every step; the operator copies it int
 "models/demo/final", "outputModelStep": "100"}` (the path inside the output claim), which the operator
 copies into `status.outputModel`. After an evaluation (`spec.evaluation`) it adds `{"lastEvaluation":
 "10 0.52", "bestEvaluation": "5 0.61"}` (step and mean reward), which become
-`status.lastEvaluation` and `status.bestEvaluation`.
+`status.lastEvaluation` and `status.bestEvaluation`. Once it has written a checkpoint it adds, with each step's
+report, what a stop on notice would need by what it measured: `{"stopSeconds": "185", "checkpointWriteSeconds":
+"48.2", "trainingSeconds": "21.5", "checkpointBytes": "14920384512"}`, which becomes `status.checkpointing` and
+fits a retry's grace period (`spec.checkpointing.gracePeriodSeconds`).
 
 Why a ConfigMap, and not the trainer patching the GRPOJob status or the operator scraping the
 trainer's metrics:
@@ -24,6 +27,7 @@ trainer's metrics:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -86,8 +90,21 @@ OUTPUT_MODEL_KEY = "outputModel"
 OUTPUT_MODEL_STEP_KEY = "outputModelStep"
 LAST_EVALUATION_KEY = "lastEvaluation"
 BEST_EVALUATION_KEY = "bestEvaluation"
+STOP_SECONDS_KEY = "stopSeconds"
+CHECKPOINT_WRITE_SECONDS_KEY = "checkpointWriteSeconds"
+TRAINING_SECONDS_KEY = "trainingSeconds"
+CHECKPOINT_BYTES_KEY = "checkpointBytes"
+STOP_KEYS = (STOP_SECONDS_KEY, CHECKPOINT_WRITE_SECONDS_KEY, TRAINING_SECONDS_KEY, CHECKPOINT_BYTES_KEY)
 REPORT_KEYS = frozenset(
-    {STEP_KEY, MEAN_REWARD_KEY, OUTPUT_MODEL_KEY, OUTPUT_MODEL_STEP_KEY, LAST_EVALUATION_KEY, BEST_EVALUATION_KEY}
+    {
+        STEP_KEY,
+        MEAN_REWARD_KEY,
+        OUTPUT_MODEL_KEY,
+        OUTPUT_MODEL_STEP_KEY,
+        LAST_EVALUATION_KEY,
+        BEST_EVALUATION_KEY,
+        *STOP_KEYS,
+    }
 )
 """The keys of `<job>-config` that the trainer writes."""
 
@@ -99,6 +116,19 @@ class EvaluationReport:
 
 
 @dataclass(frozen=True)
+class StopReport:
+    """What a stop on notice needs, as the trainer measured it: ``seconds`` in all (one step's training, the
+    checkpoint write in flight, the last step's checkpoint copied out of the policy and written, and a margin),
+    from the slowest recent checkpoint write and training phase, and the newest checkpoint's size (None: not
+    known)."""
+
+    seconds: int
+    write_seconds: float
+    training_seconds: float
+    checkpoint_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class ProgressReport:
     step: int
     mean_reward: float | None
@@ -107,6 +137,35 @@ class ProgressReport:
     output_model_step: int | None = None
     last_evaluation: EvaluationReport | None = None
     best_evaluation: EvaluationReport | None = None
+    stop: StopReport | None = None
+    """What a stop needs, once the trainer has written a checkpoint (of this attempt or an earlier one)."""
+
+
+def stop_data(report: StopReport) -> dict[str, str | None]:
+    """What the trainer writes into `<job>-config` beside a step's progress once it measured a checkpoint (an
+    unknown size as null: a merge patch deletes an earlier attempt's)."""
+    size = None if report.checkpoint_bytes is None else str(report.checkpoint_bytes)
+    return {
+        STOP_SECONDS_KEY: str(report.seconds),
+        CHECKPOINT_WRITE_SECONDS_KEY: f"{report.write_seconds:.1f}",
+        TRAINING_SECONDS_KEY: f"{report.training_seconds:.1f}",
+        CHECKPOINT_BYTES_KEY: size,
+    }
+
+
+def _parse_stop(data: dict[str, str]) -> StopReport | None:
+    """The stop report of ``data``; None when absent or unreadable (a size that is unreadable is left out)."""
+    try:
+        report = StopReport(
+            int(data[STOP_SECONDS_KEY]), float(data[CHECKPOINT_WRITE_SECONDS_KEY]), float(data[TRAINING_SECONDS_KEY])
+        )
+    except (KeyError, ValueError):
+        return None
+    times = (report.write_seconds, report.training_seconds)
+    if report.seconds < 1 or not all(math.isfinite(t) and t >= 0 for t in times):
+        return None
+    size = data.get(CHECKPOINT_BYTES_KEY) or ""
+    return dataclasses.replace(report, checkpoint_bytes=int(size)) if size.isdigit() else report
 
 
 def output_model_data(path: str, step: int) -> dict[str, str]:
@@ -156,13 +215,14 @@ def parse_progress(data: dict[str, str]) -> ProgressReport | None:
         return None
     if step < 0 or (reward is not None and not math.isfinite(reward)):
         return None
-    evaluations = {
+    reports = {
         "last_evaluation": _parse_evaluation(data.get(LAST_EVALUATION_KEY)),
         "best_evaluation": _parse_evaluation(data.get(BEST_EVALUATION_KEY)),
+        "stop": _parse_stop(data),
     }
     output, output_step = data.get(OUTPUT_MODEL_KEY), data.get(OUTPUT_MODEL_STEP_KEY, "")
     if not output or not output_step.isdigit():
-        return ProgressReport(step=step, mean_reward=reward, **evaluations)
+        return ProgressReport(step=step, mean_reward=reward, **reports)
     return ProgressReport(
-        step=step, mean_reward=reward, output_model=output, output_model_step=int(output_step), **evaluations
+        step=step, mean_reward=reward, output_model=output, output_model_step=int(output_step), **reports
     )

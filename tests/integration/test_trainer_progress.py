@@ -15,7 +15,7 @@ from kubernetes import client
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.admission import parse_job
-from grpojob_api.progress import EvaluationReport
+from grpojob_api.progress import EvaluationReport, StopReport
 from grpojob_operator.children.trainer import CONFIG_FILE, build_config_map, build_trainer_rbac, render_job_config
 from grpojob_trainer.observability.progress import ConfigMapProgressPublisher
 
@@ -85,6 +85,18 @@ def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubec
         "step": "9",
         "meanReward": "0.625",
     }
+
+    # Once it has written a checkpoint, each step's report carries what a stop needs, in the same patch.
+    publisher.publish(10, 0.625, StopReport(185, 48.2, 21.5, 14920384512))
+    measured = {
+        "meanReward": "0.625",
+        "stopSeconds": "185",
+        "checkpointWriteSeconds": "48.2",
+        "trainingSeconds": "21.5",
+    }
+    assert report() == expected | evaluated | measured | {"step": "10", "checkpointBytes": "14920384512"}
+    publisher.publish(11, 0.625, StopReport(185, 48.2, 21.5))  # a size it could not read: the old one goes
+    assert report() == expected | evaluated | measured | {"step": "11"}
 
     # Reporting is best effort: a refused report is logged, it does not end training (nor change anything).
     with caplog.at_level(logging.WARNING, logger="grpojob_trainer.observability.progress"):

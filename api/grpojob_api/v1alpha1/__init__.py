@@ -111,6 +111,7 @@ from grpojob_api.v1alpha1.pods import (
     WorkerResources,
 )
 from grpojob_api.v1alpha1.status import (
+    CheckpointingStatus,
     Condition,
     ConditionType,
     EvaluationStatus,
@@ -166,6 +167,7 @@ __all__ = [
     "Affinity",
     "ApiModel",
     "CheckpointSpec",
+    "CheckpointingStatus",
     "CleanupPolicy",
     "CodeSandbox",
     "Condition",

@@ -24,7 +24,13 @@ from grpojob_api.v1alpha1.base import (
 )
 
 DEFAULT_GRACE_PERIOD_SECONDS = 120
-"""Kubernetes' default of 30 s is shorter than the checkpoint of a 7B model's weights and optimizer state."""
+"""The least grace period the trainer pod gets when `spec.checkpointing.gracePeriodSeconds` is unset: Kubernetes'
+default of 30 s is shorter than the checkpoint of a 7B model's weights and optimizer state."""
+GRACE_PERIOD_ROUNDING_SECONDS = 60
+"""A grace period fitted to what a stop needs is rounded up to a whole minute, so that a retry's pod keeps the
+grace period of the one before unless the estimate moved by more than a few seconds."""
+MAX_GRACE_PERIOD_SECONDS = 86400
+"""The longest grace period, fitted or asked for: a day."""
 
 
 class CheckpointSpec(ApiModel):
@@ -40,13 +46,27 @@ class CheckpointSpec(ApiModel):
     """Save every this many steps (and after the last)."""
     keep: int = Field(default=2, ge=1)
     """Newest checkpoints kept."""
-    grace_period_seconds: int = Field(default=DEFAULT_GRACE_PERIOD_SECONDS, ge=1, le=86400)
+    grace_period_seconds: int | None = Field(default=None, ge=1, le=MAX_GRACE_PERIOD_SECONDS)
     """How long the trainer has once its pod is told to stop (an eviction, a node drain, Kueue's preemption,
     a spot notice surfaced as the pod's deletion): it abandons a step still collecting rollouts or finishes
-    one already training, writes the checkpoint of its last completed step, and exits as preempted, which
-    the operator retries without counting against `backoffLimit`. The trainer pod's
-    `terminationGracePeriodSeconds`: leave room for one step's training and two checkpoints' writes (the one
-    in flight, then the last step's)."""
+    one already training, lets the checkpoint write in flight finish, writes the checkpoint of its last
+    completed step, and exits as preempted, which the operator retries without counting against
+    `backoffLimit`. The trainer pod's `terminationGracePeriodSeconds`. Unset: 120 s for the first attempt, and
+    for a retry what the trainer measured a stop to need (`status.checkpointing.stopSeconds`, from its
+    checkpoints' writes and its training steps) rounded up to a whole minute, never less than 120 s. A value
+    below that estimate puts the condition `GracePeriodTooShort` on the job, with a Warning event: a trainer
+    stopped on notice may then be killed before its last checkpoint is on disk, and lose its last steps."""
+
+    def grace_period(self, stop_seconds: int | None = None) -> int:
+        """The trainer pod's grace period: `gracePeriodSeconds` if set; else one that fits ``stop_seconds`` (what
+        the trainer last measured a stop to need; None: nothing measured yet), rounded up to a whole minute, and
+        never below `DEFAULT_GRACE_PERIOD_SECONDS`."""
+        if self.grace_period_seconds is not None:
+            return self.grace_period_seconds
+        if stop_seconds is None:
+            return DEFAULT_GRACE_PERIOD_SECONDS
+        minutes = -(-stop_seconds // GRACE_PERIOD_ROUNDING_SECONDS)
+        return min(max(DEFAULT_GRACE_PERIOD_SECONDS, minutes * GRACE_PERIOD_ROUNDING_SECONDS), MAX_GRACE_PERIOD_SECONDS)
 
 
 class OutputFormat(StrEnum):

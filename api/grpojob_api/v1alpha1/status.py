@@ -51,6 +51,9 @@ class ConditionType(StrEnum):
     """Kueue admitted the job's Workload (only for a job labelled `kueue.x-k8s.io/queue-name`)."""
     QUOTA_EXCEEDED = "QuotaExceeded"
     """A child would exceed a ResourceQuota of the namespace: the job waits (with backoff) until it fits."""
+    GRACE_PERIOD_TOO_SHORT = "GracePeriodTooShort"
+    """`spec.checkpointing.gracePeriodSeconds` is shorter than what the trainer measured a stop to need
+    (`status.checkpointing.stopSeconds`): a trainer stopped on notice may lose its last steps."""
 
 
 class Condition(ApiModel):
@@ -87,6 +90,22 @@ class EvaluationStatus(ApiModel):
     """`eval/reward/mean`: the mean reward of its rollouts."""
 
 
+class CheckpointingStatus(ApiModel):
+    """What the trainer measured of its checkpoints and steps, and what a stop on notice needs by that measure."""
+
+    stop_seconds: int = Field(ge=1)
+    """About how long the trainer needs once its pod is told to stop: the training of one step, the write of the
+    checkpoint in flight, the copy and write of the last step's checkpoint, a quarter more and 30 s. With
+    `spec.checkpointing.gracePeriodSeconds` unset, a retry's trainer pod gets this as its grace period, rounded up
+    to a whole minute (at least 120 s)."""
+    write_seconds: float = Field(ge=0)
+    """The slowest of the trainer's recent checkpoint writes (`time/checkpoint_write`)."""
+    training_seconds: float = Field(ge=0)
+    """The slowest of the trainer's recent training phases (a step's policy update)."""
+    bytes: int | None = Field(default=None, ge=0)
+    """The size of the newest checkpoint written (its weights, optimizer state and the rest)."""
+
+
 class GRPOJobStatus(ApiModel):
     """Observed state of a GRPOJob, written only by the operator's status writer."""
 
@@ -117,6 +136,9 @@ class GRPOJobStatus(ApiModel):
     alike); the trainer reads these."""
     output_model: OutputModelStatus | None = None
     """The newest model the trainer exported (`spec.output`)."""
+    checkpointing: CheckpointingStatus | None = None
+    """What a stop of the trainer needs, as it measured its checkpoints' writes and its steps (the last attempt
+    that wrote a checkpoint): what the trainer pod's grace period should leave room for."""
     progress_time: datetime | None = None
     """When the current attempt last made progress: its trainer started running, or the step advanced.
     `spec.progressDeadlineSeconds` counts from here."""

@@ -126,11 +126,14 @@ def build_trainer_job(
     attempt: int,
     model_commit: str | None = None,
     dataset_commits: Mapping[str, str] | None = None,
+    stop_seconds: int | None = None,
 ) -> Manifest:
     """The trainer Job of one attempt: joins the Ray cluster at `RAY_GCS_ADDRESS` (from the endpoints
     ConfigMap) and runs the GRPO loop. The Job itself never retries: the operator counts attempts. A hub
     model (`spec.model.id`) is loaded at ``model_commit``, the commit its download resolved, and each dataset
-    named by id at its commit in ``dataset_commits`` (`status.datasetCommits`)."""
+    named by id at its commit in ``dataset_commits`` (`status.datasetCommits`). Its pod's grace period is
+    `spec.checkpointing.gracePeriodSeconds`, or, unset, one that fits ``stop_seconds``, what an earlier attempt
+    measured a stop to need (`status.checkpointing.stopSeconds`; `CheckpointSpec.grace_period`)."""
     job_name, _ = job_ref(job)
     child = names.ChildNames(job_name)
     attempt_label = {names.ATTEMPT_LABEL: str(attempt)}
@@ -196,7 +199,7 @@ def build_trainer_job(
         service_account=child.trainer,
         run_once=True,
     )
-    template["spec"]["terminationGracePeriodSeconds"] = job.spec.checkpointing.grace_period_seconds
+    template["spec"]["terminationGracePeriodSeconds"] = job.spec.checkpointing.grace_period(stop_seconds)
     manifest = pod.run_once_job(metadata(job, child.trainer, "trainer", attempt_label), template)
     # A pod ended by a disruption (eviction, preemption, a node drain), or a trainer that stopped on notice or
     # lost a Ray worker's node (its exit codes), says so in the Job's Failed condition, which outlives the pod: the

@@ -16,8 +16,9 @@ def transition_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Ev
     Each Event is an API write, and the way to Running (Initializing, the head ready, the endpoints, the
     trainer) is in the status already, one condition each with its lastTransitionTime; so that way posts
     none, and a job reaches Running within its write budget (tests/integration/operator/test_writes.py).
-    A Warning ``QuotaExceeded`` when a ResourceQuota starts holding the job back."""
-    return [*_run_events(old, new), *quota_events(old, new)]
+    A Warning ``QuotaExceeded`` when a ResourceQuota starts holding the job back, and ``GracePeriodTooShort`` when
+    the trainer's grace period is found shorter than what a stop needs."""
+    return [*_run_events(old, new), *quota_events(old, new), *grace_period_events(old, new)]
 
 
 def _run_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
@@ -54,3 +55,15 @@ def quota_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
     if waiting is None or waiting.status != "True" or (before is not None and before.status == "True"):
         return []
     return [Event("Warning", "QuotaExceeded", waiting.message)]
+
+
+def grace_period_events(old: api.GRPOJobStatus, new: api.GRPOJobStatus) -> list[Event]:
+    """A Warning when the grace period the user set has just been found too short (GracePeriodTooShort turned
+    True)."""
+    short, before = (
+        condition(new, ConditionType.GRACE_PERIOD_TOO_SHORT),
+        condition(old, ConditionType.GRACE_PERIOD_TOO_SHORT),
+    )
+    if short is None or short.status != "True" or (before is not None and before.status == "True"):
+        return []
+    return [Event("Warning", "GracePeriodTooShort", short.message)]

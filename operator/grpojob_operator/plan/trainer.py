@@ -1,5 +1,5 @@
-"""Stages: the trainer. What it reports (its step, mean reward and exported model, through its progress
-ConfigMap) reaches the status; its Job `<job>-trainer` is created once the environments are started, one
+"""Stages: the trainer. What it reports (its step, mean reward, exported model and what a stop needs, through its
+progress ConfigMap) reaches the status; its Job `<job>-trainer` is created once the environments are started, one
 attempt at a time. A failed or stalled attempt is retried up to `spec.backoffLimit`: a retry first records
 the new attempt in the status, then deletes the old trainer Job with foreground propagation (its pods go
 first), then creates the next one, so an operator restarted between any two of those steps neither loses
@@ -20,14 +20,16 @@ from grpojob_operator.observe import ConfigMapInfo, PodInfo, TrainerJobInfo
 from grpojob_operator.plan.actions import Create, Delete
 from grpojob_operator.plan.conditions import condition, fail, set_condition
 from grpojob_operator.plan.context import GO_ON, STOP, Pass
+from grpojob_operator.plan.grace_period import check_grace_period, stop_seconds
 
 
 def reported(pass_: Pass) -> bool:
     """Copy the trainer's progress into the status and take the attempt from its Job (a status rebuilt from
-    scratch). A trainer whose attempt has ended is judged at once, even with the Ray head gone: the pass
-    stops there."""
+    scratch); say whether the grace period the user set fits a stop. A trainer whose attempt has ended is judged
+    at once, even with the Ray head gone: the pass stops there."""
     status = pass_.status
     read_progress(pass_.job, status, pass_.observed.get("ConfigMap", pass_.child.config), pass_.now)
+    check_grace_period(pass_.job, status, pass_.now)
     job: TrainerJobInfo | None = pass_.observed.get("Job", pass_.child.trainer)
     if job is None:
         return GO_ON
@@ -62,7 +64,7 @@ def trainer(pass_: Pass) -> bool:
                 "RestartingTrainer", f"waiting for pods of the previous attempt to go: {', '.join(leftovers)}"
             )
         manifest = build_trainer_job(
-            pass_.job, pass_.settings, status.attempt, status.model_commit, status.dataset_commits
+            pass_.job, pass_.settings, status.attempt, status.model_commit, status.dataset_commits, stop_seconds(status)
         )
         plan.actions.append(Create(pass_.place(manifest)))
         return waiting("TrainerStarting", f"attempt {status.attempt}: waiting for the trainer pod")
@@ -165,8 +167,8 @@ def trainer_failure(job: TrainerJobInfo, pods: list[PodInfo]) -> str:
 
 
 def read_progress(job: api.GRPOJob, status: api.GRPOJobStatus, progress: ConfigMapInfo | None, now: datetime) -> None:
-    """Copy the trainer's reported step, mean reward, exported model and evaluations into the status; a new
-    step is progress."""
+    """Copy the trainer's reported step, mean reward, exported model, evaluations and what a stop needs into the
+    status; a new step is progress."""
     report = parse_progress(progress.as_dict()) if progress is not None else None
     if report is None:
         return
@@ -182,3 +184,10 @@ def read_progress(job: api.GRPOJob, status: api.GRPOJobStatus, progress: ConfigM
         status.last_evaluation = api.EvaluationStatus(step=last.step, mean_reward=last.mean_reward)
     if (best := report.best_evaluation) is not None:
         status.best_evaluation = api.EvaluationStatus(step=best.step, mean_reward=best.mean_reward)
+    if (stop := report.stop) is not None:
+        status.checkpointing = api.CheckpointingStatus(
+            stop_seconds=stop.seconds,
+            write_seconds=stop.write_seconds,
+            training_seconds=stop.training_seconds,
+            bytes=stop.checkpoint_bytes,
+        )

@@ -38,3 +38,28 @@ def test_a_worker_lost_with_its_node_is_told_from_one_that_died_on_its_own():
     assert lost.startswith("a policy worker was lost at step 8 (") and died.startswith("a generation worker died at ")
     assert is_worker_lost(lost) and is_worker_lost(f"Error: {lost}")
     assert not is_worker_lost(died) and not is_worker_lost("Error: the policy worker was lost somewhere")
+
+
+def test_what_a_stop_needs_round_trips_and_an_unreadable_report_of_it_is_ignored():
+    from grpojob_api.progress import StopReport, stop_data
+
+    measured = StopReport(185, 48.2, 21.5, 14920384512)
+    assert parse_progress(progress_data(12, 0.5) | stop_data(measured)).stop == measured
+    assert parse_progress(progress_data(12, 0.5)).stop is None, "before the first checkpoint"
+    unsized = {**progress_data(12, 0.5), **stop_data(StopReport(185, 48.2, 21.5))}
+    assert unsized["checkpointBytes"] is None, "a merge patch deletes an earlier attempt's size"
+    unsized.pop("checkpointBytes")
+    assert parse_progress(unsized).stop == StopReport(185, 48.2, 21.5)
+    for unreadable in ({"stopSeconds": "x"}, {"stopSeconds": "0"}, {"checkpointWriteSeconds": "nan"}):
+        assert parse_progress(progress_data(12, 0.5) | stop_data(measured) | unreadable).stop is None
+    assert parse_progress(progress_data(12, 0.5) | stop_data(measured) | {"checkpointBytes": "big"}).stop == (
+        StopReport(185, 48.2, 21.5)
+    ), "an unreadable size is left out"
+    report = parse_progress(progress_data(12, 0.5) | stop_data(measured))
+    assert (report.step, report.mean_reward) == (12, 0.5), "the step's progress is read as before"
+
+
+def test_the_operator_keeps_what_the_trainer_reports_of_a_stop_in_its_config_map():
+    from grpojob_api.progress import REPORT_KEYS, StopReport, stop_data
+
+    assert set(stop_data(StopReport(185, 48.2, 21.5, 1))) <= REPORT_KEYS

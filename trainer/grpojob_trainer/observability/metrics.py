@@ -5,7 +5,8 @@ first), to TensorBoard and to any further `MetricSink` (Prometheus, MLflow, W&B)
 ``float``, ``bool`` and ``str`` values are logged; anything else (tensors, lists, dicts, None) is
 skipped with a one-time warning per key rather than crashing the run. `step_line` is the trainer's log
 line of a step. `StepTimer` collects seconds per phase of a step. `ProgressPublisher` is how the
-trainer reports ``{step, meanReward}``; `FileProgressPublisher` writes it atomically to a JSON file.
+trainer reports ``{step, meanReward}`` (and what a stop needs); `FileProgressPublisher` writes it atomically to a
+JSON file.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from grpojob_api.progress import BEST_EVALUATION_KEY, LAST_EVALUATION_KEY, EvaluationReport
+from grpojob_api.progress import BEST_EVALUATION_KEY, LAST_EVALUATION_KEY, EvaluationReport, StopReport
 
 log = logging.getLogger(__name__)
 
@@ -220,8 +221,9 @@ class ProgressPublisher(ABC):
     """Where the trainer reports how far it is, for the operator to show in the GRPOJob's status."""
 
     @abstractmethod
-    def publish(self, step: int, mean_reward: float) -> None:
-        """Report that ``step`` finished with this mean reward."""
+    def publish(self, step: int, mean_reward: float, stop: StopReport | None = None) -> None:
+        """Report that ``step`` finished with this mean reward, and what a stop would need (None: not measured
+        yet; an earlier report of it stands)."""
 
     @abstractmethod
     def publish_output_model(self, path: str, step: int) -> None:
@@ -245,10 +247,17 @@ class FileProgressPublisher(ProgressPublisher):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
 
-    def publish(self, step: int, mean_reward: float) -> None:
+    def publish(self, step: int, mean_reward: float, stop: StopReport | None = None) -> None:
         reward = float(mean_reward)
-        kept = ("outputModel", "outputModelStep", LAST_EVALUATION_KEY, BEST_EVALUATION_KEY)
+        kept = ("outputModel", "outputModelStep", LAST_EVALUATION_KEY, BEST_EVALUATION_KEY, "stop")
         output = {k: v for k, v in (self.read() or {}).items() if k in kept}
+        if stop is not None:
+            output["stop"] = {
+                "seconds": stop.seconds,
+                "checkpointWriteSeconds": stop.write_seconds,
+                "trainingSeconds": stop.training_seconds,
+                "checkpointBytes": stop.checkpoint_bytes,
+            }
         self._write({"step": int(step), "meanReward": reward if math.isfinite(reward) else None, **output})
 
     def publish_evaluation(self, last: EvaluationReport, best: EvaluationReport | None) -> None:

@@ -16,7 +16,15 @@ from pathlib import Path
 import httpx
 
 from grpojob_api import endpoints
-from grpojob_api.progress import MEAN_REWARD_KEY, EvaluationReport, evaluation_data, output_model_data, progress_data
+from grpojob_api.progress import (
+    MEAN_REWARD_KEY,
+    EvaluationReport,
+    StopReport,
+    evaluation_data,
+    output_model_data,
+    progress_data,
+    stop_data,
+)
 from grpojob_trainer.observability.metrics import ProgressPublisher
 
 log = logging.getLogger(__name__)
@@ -24,7 +32,8 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 class ConfigMapProgressPublisher(ProgressPublisher):
-    """Merge-patches ``{"step", "meanReward"}`` into a ConfigMap."""
+    """Merge-patches ``{"step", "meanReward"}`` (and what a stop needs: `grpojob_api.progress.stop_data`) into a
+    ConfigMap."""
 
     def __init__(self, server: str, token: str, ca_file: str | None, namespace: str, name: str) -> None:
         self.url = f"{server.rstrip('/')}/api/v1/namespaces/{namespace}/configmaps/{name}"
@@ -42,9 +51,12 @@ class ConfigMapProgressPublisher(ProgressPublisher):
         token = (SERVICE_ACCOUNT_DIR / "token").read_text().strip()
         return cls(f"https://{host}:{port}", token, str(SERVICE_ACCOUNT_DIR / "ca.crt"), namespace, name)
 
-    def publish(self, step: int, mean_reward: float) -> None:
-        """Best effort: a failed report is logged, never the end of training (the next step reports again)."""
+    def publish(self, step: int, mean_reward: float, stop: StopReport | None = None) -> None:
+        """Best effort: a failed report is logged, never the end of training (the next step reports again). One
+        patch: the step, its mean reward and, once measured, what a stop needs."""
         data: dict[str, str | None] = {MEAN_REWARD_KEY: None, **progress_data(step, mean_reward)}
+        if stop is not None:
+            data |= stop_data(stop)
         try:
             self.client.patch(self.url, json={"data": data}).raise_for_status()
         except httpx.HTTPError as error:

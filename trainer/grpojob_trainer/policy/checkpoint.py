@@ -297,6 +297,14 @@ def read_adapter_state(path: Path, model: torch.nn.Module) -> dict[str, torch.Te
     return state
 
 
+def checkpoint_bytes(path: str | os.PathLike[str]) -> int | None:
+    """The size of the checkpoint at ``path``: its files' bytes, in all (None: it could not be read)."""
+    try:
+        return sum(file.stat().st_size for file in Path(path).rglob("*") if file.is_file())
+    except OSError:
+        return None
+
+
 def list_checkpoints(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     """Complete checkpoints under ``directory`` as ``(step, path)``, oldest first."""
     directory = Path(directory)

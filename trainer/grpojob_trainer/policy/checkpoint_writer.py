@@ -14,16 +14,18 @@ import threading
 import time
 from dataclasses import dataclass
 
-from grpojob_trainer.policy.checkpoint import CheckpointSnapshot, write_checkpoint
+from grpojob_trainer.policy.checkpoint import CheckpointSnapshot, checkpoint_bytes, write_checkpoint
 
 
 @dataclass(frozen=True)
 class WrittenCheckpoint:
-    """A checkpoint written and published: of which step, where, and the seconds its write took."""
+    """A checkpoint written and published: of which step, where, the seconds its write took and its size."""
 
     step: int
     path: str
     seconds: float
+    bytes: int | None
+    """None: the size could not be read."""
 
 
 class CheckpointWriter:
@@ -75,6 +77,7 @@ class CheckpointWriter:
             with self._lock:
                 self._error = error
             return
-        written = WrittenCheckpoint(snapshot.step, str(path), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        written = WrittenCheckpoint(snapshot.step, str(path), seconds, checkpoint_bytes(path))
         with self._lock:
             self._written.append(written)

@@ -4,7 +4,7 @@
                     → TrainingSamples → policy.train_step → weights to every engine
                     → a checkpoint every `interval` steps: the state copied out of the policy (timed: the log
                       line shows it), written in the background while the next steps train
-                    → metrics (JSONL, TensorBoard, the sinks), a log line, progress
+                    → metrics (JSONL, TensorBoard, the sinks), a log line, progress (with what a stop needs)
 
 Asynchronous GRPO (``spec.grpo.maxOffPolicySteps`` = k >= 1): the rollouts of steps s+1 … s+k are
 launched before step s trains, so generation of the next steps overlaps training of this one. Weights
@@ -305,7 +305,7 @@ class TrainingLoop:
         metrics |= throughput_metrics(samples, time.perf_counter() - started, finished - rollouts.started_s)
         self.logger.log(step, metrics)
         log.info("%s", step_line(step, self.grpo.max_steps, metrics))
-        self.progress.publish(step, metrics.get("rollout/reward/mean", math.nan))
+        self.progress.publish(step, metrics.get("rollout/reward/mean", math.nan), self.checkpoints.estimate.report())
         if saving:
             await self.export_step_model(step)
         return metrics
@@ -388,6 +388,7 @@ class TrainingLoop:
         metrics["timeline/training_started"] = self.clock()
         metrics |= await asyncio.to_thread(self.policy.train_step, samples)
         metrics["timeline/training_finished"] = self.clock()
+        self.checkpoints.estimate.trained(metrics["timeline/training_finished"] - metrics["timeline/training_started"])
         self.policy_version += 1
         return metrics
 

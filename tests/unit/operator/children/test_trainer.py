@@ -51,3 +51,24 @@ def test_tracking_credentials_come_from_the_secrets_the_job_names():
     }
     (plain,) = build_trainer_job(job(), SETTINGS, 1)["spec"]["template"]["spec"]["containers"]
     assert "WANDB_API_KEY" not in env_of(plain) and len(plain["envFrom"]) == 1
+
+
+def grace_period(j, stop_seconds: int | None = None) -> int:
+    """The trainer pod's grace period, given what an earlier attempt measured a stop to need."""
+    return build_trainer_job(j, SETTINGS, 2, stop_seconds=stop_seconds)["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"
+    ]
+
+
+def test_an_unset_grace_period_fits_what_a_stop_needs_rounded_up_to_a_minute_and_never_below_two_minutes():
+    assert grace_period(job()) == 120, "nothing measured yet"
+    assert grace_period(job(), stop_seconds=185) == 240
+    assert grace_period(job(), stop_seconds=240) == 240
+    assert grace_period(job(), stop_seconds=45) == 120
+    assert grace_period(job(), stop_seconds=10**6) == 86400, "a day at most"
+
+
+def test_a_grace_period_the_user_set_is_the_pods_whatever_a_stop_needs():
+    asked = job(checkpointing={"gracePeriodSeconds": 90})
+    assert grace_period(asked) == 90
+    assert grace_period(asked, stop_seconds=600) == 90

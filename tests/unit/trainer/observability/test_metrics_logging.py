@@ -110,6 +110,24 @@ def test_progress_is_written_as_step_and_mean_reward_json(tmp_path: Path):
     assert publisher.read() == {"step": 5, "meanReward": None}
 
 
+def test_local_progress_keeps_what_a_stop_needs_once_measured(tmp_path: Path):
+    from grpojob_api.progress import StopReport
+
+    publisher = FileProgressPublisher(tmp_path / "progress.json")
+    publisher.publish(10, 0.5, StopReport(160, 40.0, 20.0, 14920384512))
+    publisher.publish(11, 0.5)  # nothing newly measured: the last measure stands
+    assert publisher.read() == {
+        "step": 11,
+        "meanReward": 0.5,
+        "stop": {
+            "seconds": 160,
+            "checkpointWriteSeconds": 40.0,
+            "trainingSeconds": 20.0,
+            "checkpointBytes": 14920384512,
+        },
+    }
+
+
 STEP_METRICS = {
     "rollout/reward/mean": 0.4125,
     "rollout/count": 64.0,

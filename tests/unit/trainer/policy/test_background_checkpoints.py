@@ -58,6 +58,8 @@ def test_the_policy_trains_on_while_its_checkpoint_is_written_and_the_checkpoint
 
     path = str(checkpoint_path(tmp_path, 1))
     assert [(w.step, w.path) for w in written] == [(1, path)] and written[0].seconds > 0
+    on_disk = sum(file.stat().st_size for file in Path(path).iterdir())
+    assert written[0].bytes == on_disk, "its size, which tells what a stop's write needs"
     assert worker.checkpoints_written(wait=True) == [], "each write is reported once"
     assert any(not torch.equal(saved[name], p) for name, p in parameters(worker).items()), "the policy trained on"
     resumed = started_policy(base_model)
