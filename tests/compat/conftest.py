@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpojob_trainer.net.loopback import free_port, wait_until_healthy
+from grpojob_trainer.net.loopback import free_port, free_ports, wait_until_healthy
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -258,7 +258,8 @@ def gym(
     calling our reward server)."""
     from grpojob_testing import images
 
-    ports = {name: free_port() for name in ("head", "tool_agent", "mcqa_agent", *SCRIPTED_AGENTS, REWARDS_AGENT)}
+    names = ("head", "tool_agent", "mcqa_agent", *SCRIPTED_AGENTS, REWARDS_AGENT)
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     ports["rewards"] = int(reward_server.rsplit(":", 1)[1])
     config_dir = tmp_path_factory.mktemp("nemo-gym-config")
     (config_dir / "compat.yaml").write_text(yaml.safe_dump(compat_config(scripted_server.base_url, ports)))

@@ -5,6 +5,7 @@ runs where none of the servers' packages is installed yet.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import ssl
@@ -18,6 +19,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different TCP ports that were free a moment ago on ``host`` (all bound at once while chosen:
+    `free_port` called twice may give the same port twice)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 def answers(url: str, *, timeout_s: float = 2.0, context: ssl.SSLContext | None = None) -> bool:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from grpojob_trainer.net.loopback import free_port, wait_until_healthy
+from grpojob_trainer.net.loopback import free_port, free_ports, wait_until_healthy
 
 
 @contextmanager
@@ -54,3 +54,9 @@ def test_the_check_ends_the_wait_with_its_error():
 
     with pytest.raises(RuntimeError, match="exited during start-up"):
         wait_until_healthy(f"http://127.0.0.1:{free_port()}/", 30, check=exited)
+
+
+def test_ports_chosen_together_are_all_different():
+    """Servers started side by side each get their own port (a free port asked twice may come back twice)."""
+    ports = free_ports(32)
+    assert len(set(ports)) == 32
