@@ -33,14 +33,18 @@ def logged_steps(out_dir: Path) -> list[tuple[int, int, int]]:
     return [(m["step"], m["data/epoch"], m["data/index"]) for m in map(json.loads, lines) if "data/index" in m]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, int, int]]:
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    job = write_job(tmp, tiny_model_dir, steps=STEPS, interval=100)
+def uninterrupted_steps(tiny_model_dir: Path, tmp: Path, steps: int) -> list[tuple[int, int, int]]:
+    """`logged_steps` of a run of ``steps`` left alone, checkpointing only at its end."""
+    job = write_job(tmp, tiny_model_dir, steps=steps, interval=100)
     run = grpojob("run", str(job), "--out", str(tmp / "out"), "--no-progress", cwd=tmp)
     out = finish(run, 600)
     assert run.returncode == 0, out[-3000:]
     return logged_steps(tmp / "out")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, int, int]]:
+    return uninterrupted_steps(tiny_model_dir, tmp_path_factory.mktemp("uninterrupted"), STEPS)
 
 
 @pytest.mark.parametrize(

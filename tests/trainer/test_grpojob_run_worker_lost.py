@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.test_grpojob_run import finish, grpojob, process_tree, write_job
-from tests.trainer.test_grpojob_run_interrupted import logged_steps
+from tests.trainer.test_grpojob_run_interrupted import logged_steps, uninterrupted_steps
 
 STEPS = 8
 INTERVAL = 3
@@ -23,12 +23,7 @@ INTERVAL = 3
 
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, int, int]]:
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    job = write_job(tmp, tiny_model_dir, steps=STEPS, interval=100)
-    run = grpojob("run", str(job), "--out", str(tmp / "out"), "--no-progress", cwd=tmp)
-    out = finish(run, 600)
-    assert run.returncode == 0, out[-3000:]
-    return logged_steps(tmp / "out")
+    return uninterrupted_steps(tiny_model_dir, tmp_path_factory.mktemp("uninterrupted"), STEPS)
 
 
 def worker_process(root: int, title: str) -> int | None:

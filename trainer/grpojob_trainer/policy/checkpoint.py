@@ -332,10 +332,9 @@ def prune_checkpoints(directory: str | os.PathLike[str], keep: int, kept_step: i
         raise ValueError(f"keep must be at least 1, got {keep}")
     directory = Path(directory)
     doomed = [path for step, path in list_checkpoints(directory)[:-keep] if step != kept_step]
-    doomed += [entry for entry in directory.iterdir() if entry.name.startswith(_TEMP_PREFIX)]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
-    return doomed
+    return doomed + remove_unfinished(directory)
 
 
 def remove_unfinished(directory: str | os.PathLike[str]) -> list[Path]:
