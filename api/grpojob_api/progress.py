@@ -9,7 +9,9 @@ copies into `status.outputModel`. After an evaluation (`spec.evaluation`) it add
 `status.lastEvaluation` and `status.bestEvaluation`. Once it has written a checkpoint it adds, with each step's
 report, what a stop on notice would need by what it measured: `{"stopSeconds": "185", "checkpointWriteSeconds":
 "48.2", "trainingSeconds": "21.5", "checkpointBytes": "14920384512"}`, which becomes `status.checkpointing` and
-fits a retry's grace period (`spec.checkpointing.gracePeriodSeconds`).
+fits a retry's grace period (`spec.checkpointing.gracePeriodSeconds`). An attempt that stops early on notice (a
+preemption, a lost Ray worker) leaves its one line there too, `{"stopped": "2 preempted at step 12; checkpoint
+PATH"}` (its attempt first): the same line as the pod's termination message, which goes with a deleted pod.
 
 Why a ConfigMap, and not the trainer patching the GRPOJob status or the operator scraping the
 trainer's metrics:
@@ -94,6 +96,7 @@ STOP_SECONDS_KEY = "stopSeconds"
 CHECKPOINT_WRITE_SECONDS_KEY = "checkpointWriteSeconds"
 TRAINING_SECONDS_KEY = "trainingSeconds"
 CHECKPOINT_BYTES_KEY = "checkpointBytes"
+STOPPED_KEY = "stopped"
 STOP_KEYS = (STOP_SECONDS_KEY, CHECKPOINT_WRITE_SECONDS_KEY, TRAINING_SECONDS_KEY, CHECKPOINT_BYTES_KEY)
 REPORT_KEYS = frozenset(
     {
@@ -104,6 +107,7 @@ REPORT_KEYS = frozenset(
         LAST_EVALUATION_KEY,
         BEST_EVALUATION_KEY,
         *STOP_KEYS,
+        STOPPED_KEY,
     }
 )
 """The keys of `<job>-config` that the trainer writes."""
@@ -139,6 +143,27 @@ class ProgressReport:
     best_evaluation: EvaluationReport | None = None
     stop: StopReport | None = None
     """What a stop needs, once the trainer has written a checkpoint (of this attempt or an earlier one)."""
+
+
+@dataclass(frozen=True)
+class StoppedReport:
+    """How an attempt stopped early, in the trainer's one line (`preemption_message`, `worker_lost_message`)."""
+
+    attempt: int
+    message: str
+
+
+def stopped_data(report: StoppedReport) -> dict[str, str]:
+    """What the trainer writes into `<job>-config` when it stops early: its attempt, then its line."""
+    return {STOPPED_KEY: f"{report.attempt} {report.message}"}
+
+
+def parse_stopped(data: dict[str, str]) -> StoppedReport | None:
+    """The early stop ``data`` reports; None when there is none or it cannot be read."""
+    attempt, _, message = data.get(STOPPED_KEY, "").partition(" ")
+    if not attempt.isdigit() or not message.strip():
+        return None
+    return StoppedReport(int(attempt), message.strip())
 
 
 def stop_data(report: StopReport) -> dict[str, str | None]:

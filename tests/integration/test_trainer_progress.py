@@ -15,7 +15,7 @@ from kubernetes import client
 
 from grpojob_api import v1alpha1 as api
 from grpojob_api.admission import parse_job
-from grpojob_api.progress import EvaluationReport, StopReport
+from grpojob_api.progress import EvaluationReport, StoppedReport, StopReport
 from grpojob_operator.children.trainer import CONFIG_FILE, build_config_map, build_trainer_rbac, render_job_config
 from grpojob_trainer.observability.progress import ConfigMapProgressPublisher
 
@@ -97,6 +97,11 @@ def test_trainer_publishes_progress_and_can_touch_nothing_else(api_client, kubec
     assert report() == expected | evaluated | measured | {"step": "10", "checkpointBytes": "14920384512"}
     publisher.publish(11, 0.625, StopReport(185, 48.2, 21.5))  # a size it could not read: the old one goes
     assert report() == expected | evaluated | measured | {"step": "11"}
+
+    # An attempt stopped early leaves its line, which outlives a deleted pod's termination message.
+    publisher.publish_stopped(StoppedReport(2, "preempted at step 11; checkpoint /checkpoints/demo/step_00000011"))
+    stopped = {"stopped": "2 preempted at step 11; checkpoint /checkpoints/demo/step_00000011"}
+    assert report() == expected | evaluated | measured | {"step": "11"} | stopped
 
     # Reporting is best effort: a refused report is logged, it does not end training (nor change anything).
     with caplog.at_level(logging.WARNING, logger="grpojob_trainer.observability.progress"):

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from grpojob_trainer.cluster.workers import GENERATION, POLICY, LostWorker, WorkerName, WorkerWatch, wait_for_workers
+from grpojob_trainer.training.stop import StopRequest
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -113,6 +114,28 @@ def test_a_worker_whose_process_dies_on_a_node_that_stays_is_reported_dead_not_l
     assert when - killed < 5, "the driver's own node stays: nothing to wait for"
     assert (lost.name, lost.node_gone) == (WorkerName(GENERATION, 0), False)
     assert lost.what_happened().startswith("its process died (The actor is dead because its worker process has died")
+
+
+def test_a_step_whose_every_rollout_failed_is_blamed_on_the_environment_only_once_every_worker_answered(cluster):
+    """A lost engine fails every rollout at once (its server refuses connections) while Ray may still call it alive:
+    the loop asks the workers before it counts the step against spec.grpo.maxFailedSteps."""
+    rank, engine = place(POLICY), place(GENERATION)
+    stop = StopRequest()
+    stop.worker_watch = WorkerWatch({WorkerName(POLICY, 0): rank, WorkerName(GENERATION, 0): engine}, stop.worker_lost)
+    stop.worker_watch.node_grace_s = 20
+    stop.worker_watch.start()
+
+    asked = time.monotonic()
+    assert stop.confirm_workers(timeout_s=30), "live workers answer"
+    assert time.monotonic() - asked < 5, "within a second or two"
+    assert not stop.requested
+
+    worker_node = next(node for node in cluster.list_all_nodes() if not node.head)
+    cluster.remove_node(worker_node, allow_graceful=False)
+    assert not stop.confirm_workers(timeout_s=30), "a worker that never answers is not confirmed"
+    stop.worker_watch.stop()
+    assert stop.requested and stop.lost is not None, "the loss, not the environment, ends the run"
+    assert (stop.lost.name, stop.lost.node_gone) == (WorkerName(POLICY, 0), True)
 
 
 def test_a_retry_waits_for_the_clusters_resources_saying_what_it_waits_for(cluster, caplog):

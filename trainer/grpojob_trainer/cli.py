@@ -18,12 +18,11 @@ import argparse
 import dataclasses
 import logging
 import shlex
-import signal
 import sys
 import traceback
 from pathlib import Path
 
-from grpojob_api.progress import WORKER_LOST_EXIT_CODE, preemption_message
+from grpojob_api.progress import WORKER_LOST_EXIT_CODE
 from grpojob_trainer.cluster.connection import ask_for_token_auth
 from grpojob_trainer.commands.downloads import download_repos, download_step
 from grpojob_trainer.commands.local import run_local
@@ -31,7 +30,7 @@ from grpojob_trainer.commands.train import train_in_cluster
 from grpojob_trainer.errors import AllRolloutsFailed, EnvironmentNotReady, RayHeadLost, UsageError
 from grpojob_trainer.models.tiny import SHAPES
 from grpojob_trainer.observability.console import LOG_FORMAT, wants_bar
-from grpojob_trainer.training.stop import Interrupted, StopRequest, WorkerLost
+from grpojob_trainer.training.stop import Interrupted, StopRequest, WorkerLost, trainer_pod_line
 
 log = logging.getLogger("grpojob")
 
@@ -62,10 +61,7 @@ def _interrupted(interrupted: Interrupted, command: str, argv: list[str], termin
     """Report a run stopped by a signal in one line: where it stopped, its checkpoint, and (on this machine) the
     command that resumes from it; the trainer pod's line is its termination message, the job's status."""
     if command == "train":
-        if interrupted.signum == signal.SIGTERM:
-            _failed(preemption_message(interrupted.where()), termination_log)
-        else:
-            _failed(f"stopped by {signal.Signals(interrupted.signum).name} {interrupted.where()}", termination_log)
+        _failed(trainer_pod_line(interrupted), termination_log)
         return
     print(f"grpojob: interrupted {interrupted.where()}; resume with: {shlex.join(['grpojob', *argv])}", file=sys.stderr)
 
@@ -73,7 +69,8 @@ def _interrupted(interrupted: Interrupted, command: str, argv: list[str], termin
 def _worker_lost(lost: WorkerLost, command: str, argv: list[str], termination_log: Path | None) -> None:
     """Report a run ended by a lost Ray worker in one line: which, where, what happened and where the run resumes
     (the trainer pod's retry, or on this machine the command that resumes it)."""
-    _failed(lost.reason(None if command == "train" else shlex.join(["grpojob", *argv])), termination_log)
+    line = trainer_pod_line(lost) if command == "train" else lost.reason(shlex.join(["grpojob", *argv]))
+    _failed(line, termination_log)
 
 
 def build_parser() -> argparse.ArgumentParser:

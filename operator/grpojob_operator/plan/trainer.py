@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from grpojob_api import v1alpha1 as api
-from grpojob_api.progress import is_preemption, is_worker_lost, parse_progress, preempted_exit
+from grpojob_api.progress import is_preemption, is_worker_lost, parse_progress, parse_stopped, preempted_exit
 from grpojob_api.v1alpha1 import ConditionType, Phase
 from grpojob_operator.children.claims import output_model_status
 from grpojob_operator.children.trainer import DISRUPTED, build_trainer_job
@@ -76,7 +76,10 @@ def trainer(pass_: Pass) -> bool:
         set_condition(status, ConditionType.COMPLETE, True, "Completed", status.message, now)
         return STOP
     if job.failed:
-        retry_or_fail(pass_, trainer_failure(job, pods), preempted=preempted(job, pods))
+        config = pass_.observed.get("ConfigMap", child.config)
+        stopped = parse_stopped(config.as_dict()) if config is not None else None
+        said = stopped.message if stopped is not None and stopped.attempt == job.attempt else None
+        retry_or_fail(pass_, trainer_failure(job, pods, said), preempted=preempted(job, pods, said))
         return STOP
     current = [p for p in pods if p.attempt == status.attempt and not p.deleting]
     running = [p for p in current if p.phase == "Running"]
@@ -143,19 +146,20 @@ def stall(job: api.GRPOJob, status: api.GRPOJobStatus, now: datetime) -> str | N
     )
 
 
-def preempted(job: TrainerJobInfo, pods: list[PodInfo]) -> bool:
+def preempted(job: TrainerJobInfo, pods: list[PodInfo], stopped: str | None = None) -> bool:
     """Whether the attempt ended because its pod, or a Ray worker's, was told to stop or lost its machine: the
-    trainer's own word (its termination message: preempted once it checkpointed, or a worker whose node left the
-    Ray cluster), or the Job's Failed condition naming the pod's disruption or the trainer's exit code for either
-    (which outlive a deleted pod). A worker whose process died on a node that stayed is the job's own failure,
-    and counts."""
+    trainer's own word (its termination message, or the same line it reported beside its progress, ``stopped``:
+    preempted once it checkpointed, or a worker whose node left the Ray cluster), or the Job's Failed condition
+    naming the pod's disruption or the trainer's exit code for either (which outlive a deleted pod). A worker
+    whose process died on a node that stayed is the job's own failure, and counts."""
     ended = [detail for pod in pods if pod.attempt == job.attempt for _, code, detail in pod.terminated if code != 0]
-    said = any(is_preemption(detail) or is_worker_lost(detail) for detail in ended)
+    said = any(is_preemption(detail) or is_worker_lost(detail) for detail in [*ended, stopped or ""])
     return said or DISRUPTED["type"] in job.failure_message or preempted_exit(job.failure_message)
 
 
-def trainer_failure(job: TrainerJobInfo, pods: list[PodInfo]) -> str:
-    """Why the trainer Job failed: its pod's non-zero exit, else the Job's own message."""
+def trainer_failure(job: TrainerJobInfo, pods: list[PodInfo], stopped: str | None = None) -> str:
+    """Why the trainer Job failed: its pod's non-zero exit, else the line the trainer reported when it stopped
+    early (``stopped``: its pod deleted, its message with it), else the Job's own message."""
     for pod in pods:
         if pod.attempt == job.attempt:
             for container, code, detail in pod.terminated:
@@ -163,6 +167,8 @@ def trainer_failure(job: TrainerJobInfo, pods: list[PodInfo]) -> str:
                     return f"pod {pod.name} container {container} exited with code {code}" + (
                         f" ({detail})" if detail else ""
                     )
+    if stopped:
+        return f"the trainer reported: {stopped}"
     return job.failure_message or "the trainer Job failed"
 
 

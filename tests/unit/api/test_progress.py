@@ -63,3 +63,14 @@ def test_the_operator_keeps_what_the_trainer_reports_of_a_stop_in_its_config_map
     from grpojob_api.progress import REPORT_KEYS, StopReport, stop_data
 
     assert set(stop_data(StopReport(185, 48.2, 21.5, 1))) <= REPORT_KEYS
+
+
+def test_an_early_stops_line_round_trips_with_its_attempt_and_an_unreadable_one_is_ignored():
+    from grpojob_api.progress import StoppedReport, parse_stopped, stopped_data
+
+    line = "preempted at step 12; checkpoint /checkpoints/demo/step_00000012"
+    assert parse_stopped(stopped_data(StoppedReport(3, line))) == StoppedReport(3, line)
+    assert parse_stopped({}) is None
+    assert parse_stopped({"stopped": "three preempted"}) is None, "no attempt"
+    assert parse_stopped({"stopped": "3 "}) is None, "no line"
+    assert parse_stopped({"step": "4"}) is None

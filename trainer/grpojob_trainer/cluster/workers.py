@@ -17,6 +17,7 @@ for, rather than failing at once.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -112,6 +113,10 @@ class WorkerWatch:
         self.interval_s, self.node_grace_s = interval_s, node_grace_s
         self.places: dict[WorkerName, Place] = {}
         self.lost: LostWorker | None = None
+        self.deciding = False
+        """Whether a worker's call failed and the watch waits for the GCS's word on its node."""
+        self._answered: dict[WorkerName, float] = {}
+        """When the newest call each worker answered was made."""
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -128,26 +133,33 @@ class WorkerWatch:
     def stop(self) -> None:
         self._stopped.set()
 
+    def answered_since(self, since: float) -> bool:
+        """Whether every worker answered a call made at or after ``since`` (`time.monotonic`): each was alive
+        then."""
+        return all(self._answered.get(name, -math.inf) >= since for name in self.workers)
+
     def _watch(self) -> None:
         import ray
         from ray.exceptions import RayActorError
 
-        pings: dict[Any, WorkerName] = {}
+        pings: dict[Any, tuple[WorkerName, float]] = {}
         due: dict[WorkerName, float] = dict.fromkeys(self.workers, 0.0)
         try:
             while not self._stopped.is_set():
                 now = time.monotonic()
                 for name in [name for name, when in due.items() if when <= now]:
-                    pings[self.workers[name].__ray_ready__.remote()] = name
+                    pings[self.workers[name].__ray_ready__.remote()] = (name, now)
                     del due[name]
                 ready, _ = ray.wait(list(pings), num_returns=1, timeout=self.interval_s)
                 for ref in ready:
-                    name = pings.pop(ref)
+                    name, sent = pings.pop(ref)
                     try:
                         ray.get(ref)
                     except RayActorError as error:
+                        self.deciding = True
                         self._report(self._lost(name, error))
                         return
+                    self._answered[name] = sent
                     due[name] = time.monotonic() + self.interval_s
         except Exception as error:  # Ray is shutting down, or the GCS went away (the head's watch reports that)
             log.debug("the worker watch ends: %s", error)

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from grpojob_api import placement
 from grpojob_api.endpoints import GENERATION_PORT, ContractError, TrainerEnv
+from grpojob_api.progress import StoppedReport
 from grpojob_trainer.commands.job import load_job, new_evaluation_token, read_evaluation_rows, read_training_prompts
 from grpojob_trainer.errors import UsageError
-from grpojob_trainer.training.stop import StopRequest
+from grpojob_trainer.training.stop import Interrupted, StopRequest, WorkerLost, trainer_pod_line
 
 log = logging.getLogger("grpojob")
 
@@ -55,6 +56,7 @@ def train_in_cluster(config_path: Path, stop: StopRequest | None = None) -> int:
     evaluation_rows = read_evaluation_rows(spec, pod.evaluation_dataset_path)
     evaluation_token = new_evaluation_token(spec)
     layout = placement.layout(spec)
+    progress = ConfigMapProgressPublisher.in_cluster(pod.progress_config_map)
     watch = None
     try:
         # Placing the engines and ranks waits for the worker pods (and their images and GPUs): on a retry after a
@@ -87,7 +89,7 @@ def train_in_cluster(config_path: Path, stop: StopRequest | None = None) -> int:
                         environment_urls=endpoints.environment_urls,
                         dataset=dataset,
                         logger=logger,
-                        progress=ConfigMapProgressPublisher.in_cluster(pod.progress_config_map),
+                        progress=progress,
                         checkpoint_dir=Path(pod.checkpoint_dir),
                         output_dir=Path(pod.output_dir),
                         before_step=head.check,
@@ -97,6 +99,9 @@ def train_in_cluster(config_path: Path, stop: StopRequest | None = None) -> int:
                     )
                 )
             )
+    except (Interrupted, WorkerLost) as stopped:  # its line outlives the pod (a deleted pod takes its message)
+        progress.publish_stopped(StoppedReport(endpoints.attempt, trainer_pod_line(stopped)))
+        raise
     finally:
         if watch is not None:
             watch.stop()

@@ -24,7 +24,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from grpojob_api.progress import BEST_EVALUATION_KEY, LAST_EVALUATION_KEY, EvaluationReport, StopReport
+from grpojob_api.progress import (
+    BEST_EVALUATION_KEY,
+    LAST_EVALUATION_KEY,
+    EvaluationReport,
+    StoppedReport,
+    StopReport,
+)
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +239,10 @@ class ProgressPublisher(ABC):
     def publish_evaluation(self, last: EvaluationReport, best: EvaluationReport | None) -> None:
         """Report the newest evaluation and the best so far."""
 
+    @abstractmethod
+    def publish_stopped(self, report: StoppedReport) -> None:
+        """Report how the attempt stopped early (a preemption, a lost worker), in the trainer's one line."""
+
 
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
@@ -249,7 +259,7 @@ class FileProgressPublisher(ProgressPublisher):
 
     def publish(self, step: int, mean_reward: float, stop: StopReport | None = None) -> None:
         reward = float(mean_reward)
-        kept = ("outputModel", "outputModelStep", LAST_EVALUATION_KEY, BEST_EVALUATION_KEY, "stop")
+        kept = ("outputModel", "outputModelStep", LAST_EVALUATION_KEY, BEST_EVALUATION_KEY, "stop", "stopped")
         output = {k: v for k, v in (self.read() or {}).items() if k in kept}
         if stop is not None:
             output["stop"] = {
@@ -268,6 +278,9 @@ class FileProgressPublisher(ProgressPublisher):
 
     def publish_output_model(self, path: str, step: int) -> None:
         self._write({**(self.read() or {}), "outputModel": path, "outputModelStep": int(step)})
+
+    def publish_stopped(self, report: StoppedReport) -> None:
+        self._write({**(self.read() or {}), "stopped": {"attempt": report.attempt, "message": report.message}})
 
     def _write(self, payload: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

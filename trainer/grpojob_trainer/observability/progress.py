@@ -19,11 +19,13 @@ from grpojob_api import endpoints
 from grpojob_api.progress import (
     MEAN_REWARD_KEY,
     EvaluationReport,
+    StoppedReport,
     StopReport,
     evaluation_data,
     output_model_data,
     progress_data,
     stop_data,
+    stopped_data,
 )
 from grpojob_trainer.observability.metrics import ProgressPublisher
 
@@ -77,3 +79,10 @@ class ConfigMapProgressPublisher(ProgressPublisher):
             self.client.patch(self.url, json={"data": output_model_data(path, step)}).raise_for_status()
         except httpx.HTTPError as error:
             log.warning("could not report the exported model %s to %s: %s", path, self.url, error)
+
+    def publish_stopped(self, report: StoppedReport) -> None:
+        """Best effort, like `publish`: the pod's termination message says the same while the pod is there."""
+        try:
+            self.client.patch(self.url, json={"data": stopped_data(report)}).raise_for_status()
+        except httpx.HTTPError as error:
+            log.warning("could not report how attempt %d stopped to %s: %s", report.attempt, self.url, error)

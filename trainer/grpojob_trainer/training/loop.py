@@ -282,6 +282,8 @@ class TrainingLoop:
         for failure in batch.failures[:3]:
             log.warning("step %d: rollout of row %d failed: %s", step, failure.row_index, failure.error)
         if not batch.samples:
+            if not await asyncio.to_thread(self.stop.confirm_workers) and self.stop.requested:
+                return None  # a lost engine failed them: the loop ends as the watch says
             self.count_failed_step(step, batch, metrics | timer.metrics())
             return None
         self.failed_in_a_row = 0

@@ -90,8 +90,8 @@ def watch_workers(placed: PlacedActors, stop: StopRequest) -> WorkerWatch:
     watch before Ray shuts down, which ends the workers too."""
     workers = {WorkerName(POLICY, i): rank for i, rank in enumerate(placed.policy.ranks)}
     workers |= {WorkerName(GENERATION, i): engine for i, engine in enumerate(placed.generation.engines)}
-    stop.watched = True
-    return WorkerWatch(workers, stop.worker_lost).start()
+    stop.worker_watch = WorkerWatch(workers, stop.worker_lost)
+    return stop.worker_watch.start()
 
 
 def _colocated_bundles(layout: Layout, timeout_s: float | None) -> list[Any]:

@@ -29,13 +29,14 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
-from grpojob_api.progress import worker_lost_message
-from grpojob_trainer.cluster.workers import LostWorker
+from grpojob_api.progress import preemption_message, worker_lost_message
+from grpojob_trainer.cluster.workers import LostWorker, WorkerWatch
 
 T = TypeVar("T")
 
@@ -96,6 +97,16 @@ class WorkerLost(Exception):
         return worker_lost_message(self.lost.name.role, (self.step or 0) + 1, detail, self.lost.node_gone, then)
 
 
+def trainer_pod_line(stopped: Interrupted | WorkerLost) -> str:
+    """The trainer pod's one line on an early stop: its termination message, and its report to the operator
+    (`grpojob_api.progress.StoppedReport`). SIGTERM is the notice of a preemption, an eviction or a drain."""
+    if isinstance(stopped, WorkerLost):
+        return stopped.reason()
+    if stopped.signum == signal.SIGTERM:
+        return preemption_message(stopped.where())
+    return f"stopped by {signal.Signals(stopped.signum).name} {stopped.where()}"
+
+
 class StopRequest:
     """The signal that asks the run to stop, once one came. ``install`` it before the work starts; the loop
     watches it (``watching``) and asks it at its safe points."""
@@ -106,8 +117,8 @@ class StopRequest:
         """The first Ray worker lost, once one is."""
         self.lost_in_a_call = False
         """Whether a call to a worker raised its death (the policy may have been inside that call)."""
-        self.watched = False
-        """Whether a `WorkerWatch` reports to this request (`grpojob_trainer.training.placement.watch_workers`)."""
+        self.worker_watch: WorkerWatch | None = None
+        """The `WorkerWatch` that reports to this request (`grpojob_trainer.training.placement.watch_workers`)."""
         self._lost_seen = threading.Event()
         self._event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -146,8 +157,25 @@ class StopRequest:
         self.lost_in_a_call = True
         if self.signum is not None:  # stopping on a signal already: its grace period is not ours to spend
             timeout_s = 0
-        if not self._lost_seen.wait(timeout_s if self.watched else 0) and self.lost is None:
+        if not self._lost_seen.wait(timeout_s if self.worker_watch is not None else 0) and self.lost is None:
             self.lost = LostWorker.from_error(error)
+
+    def confirm_workers(self, timeout_s: float = 90.0, poll_s: float = 0.2) -> bool:
+        """Whether every watched worker answers a call made from now on within ``timeout_s`` (True without a
+        watch). Asked before blaming a failure on what the workers serve: a lost engine fails every rollout at
+        once (its server refuses connections), while Ray may take a minute to declare it lost. Returns early on
+        a stop, and waits on while the watch decides what a failed call means."""
+        watch = self.worker_watch
+        if watch is None:
+            return True
+        since = time.monotonic()
+        while not self.requested:
+            if watch.answered_since(since):
+                return True
+            if time.monotonic() - since >= timeout_s and not watch.deciding:
+                return False
+            time.sleep(poll_s)
+        return False
 
     def ended(self, step: int | None, checkpoint: Path | None) -> Exception:
         """What the run raises once it stopped after ``step`` (None: none), its newest checkpoint ``checkpoint``."""

@@ -163,6 +163,37 @@ def test_a_deleted_trainer_pod_that_exited_as_preempted_is_known_by_its_jobs_con
     assert (plan.status.phase, plan.status.attempt, plan.status.preemptions) == ("Initializing", 3, 1)
 
 
+def test_a_deleted_trainer_pods_line_reaches_the_status_from_its_report_beside_its_progress():
+    line = "preempted at step 7; checkpoint /checkpoints/demo/step_00000007"
+    reason = "Container trainer for pod default/demo-trainer-b failed with exit code 143 matching FailJob rule at 1"
+    children = with_endpoints(base_children(), attempt=2)
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 2, False, True, reason, False)}
+    running_job = job_body(status={"attempt": 2, "phase": "Running"})
+
+    plan = run(running_job, with_report(children, step="7", stopped=f"2 {line}"))
+    earlier = run(running_job, with_report(children, step="7", stopped=f"1 {line}"))
+
+    running = condition(plan.status, api.ConditionType.TRAINER_RUNNING)
+    assert running is not None and running.reason == "TrainerPreempted"
+    assert f"the trainer reported: {line}" in running.message, "the pod, and its termination message, are gone"
+    earlier_running = condition(earlier.status, api.ConditionType.TRAINER_RUNNING)
+    assert earlier_running is not None and line not in earlier_running.message, "an earlier attempt's line"
+    assert "exit code 143" in earlier_running.message
+
+
+def test_a_trainer_reporting_a_lost_worker_is_preempted_even_when_the_job_names_no_preemption():
+    line = (
+        "a policy worker was lost at step 8 (pod demo-policy-worker-x7k2p, node 10.244.0.12: its node left the Ray "
+        "cluster); the retry resumes from checkpoint /checkpoints/demo/step_00000006"
+    )
+    children = with_endpoints(base_children(), attempt=2)
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 2, False, True, "BackoffLimitExceeded", False)}
+
+    plan = run(job_body(status={"attempt": 2, "phase": "Running"}), with_report(children, stopped=f"2 {line}"))
+
+    assert (plan.status.phase, plan.status.attempt, plan.status.preemptions) == ("Initializing", 3, 1)
+
+
 def test_a_trainer_whose_ray_worker_died_on_its_own_counts_against_the_backoff_limit():
     children = with_endpoints(base_children(), attempt=2)
     children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 2, False, True, "BackoffLimitExceeded", False)}

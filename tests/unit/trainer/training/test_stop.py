@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from grpojob_api.progress import is_worker_lost
-from grpojob_trainer.cluster.workers import LostWorker, Place, WorkerName
+from grpojob_trainer.cluster.workers import LostWorker, Place, WorkerName, WorkerWatch
 from grpojob_trainer.training.stop import Interrupted, StopRequest, WorkerLost
 
 
@@ -88,7 +88,7 @@ def test_after_a_call_raised_a_workers_death_nothing_more_is_read_from_the_polic
 
 def test_a_call_that_raised_a_death_the_watch_never_names_waits_a_bounded_time():
     stop = StopRequest()
-    stop.watched = True
+    stop.worker_watch = WorkerWatch({}, stop.worker_lost)
     started = time.monotonic()
     stop.lost_in_call(RuntimeError("The actor died unexpectedly.\nThe actor is dead because its node has died."), 0.2)
 
