@@ -42,7 +42,7 @@ from pathlib import Path
 import yaml
 
 from grpojob_testing import build, kuberay, kueue, node, node_images, nodes, pki
-from grpojob_trainer.net.loopback import free_port, wait_until_healthy
+from grpojob_trainer.net.loopback import free_ports, wait_until_healthy
 
 SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
@@ -332,10 +332,14 @@ class Cluster:
 
         wait_until_healthy(url, timeout, check=running, context=context)
 
+    def _choose_ports(self, *names: str) -> None:
+        """Free ports for the servers ``names``, chosen together: one chosen alone may be another's that has not
+        started listening yet."""
+        self.ports.update(zip(names, free_ports(len(names)), strict=True))
+
     def _start_control_plane(self, bins: dict[str, Path]) -> None:
         k8s = bins["kubernetes"]
-        for name in ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
-            self.ports[name] = free_port()
+        self._choose_ports("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
         p = pki.generate(
             self.state_dir / "pki",
             KUBERNETES_SERVICE_IP,
@@ -442,8 +446,7 @@ class Cluster:
             return out.split() == ["True"] * len(KUBERAY_CRDS)
 
         wait_until(established, "the KubeRay CRDs to be established", 60)
-        self.ports["kuberay-operator"] = free_port()
-        self.ports["kuberay-metrics"] = free_port()
+        self._choose_ports("kuberay-operator", "kuberay-metrics")
         self._spawn(
             "kuberay-operator",
             [
@@ -469,8 +472,7 @@ class Cluster:
 
         wait_until(established, "the Kueue CRDs to be established", 60)
         self.apply_objects(kueue.prerequisites())
-        for name in ("kueue", "kueue-metrics", "kueue-webhook"):
-            self.ports[name] = free_port()
+        self._choose_ports("kueue", "kueue-metrics", "kueue-webhook")
         config = self.state_dir / "kueue-config.yaml"
         ports = (self.ports["kueue"], self.ports["kueue-metrics"], self.ports["kueue-webhook"])
         config.write_text(yaml.safe_dump(kueue.config(*ports, self.state_dir / "kueue-certs")))
@@ -506,7 +508,7 @@ class Cluster:
         )
         config = self.state_dir / "kwok-stages.yaml"
         config.write_text("\n---\n".join(documents))
-        self.ports["kwok"] = free_port()
+        self._choose_ports("kwok")
         self._spawn(
             "kwok",
             [
@@ -530,8 +532,9 @@ class Cluster:
         """Start containerd (with our images imported), the kubelet, CoreDNS and kube-proxy; wait for
         the node to be Ready and for kube-proxy and CoreDNS to serve."""
         paths = node.NodePaths(self.state_dir / "node")
-        for name in ("kubelet", "kubelet-healthz", "kube-proxy", "kube-proxy-metrics", "coredns", "coredns-health"):
-            self.ports[name] = free_port()
+        self._choose_ports(
+            "kubelet", "kubelet-healthz", "kube-proxy", "kube-proxy-metrics", "coredns", "coredns-health"
+        )
         files = node.write_configs(paths, self.server, self.pki, self.ports)
         self._spawn("containerd", ["containerd", f"--config={files['containerd']}"])
         ctr = self._ctr(paths)

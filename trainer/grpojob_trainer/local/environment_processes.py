@@ -10,7 +10,7 @@ from pathlib import Path
 from grpojob_api import endpoints, rewards
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.errors import EnvironmentNotReady, UsageError
-from grpojob_trainer.net.loopback import free_port, wait_until_healthy
+from grpojob_trainer.net.loopback import free_ports, wait_until_healthy
 
 START_TIMEOUT_S = 120.0
 
@@ -64,11 +64,13 @@ class EnvironmentProcesses:
     def __enter__(self) -> dict[str, list[str]]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
+            # Chosen together: a replica started a moment before may not listen on its port yet.
+            ports = free_ports(sum(env.replicas for env in self.environments))
             started = 0
             for index, env in enumerate(self.environments):
                 for replica in range(env.replicas):
                     engine = self.policy_base_urls[started % len(self.policy_base_urls)]
-                    self._start(index, env, replica_name(env.name, replica), engine)
+                    self._start(index, env, replica_name(env.name, replica), engine, ports[started])
                     started += 1
             for env in self.environments:
                 for replica in range(env.replicas):
@@ -81,7 +83,7 @@ class EnvironmentProcesses:
             for env in self.environments
         }
 
-    def _start(self, index: int, env: api.EnvironmentSpec, name: str, policy_base_url: str) -> None:
+    def _start(self, index: int, env: api.EnvironmentSpec, name: str, policy_base_url: str, port: int) -> None:
         variables = {}
         for position, var in enumerate(env.env):
             if var.value is None:
@@ -92,7 +94,6 @@ class EnvironmentProcesses:
             variables[var.name] = var.value
         if env.rewards is not None:
             variables.update(local_rewards_env(index, env.rewards))
-        port = free_port()
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
         self.processes[name] = subprocess.Popen(
             environment_command(env),

@@ -28,7 +28,7 @@ from grpojob_api import nemo_gym as gym
 from grpojob_api import v1alpha1 as api
 from grpojob_trainer.errors import EnvironmentNotReady, UsageError
 from grpojob_trainer.local.environment_processes import replica_name
-from grpojob_trainer.net.loopback import free_port, wait_until_healthy
+from grpojob_trainer.net.loopback import free_ports, wait_until_healthy
 
 PODMAN = "podman"
 START_TIMEOUT_S = 300.0
@@ -154,9 +154,12 @@ class NemoGymContainers:
     def __enter__(self) -> dict[str, list[str]]:
         environments = [env for _, env in nemo_gym_environments(self.job.spec)]
         try:
+            # Chosen together (an agent's and its head server's): a container started a moment before may not
+            # listen on its ports yet.
+            ports = iter(free_ports(2 * sum(env.replicas for env in environments)))
             for env in environments:
                 for replica in range(env.replicas):
-                    self._start(env, replica_name(env.name, replica))
+                    self._start(env, replica_name(env.name, replica), next(ports), next(ports))
             for env in environments:
                 for replica in range(env.replicas):
                     self._wait_healthy(env, replica_name(env.name, replica))
@@ -168,14 +171,13 @@ class NemoGymContainers:
             for env in environments
         }
 
-    def _start(self, env: api.EnvironmentSpec, replica: str) -> None:
-        port = free_port()
+    def _start(self, env: api.EnvironmentSpec, replica: str, port: int, head_server_port: int) -> None:
         placement = gym.NemoGymPlacement(
             policy_base_url=self.policy_base_url,
             ray_head_node_address=None,
             agent_host="127.0.0.1",
             agent_port=port,
-            head_server_port=free_port(),
+            head_server_port=head_server_port,
         )
         config_dir = self.run_dir / replica
         config_dir.mkdir(parents=True, exist_ok=True)

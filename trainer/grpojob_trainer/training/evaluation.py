@@ -27,6 +27,9 @@ from grpojob_trainer.experience.rollouts import EnvironmentURLs, PolicySampling,
 from grpojob_trainer.nemo_gym.protocol import Row
 
 REWARD = "eval/reward/mean"
+EVALUATION_KEY = "evaluation"
+"""Where a checkpoint's loop position keeps the evaluation history (beside the dataset's position: epoch and
+index, or a mixture's batches and sources)."""
 
 
 def evaluation_due(step: int, every_steps: int, max_steps: int) -> bool:
@@ -152,6 +155,23 @@ class Evaluator:
     grpo: api.GrpoSpec
     generation_url: str | None = None
     history: EvaluationHistory = field(default_factory=EvaluationHistory)
+
+    @classmethod
+    def for_job(
+        cls,
+        spec: api.GRPOJobSpec,
+        rows: Sequence[Row],
+        token: str | None,
+        environment_urls: EnvironmentURLs,
+        generation_url: str | None,
+    ) -> Evaluator:
+        """The evaluator of ``spec.evaluation`` over ``rows``, its rollouts marked with ``token`` (the secret the
+        engines accept as an evaluation's mark)."""
+        evaluation = spec.evaluation
+        assert evaluation is not None
+        max_new_tokens = spec.evaluation_max_new_tokens
+        sampling = PolicySampling(evaluation.temperature, evaluation.top_p, max_new_tokens, evaluation_token=token)
+        return cls(rows, evaluation, sampling, environment_urls, spec.grpo, generation_url)
 
     async def run(self, step: int) -> dict[str, float]:
         """Evaluate the policy the engines serve now (that of ``step``); its metrics, also noted in ``history``."""

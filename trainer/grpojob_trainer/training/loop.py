@@ -77,6 +77,7 @@ from grpojob_trainer.policy.group import PolicyGroup
 from grpojob_trainer.training.checkpoints import LoopCheckpoints
 from grpojob_trainer.training.data import Prompts, position_metrics
 from grpojob_trainer.training.evaluation import (
+    EVALUATION_KEY,
     EvaluationHistory,
     Evaluator,
     evaluation_due,
@@ -202,12 +203,8 @@ class TrainingLoop:
         stop: StopRequest | None = None,
     ) -> None:
         self.job, self.spec, self.grpo = job, job.spec, job.spec.grpo
-        self.policy, self.generation, self.environment_urls, self.dataset = (
-            policy,
-            generation,
-            environment_urls,
-            dataset,
-        )
+        self.policy, self.generation = policy, generation
+        self.environment_urls, self.dataset = environment_urls, dataset
         self.logger, self.progress = logger, progress
         self.checkpoint_dir, self.output_dir = checkpoint_dir, output_dir
         self.stop = stop or StopRequest()
@@ -254,7 +251,9 @@ class TrainingLoop:
     def start_evaluation(self, rows: list[Row] | None, token: str | None) -> None:
         """Set up `spec.evaluation` over ``rows``, with the history a resumed checkpoint kept."""
         if self.spec.evaluation is not None and rows:
-            self.evaluator = _evaluator(self.spec, rows, token, self.environment_urls, self.generation.measuring_url)
+            self.evaluator = Evaluator.for_job(
+                self.spec, rows, token, self.environment_urls, self.generation.measuring_url
+            )
             self.evaluator.history = EvaluationHistory.from_dict(self.position.get(EVALUATION_KEY))
 
     async def begin(self) -> None:
@@ -477,22 +476,3 @@ class TrainingLoop:
             export_model(
                 self.job, self.policy, self.output_dir, paths.FINAL_MODEL_DIR, self.result.last_step, self.progress
             )
-
-
-EVALUATION_KEY = "evaluation"
-"""Where a checkpoint's loop position keeps the evaluation history (beside the dataset's position: epoch and
-index, or a mixture's batches and sources)."""
-
-
-def _evaluator(
-    spec: api.GRPOJobSpec,
-    rows: list[Row],
-    token: str | None,
-    environment_urls: EnvironmentURLs,
-    generation_url: str | None,
-) -> Evaluator:
-    evaluation = spec.evaluation
-    assert evaluation is not None
-    max_new_tokens = spec.evaluation_max_new_tokens
-    sampling = PolicySampling(evaluation.temperature, evaluation.top_p, max_new_tokens, evaluation_token=token)
-    return Evaluator(rows, evaluation, sampling, environment_urls, spec.grpo, generation_url)

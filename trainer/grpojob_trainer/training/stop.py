@@ -49,8 +49,10 @@ def exit_code(signum: int) -> int:
     return 128 + signum
 
 
-class Interrupted(Exception):
-    """The run stopped on a signal, after writing what it could."""
+class Interrupted(BaseException):
+    """The run stopped on a signal, after writing what it could. A `BaseException`, as `KeyboardInterrupt` is: the
+    signal's handler raises it wherever the main thread is, and a library's ``except Exception`` (a retry loop, a
+    best-effort call) must not swallow it."""
 
     def __init__(self, signum: int, step: int | None = None, checkpoint: Path | None = None) -> None:
         super().__init__(signal.Signals(signum).name)
