@@ -166,7 +166,7 @@ class StopRequest:
         """Whether every watched worker answers a call made from now on within ``timeout_s`` (True without a
         watch). Asked before blaming a failure on what the workers serve: a lost engine fails every rollout at
         once (its server refuses connections), while Ray may take a minute to declare it lost. Returns early on
-        a stop, and waits on while the watch decides what a failed call means."""
+        a stop, and waits on while the watch decides what a failed call means (up to its ``node_grace_s``)."""
         watch = self.worker_watch
         if watch is None:
             return True
@@ -174,12 +174,12 @@ class StopRequest:
         while not self.requested:
             if watch.answered_since(since):
                 return True
-            if time.monotonic() - since >= timeout_s and not watch.deciding:
+            if time.monotonic() - since >= timeout_s + (watch.node_grace_s if watch.deciding else 0):
                 return False
             time.sleep(poll_s)
         return False
 
-    def ended(self, step: int | None, checkpoint: Path | None) -> Exception:
+    def ended(self, step: int | None, checkpoint: Path | None) -> Interrupted | WorkerLost:
         """What the run raises once it stopped after ``step`` (None: none), its newest checkpoint ``checkpoint``."""
         if self.signum is None and self.lost is not None:
             return WorkerLost(self.lost, step, checkpoint)
