@@ -24,13 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from grpojob_api.progress import (
-    BEST_EVALUATION_KEY,
-    LAST_EVALUATION_KEY,
-    EvaluationReport,
-    StoppedReport,
-    StopReport,
-)
+from grpojob_api.progress import BEST_EVALUATION_KEY, LAST_EVALUATION_KEY, EvaluationReport, StopReport
 
 log = logging.getLogger(__name__)
 
@@ -239,10 +233,6 @@ class ProgressPublisher(ABC):
     def publish_evaluation(self, last: EvaluationReport, best: EvaluationReport | None) -> None:
         """Report the newest evaluation and the best so far."""
 
-    @abstractmethod
-    def publish_stopped(self, report: StoppedReport) -> None:
-        """Report how the attempt stopped early (a preemption, a lost worker), in the trainer's one line."""
-
 
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
@@ -259,7 +249,7 @@ class FileProgressPublisher(ProgressPublisher):
 
     def publish(self, step: int, mean_reward: float, stop: StopReport | None = None) -> None:
         reward = float(mean_reward)
-        kept = ("outputModel", "outputModelStep", LAST_EVALUATION_KEY, BEST_EVALUATION_KEY, "stop", "stopped")
+        kept = ("outputModel", "outputModelStep", LAST_EVALUATION_KEY, BEST_EVALUATION_KEY, "stop")
         output = {k: v for k, v in (self.read() or {}).items() if k in kept}
         if stop is not None:
             output["stop"] = {
@@ -278,9 +268,6 @@ class FileProgressPublisher(ProgressPublisher):
 
     def publish_output_model(self, path: str, step: int) -> None:
         self._write({**(self.read() or {}), "outputModel": path, "outputModelStep": int(step)})
-
-    def publish_stopped(self, report: StoppedReport) -> None:
-        self._write({**(self.read() or {}), "stopped": {"attempt": report.attempt, "message": report.message}})
 
     def _write(self, payload: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

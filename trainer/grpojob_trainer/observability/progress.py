@@ -81,7 +81,8 @@ class ConfigMapProgressPublisher(ProgressPublisher):
             log.warning("could not report the exported model %s to %s: %s", path, self.url, error)
 
     def publish_stopped(self, report: StoppedReport) -> None:
-        """Best effort, like `publish`: the pod's termination message says the same while the pod is there."""
+        """How the attempt stopped early (a preemption, a lost worker), in the trainer pod's one line. Best effort,
+        like `publish`: the pod's termination message says the same while the pod is there."""
         try:
             self.client.patch(self.url, json={"data": stopped_data(report)}).raise_for_status()
         except httpx.HTTPError as error:

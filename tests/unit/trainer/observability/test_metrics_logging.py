@@ -228,17 +228,3 @@ def test_the_prometheus_endpoint_serves_the_last_evaluation_and_tensorboard_and_
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("eval/reward/mean")] == [(0, 0.25), (2, 0.75)]
-
-
-def test_local_progress_keeps_how_the_run_stopped_early(tmp_path: Path):
-    from grpojob_api.progress import StoppedReport
-
-    publisher = FileProgressPublisher(tmp_path / "progress.json")
-    publisher.publish(3, 0.5)
-    publisher.publish_stopped(StoppedReport(1, "stopped by SIGINT at step 3; checkpoint /c/step_00000003"))
-    publisher.publish(4, 0.5)  # the resumed run: the stop stays known until it reports its own
-    assert publisher.read() == {
-        "step": 4,
-        "meanReward": 0.5,
-        "stopped": {"attempt": 1, "message": "stopped by SIGINT at step 3; checkpoint /c/step_00000003"},
-    }
