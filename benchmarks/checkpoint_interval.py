@@ -1,14 +1,18 @@
 """What checkpoints cost a run: the median step time of `grpojob run` on the tiny example with a checkpoint every
-step (``spec.checkpointing.interval: 1``) against one every ten steps, on this machine's CPU.
+step (``spec.checkpointing.interval: 1``) against one every ten steps, on this machine.
 
-Each leg runs the tiny example's job (the tiny random model, the arithmetic environment, the transformers backend)
-for ``--steps`` steps from nothing, and reads its ``metrics.jsonl``: the median ``time/step`` of steps 2 onwards,
+Each leg runs an example's job (by default the tiny example: the tiny random model, the arithmetic environment, the
+transformers backend on the CPU; ``--example examples/tiny-gpu.yaml --shape qwen2.5-1.5b`` puts vLLM and the
+policy on one GPU with a random model of that shape, ``--lora-rank`` trains an adapter) for ``--steps`` steps
+from nothing, and reads its ``metrics.jsonl``: the median ``time/step`` of steps 2 onwards,
 and the medians of ``time/checkpoint`` (what the step waited for its checkpoint) and ``time/checkpoint_write`` (the
 write, where it runs beside training) over the steps that logged them. The legs alternate, ``--repeats`` times each;
 the table's medians are over the steps of every repeat together. Prints a Markdown table and writes JSON to
 ``--json``.
 
     python benchmarks/checkpoint_interval.py --steps 30 --repeats 2 --json checkpoint-interval.json
+    python benchmarks/checkpoint_interval.py --example examples/tiny-gpu.yaml --shape qwen2.5-1.5b --lora-rank 64 \
+        --steps 12 --repeats 1
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_job(work: Path, model: Path, data: Path, steps: int, interval: int) -> Path:
-    job = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
+def write_job(work: Path, example: Path, model: Path, data: Path, steps: int, interval: int, lora_rank: int) -> Path:
+    job = yaml.safe_load(example.read_text())
     job["spec"]["model"]["path"] = str(model)
+    if lora_rank:
+        job["spec"]["training"]["lora"] = {"rank": lora_rank, "alpha": 2 * lora_rank}
     job["spec"]["dataset"]["path"] = str(data)
     job["spec"]["grpo"]["maxSteps"] = steps
     job["spec"]["checkpointing"] = {"path": str(work / "checkpoints"), "interval": interval}
@@ -44,10 +50,10 @@ def median_of(records: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def run_leg(root: Path, model: Path, data: Path, steps: int, interval: int, index: int) -> dict:
+def run_leg(root: Path, args: argparse.Namespace, model: Path, data: Path, interval: int, index: int) -> dict:
     work = root / f"interval-{interval}-{index}"
     work.mkdir(parents=True)
-    job = write_job(work, model, data, steps, interval)
+    job = write_job(work, args.example, model, data, args.steps, interval, args.lora_rank)
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "grpojob_trainer.cli", "run", str(job), "--out", str(work / "out"), "--no-progress"],
@@ -108,19 +114,23 @@ def main() -> None:
     parser.add_argument("--intervals", type=int, nargs="+", default=[1, 10])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--example", type=Path, default=REPO / "examples" / "tiny.yaml", help="the job to run")
+    parser.add_argument("--shape", default="tiny", help="the random model's shape (grpojob tiny-model --shape)")
+    parser.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank (0: every weight)")
     args = parser.parse_args()
 
     from grpojob_trainer.environments.dataset import write_rows
-    from grpojob_trainer.models.tiny import write_tiny_model
+    from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
 
-    with tempfile.TemporaryDirectory(prefix="checkpoint-interval-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="checkpoint-interval-", dir=os.environ.get("TMPDIR")) as tmp:
         root = Path(tmp)
-        model = write_tiny_model(root / "model")
-        data = write_rows("arithmetic", 128, root / "train.jsonl")
+        model = write_tiny_model(root / "model", SHAPES[args.shape])
+        job = yaml.safe_load(args.example.read_text())["spec"]["grpo"]
+        data = write_rows("arithmetic", job["promptsPerStep"] * (args.steps + 1), root / "train.jsonl")
         legs = []
         for index in range(args.repeats):
             for interval in args.intervals:
-                leg = run_leg(root, model, data, args.steps, interval, index)
+                leg = run_leg(root, args, model, data, interval, index)
                 print(json.dumps(leg), flush=True)
                 legs.append(leg)
     print(table(legs))

@@ -17,6 +17,9 @@
 #                        background: followed for 9 minutes, then `wait` follows it on
 #   bench [ARGS]         benchmarks/cluster_vs_local.py: one job applied to that cluster, then the same job by
 #                        `grpojob run` on the same GPU (step time, time to the first step; into $OUT), likewise
+#   interval [ARGS]      benchmarks/checkpoint_interval.py by `grpojob run` on the GPU: a checkpoint every step against
+#                        every ten (e.g. `--example examples/tiny-gpu.yaml --shape qwen2.5-1.5b --lora-rank 64 --steps 12
+#                        --repeats 1`; with the wheels installed, no cluster needed), likewise
 #   wait [NAME [SECS]]   follow a test (NAME e2e-gpu, the default), benchmark (bench) or the base import (base)
 #   logs                 the cluster's logs and the jobs' pods into $OUT (a failed step saves them too)
 #
@@ -99,6 +102,11 @@ case $1 in
     background bench python3 benchmarks/cluster_vs_local.py --out /root/cluster-vs-local.json "$@"
     follow bench 540
     cp /root/cluster-vs-local.* "$OUT"/ 2>/dev/null || true ;;
+  interval)
+    shift
+    background interval env TMPDIR=/var/tmp python3 benchmarks/checkpoint_interval.py --json /root/interval.json "$@"
+    follow interval 540
+    cp /root/interval.json "$OUT"/ 2>/dev/null || true ;;
   wait) follow "${2:-e2e-gpu}" "${3:-540}" ;;
   logs) save_logs ;;
   *) echo "unknown step $1"; exit 2 ;;
