@@ -42,7 +42,11 @@ def write_job(
     return path
 
 
-def grpojob(*args: str, cwd: Path) -> subprocess.Popen:
+def grpojob(*args: str, cwd: Path, hub_cache: Path | None = None) -> subprocess.Popen:
+    """The grpojob command in a process session of its own, offline (reading ``hub_cache`` where given)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_DISABLE_USAGE_STATS": "1"}
+    if hub_cache is not None:
+        env["HF_HUB_CACHE"] = str(hub_cache)
     return subprocess.Popen(
         [sys.executable, "-m", "grpojob_trainer.cli", *args],
         cwd=cwd,
@@ -50,7 +54,7 @@ def grpojob(*args: str, cwd: Path) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "RAY_DISABLE_USAGE_STATS": "1"},
+        env=env,
     )
 
 
@@ -338,15 +342,7 @@ def test_a_job_naming_its_model_and_a_dataset_by_hub_id_leaves_a_model_transform
     job["spec"]["output"] = {"path": str(tmp_path / "models"), "everyCheckpoint": True, "dtype": "float32"}
     job_path.write_text(yaml.safe_dump(job))
 
-    process = subprocess.Popen(
-        [sys.executable, "-m", "grpojob_trainer.cli", "run", str(job_path), "--out", str(tmp_path / "out")],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "RAY_DISABLE_USAGE_STATS": "1"},
-    )
+    process = grpojob("run", str(job_path), "--out", str(tmp_path / "out"), cwd=tmp_path, hub_cache=cache)
     out = finish(process, 600)
 
     assert process.returncode == 0, out[-3000:]

@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-from tests.trainer.test_grpojob_run import finish
+from tests.trainer.test_grpojob_run import finish, grpojob
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = int(os.environ.get("GRPOJOB_TEST_STEPS", "24"))
@@ -58,15 +56,7 @@ def test_grpojob_run_of_the_gsm8k_example_trains_on_its_reward_functions(tiny_mo
     path = tmp_path / "gsm8k.yaml"
     path.write_text(yaml.safe_dump(job))
 
-    process = subprocess.Popen(
-        [sys.executable, "-m", "grpojob_trainer.cli", "run", str(path), "--out", str(tmp_path / "out")],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "RAY_DISABLE_USAGE_STATS": "1"},
-    )
+    process = grpojob("run", str(path), "--out", str(tmp_path / "out"), cwd=tmp_path, hub_cache=cache)
     out = finish(process, 900)
 
     assert process.returncode == 0, out[-3000:]
