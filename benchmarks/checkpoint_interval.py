@@ -32,13 +32,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_job(work: Path, example: Path, model: Path, data: Path, steps: int, interval: int, lora_rank: int) -> Path:
-    job = yaml.safe_load(example.read_text())
+def write_job(work: Path, args: argparse.Namespace, model: Path, data: Path, interval: int) -> Path:
+    job = yaml.safe_load(args.example.read_text())
     job["spec"]["model"]["path"] = str(model)
-    if lora_rank:
-        job["spec"]["training"]["lora"] = {"rank": lora_rank, "alpha": 2 * lora_rank}
+    if args.lora_rank:
+        job["spec"]["training"]["lora"] = {"rank": args.lora_rank, "alpha": 2 * args.lora_rank}
+    if args.eager:
+        job["spec"]["training"]["torchCompile"] = False
     job["spec"]["dataset"]["path"] = str(data)
-    job["spec"]["grpo"]["maxSteps"] = steps
+    job["spec"]["grpo"]["maxSteps"] = args.steps
     job["spec"]["checkpointing"] = {"path": str(work / "checkpoints"), "interval": interval}
     path = work / "job.yaml"
     path.write_text(yaml.safe_dump(job))
@@ -53,7 +55,7 @@ def median_of(records: list[dict], key: str) -> float | None:
 def run_leg(root: Path, args: argparse.Namespace, model: Path, data: Path, interval: int, index: int) -> dict:
     work = root / f"interval-{interval}-{index}"
     work.mkdir(parents=True)
-    job = write_job(work, args.example, model, data, args.steps, interval, args.lora_rank)
+    job = write_job(work, args, model, data, interval)
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "grpojob_trainer.cli", "run", str(job), "--out", str(work / "out"), "--no-progress"],
@@ -117,6 +119,7 @@ def main() -> None:
     parser.add_argument("--example", type=Path, default=REPO / "examples" / "tiny.yaml", help="the job to run")
     parser.add_argument("--shape", default="tiny", help="the random model's shape (grpojob tiny-model --shape)")
     parser.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank (0: every weight)")
+    parser.add_argument("--eager", action="store_true", help="no compiled decoder layers (a shorter first step)")
     args = parser.parse_args()
 
     from grpojob_trainer.environments.dataset import write_rows
