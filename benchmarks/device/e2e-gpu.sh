@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A GRPOJob on a real node with a real GPU, on the device machine (`make e2e-gpu` by hand; issue 41).
+# A GRPOJob on a real node with a real GPU, on the device machine (`make e2e-gpu` by hand).
 # Each step is one device call; the machine is handed back 30 s after a call ends, so call them back to back.
 #
 #   caps                 first call: what the kernel allows (cgroups, netfilter, bridge, overlay, ...)
-#   part DIR             copy one part (carry it): the node's (.gpuparts/node/p*, `python -m grpojob_testing.gpu_node
-#                        pack .gpuparts/node` here), the vLLM/Ray wheels' parts (.gpuparts/p*, .gpuparts/trl, as for
-#                        h200.sh)
+#   part DIR             copy one part (carry it): the node's (.gpuparts/node/p*), the wheels' (.gpuparts/all/p*: the
+#                        vLLM/Ray set and TRL's together; .gpuparts/p* and .gpuparts/trl, as for h200.sh, also do), all
+#                        made here by `bash benchmarks/device/pack-parts.sh`
 #   node                 with the node's parts: install them (programs, containerd/runc/CNI/iptables; the operator's
 #                        wheels aside until the others come), start the cluster with the GPU node, and begin importing
 #                        the machine's own layers (system, Python: 16 GB, minutes) into its containerd in the
@@ -23,11 +23,12 @@
 #   wait [NAME [SECS]]   follow a test (NAME e2e-gpu, the default), benchmark (bench) or the base import (base)
 #   logs                 the cluster's logs and the jobs' pods into $OUT (a failed step saves them too)
 #
-# Which calls, in order (carry = the one folder each names; `python -m grpojob_testing.gpu_node pack .gpuparts/node`
-# here prints the node parts' sizes):
-#   1. caps && part .gpuparts/node/p0     2.. part .gpuparts/node/p1 .., and with the last node part: node
-#   then part .gpuparts/p0 .. p7          then part .gpuparts/trl && install && up
-#   then test -k 1_5b, bench, test -k 7b (wait where one outlasts its call)
+# Which calls, in order (carry = the folders each names):
+#   1. caps && part .gpuparts/node/p0     2. part .gpuparts/node/p1
+#   3. part .gpuparts/all/p0 .. 10. part .gpuparts/all/p7 (the base layers' import is not running yet: no hurry)
+#   11. part .gpuparts/node/p2 && part .gpuparts/all/p8 && node && install (carry both; about 80 s)
+#   12. up (waits for the base layers' import, about 3 minutes from `node`), then test -k 1_5b, bench, test -k 7b
+# On an H100 machine each part's call took about 5 s, `node` 45 s (the node Ready in 14 s) and `install` 34 s.
 set -uo pipefail
 export PYTHONPATH=/tmp/site-packages:/root/operator-site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
 export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
