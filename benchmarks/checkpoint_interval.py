@@ -18,6 +18,7 @@ the table's medians are over the steps of every repeat together. Prints a Markdo
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -32,8 +33,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_job(work: Path, args: argparse.Namespace, model: Path, data: Path, interval: int) -> Path:
-    job = yaml.safe_load(args.example.read_text())
+def write_job(work: Path, example: dict, args: argparse.Namespace, model: Path, data: Path, interval: int) -> Path:
+    job = copy.deepcopy(example)
     job["spec"]["model"]["path"] = str(model)
     if args.lora_rank:
         job["spec"]["training"]["lora"] = {"rank": args.lora_rank, "alpha": 2 * args.lora_rank}
@@ -52,10 +53,12 @@ def median_of(records: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def run_leg(root: Path, args: argparse.Namespace, model: Path, data: Path, interval: int, index: int) -> dict:
+def run_leg(
+    root: Path, example: dict, args: argparse.Namespace, model: Path, data: Path, interval: int, index: int
+) -> dict:
     work = root / f"interval-{interval}-{index}"
     work.mkdir(parents=True)
-    job = write_job(work, args, model, data, interval)
+    job = write_job(work, example, args, model, data, interval)
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "grpojob_trainer.cli", "run", str(job), "--out", str(work / "out"), "--no-progress"],
@@ -125,15 +128,16 @@ def main() -> None:
     from grpojob_trainer.environments.dataset import write_rows
     from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
 
-    with tempfile.TemporaryDirectory(prefix="checkpoint-interval-", dir=os.environ.get("TMPDIR")) as tmp:
+    example = yaml.safe_load(args.example.read_text())
+    rows = example["spec"]["grpo"]["promptsPerStep"] * (args.steps + 1)
+    with tempfile.TemporaryDirectory(prefix="checkpoint-interval-") as tmp:
         root = Path(tmp)
         model = write_tiny_model(root / "model", SHAPES[args.shape])
-        job = yaml.safe_load(args.example.read_text())["spec"]["grpo"]
-        data = write_rows("arithmetic", job["promptsPerStep"] * (args.steps + 1), root / "train.jsonl")
+        data = write_rows("arithmetic", rows, root / "train.jsonl")
         legs = []
         for index in range(args.repeats):
             for interval in args.intervals:
-                leg = run_leg(root, args, model, data, interval, index)
+                leg = run_leg(root, example, args, model, data, interval, index)
                 print(json.dumps(leg), flush=True)
                 legs.append(leg)
     print(table(legs))
