@@ -20,7 +20,8 @@
 #   interval [ARGS]      benchmarks/checkpoint_interval.py by `grpojob run` on the GPU: a checkpoint every step against
 #                        every ten (e.g. `--example examples/tiny-gpu.yaml --shape qwen2.5-1.5b --lora-rank 64 --steps 12
 #                        --repeats 1`; with the wheels installed, no cluster needed), likewise
-#   wait [NAME [SECS]]   follow a test (NAME e2e-gpu, the default), benchmark (bench) or the base import (base)
+#   wait [NAME [SECS]]   follow a test (NAME e2e-gpu, the default), benchmark (bench, interval) or the base import
+#                        (base); FOLLOW=0 before test, bench or interval starts it without following it
 #   logs                 the cluster's logs and the jobs' pods into $OUT (a failed step saves them too)
 #
 # Which calls, in order (carry = the folders each names):
@@ -97,18 +98,20 @@ case $1 in
   test)
     shift
     background e2e-gpu python3 -m pytest -p no:cacheprovider -rA -s tests/gpu/test_e2e_gpu.py "$@"
-    follow e2e-gpu 540 ;;
+    follow e2e-gpu "${FOLLOW:-540}" ;;
   bench)
     shift
     background bench python3 benchmarks/cluster_vs_local.py --out /root/cluster-vs-local.json "$@"
-    follow bench 540
+    follow bench "${FOLLOW:-540}"
     cp /root/cluster-vs-local.* "$OUT"/ 2>/dev/null || true ;;
   interval)
     shift
     background interval env TMPDIR=/var/tmp python3 benchmarks/checkpoint_interval.py --json /root/interval.json "$@"
-    follow interval 540
+    follow interval "${FOLLOW:-540}"
     cp /root/interval.json "$OUT"/ 2>/dev/null || true ;;
-  wait) follow "${2:-e2e-gpu}" "${3:-540}" ;;
+  wait)
+    follow "${2:-e2e-gpu}" "${3:-540}"
+    cp /root/interval.json /root/cluster-vs-local.* "$OUT"/ 2>/dev/null || true ;;
   logs) save_logs ;;
   *) echo "unknown step $1"; exit 2 ;;
 esac
