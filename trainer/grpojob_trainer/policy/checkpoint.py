@@ -48,12 +48,13 @@ import torch
 from grpojob_trainer.policy.lora import adapter_config, adapter_parameter_name, is_lora
 from grpojob_trainer.policy.model_files import copy_model_files
 from grpojob_trainer.policy.state import (
+    HostCopies,
     gather_adapter_state,
     gather_state,
-    own_copy,
     restore_state,
     rng_state,
     set_rng_state,
+    sharded,
     storages,
 )
 
@@ -134,11 +135,13 @@ def snapshot_checkpoint(
     keep: int | None = None,
     kept_step: int | None = None,
     base_model: str | os.PathLike[str] | None = None,
+    host: HostCopies | None = None,
 ) -> CheckpointSnapshot | None:
     """Copy what the checkpoint of ``step`` holds out of the policy (off its GPU, out of its shards) into host
     memory of its own, with the random-number generators' states as they are now; the training may go on once it
     returns. A collective on a sharded model: every rank calls it, rank 0 gets the snapshot and the others None.
-    ``data_position`` and ``config`` must be JSON-serialisable."""
+    ``data_position`` and ``config`` must be JSON-serialisable. ``host``: the host memory to copy into, kept from
+    one checkpoint to the next (the snapshot's tensors are valid until its next copy)."""
     lora = is_lora(model)
     model_config = model.config.to_dict() if hasattr(model, "config") and hasattr(model.config, "to_dict") else None
     meta = {
@@ -149,16 +152,19 @@ def snapshot_checkpoint(
         "model_config": model_config,
     }
     meta_text = json.dumps(meta, indent=2, sort_keys=True)  # fails before anything is gathered or written
-    model_state, optimizer_state = gather_adapter_state(model, optimizer) if lora else gather_state(model, optimizer)
+    gather = gather_adapter_state if lora else gather_state
+    # One rank: the policy's own tensors, copied below all at once. Several: gathered into rank 0's host memory.
+    model_state, optimizer_state = gather(model, optimizer, offload=sharded())
     if not model_state:  # not rank 0
         return None
     live = storages([*model.state_dict().values(), *(t for s in optimizer.state.values() for t in s.values())])
+    copied = (host or HostCopies()).copy({"model": model_state, "optimizer": optimizer_state}, live)
     return CheckpointSnapshot(
         directory=Path(directory),
         step=step,
         meta_text=meta_text,
-        model_state=own_copy(model_state, live),
-        optimizer_state=own_copy(optimizer_state, live),
+        model_state=copied["model"],
+        optimizer_state=copied["optimizer"],
         rng=rng_state(),
         adapter_config=adapter_config(model, str(base_model or "")) if lora else None,
         base_model=None if base_model is None else str(base_model),
@@ -233,6 +239,7 @@ def save_checkpoint(
         keep=keep,
         kept_step=kept_step,
         base_model=base_model,
+        host=HostCopies(keep_bytes=0),  # once: no pinned buffers to keep
     )
     return checkpoint_path(directory, step) if snapshot is None else write_checkpoint(snapshot)
 

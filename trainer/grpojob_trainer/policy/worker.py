@@ -24,6 +24,7 @@ from grpojob_trainer.policy import memory
 from grpojob_trainer.policy.checkpoint_writer import CheckpointWriter, WrittenCheckpoint
 from grpojob_trainer.policy.compilation import compiles_layers, use_compile_cache
 from grpojob_trainer.policy.config import RankConfig
+from grpojob_trainer.policy.state import HostCopies
 
 if TYPE_CHECKING:
     from grpojob_trainer.policy.checkpoint import CheckpointRequest
@@ -95,6 +96,7 @@ class PolicyWorker:
         self._group: Any = None
         self._layouts: dict[int, list[Any]] = {}
         self.writer = CheckpointWriter()
+        self.checkpoint_host = HostCopies()
         """Rank 0's: writes the checkpoints while the policy trains on."""
 
     def rendezvous_address(self) -> tuple[str, int]:
@@ -308,6 +310,7 @@ class PolicyWorker:
             keep=request.keep,
             kept_step=request.kept_step,
             base_model=self.model_path,
+            host=self.checkpoint_host,  # free again: the write before has finished
         )
         written = self.writer.finished()
         if snapshot is not None:
