@@ -22,6 +22,34 @@ from pathlib import Path
 import pytest
 
 EXISTING_CLUSTER_ENV = "GRPOJOB_TEST_KUBECONFIG"
+RAY_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+@pytest.fixture(scope="module")
+def own_ray_token() -> Iterator[str]:
+    """A Ray token of the module's own, for the Ray clusters its tests start in this process (`ray.init`,
+    `ray.cluster_utils.Cluster`), as `grpojob run`'s local head has one; the process's Ray settings as they were
+    afterwards. Without it a cluster depends on what ran before: Ray turns token authentication on in the
+    process's environment for a local cluster and reads its token from ``~/.ray/auth_token`` or caches it, so a
+    later cluster's GCS could start in token mode with no token and stop at once."""
+    import secrets
+
+    from ray._private.authentication_test_utils import reset_auth_token_state
+
+    before = {name: os.environ.get(name) for name in RAY_AUTH_VARIABLES}
+    token = secrets.token_hex(32)
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    os.environ |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    reset_auth_token_state()
+    try:
+        yield token
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        reset_auth_token_state()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import signal
 import threading
 import time
@@ -33,18 +32,10 @@ class Worker:
 
 
 @pytest.fixture
-def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+def cluster(own_ray_token: str) -> Iterator:
     """A head (where the driver runs and the engine goes) and one worker node offering the `policy` resource."""
     import ray
-    from ray._private.authentication_test_utils import reset_auth_token_state
     from ray.cluster_utils import Cluster
-
-    # A token of its own, as `grpojob run`'s head has: an earlier `ray.init` in this process may have turned token
-    # authentication on in the environment (Ray does so for a local cluster) with its token in a file since gone.
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
-    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
-    reset_auth_token_state()
 
     cluster = Cluster(
         initialize_head=True,

@@ -19,7 +19,7 @@ FREE_WHILE_ASLEEP = 100 * 2**30
 
 
 @pytest.fixture(scope="module")
-def ray_journal() -> Iterator[Any]:
+def ray_journal(own_ray_token: str) -> Iterator[Any]:
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
