@@ -84,7 +84,8 @@ case $1 in
   install)
     set -e
     [ -d /tmp/site-packages/vllm ] || benchmarks/device/h200.sh install
-    python3 -m grpojob_testing.gpu_node merge /root/operator-site-packages
+    # The operator's wheels come with the node's parts (`node` unpacks them): install again after `node`.
+    [ ! -d /root/operator-site-packages ] || python3 -m grpojob_testing.gpu_node merge /root/operator-site-packages
     # The pods' root filesystem is read-only: their Python finds its bytecode compiled, or compiles every start.
     time python3 -m compileall -q -j 0 /tmp/site-packages >/dev/null || true
     df -h / ;;
