@@ -41,7 +41,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 kubectl() { "$(ls -d "$HOME"/.cache/grpojob/bin/kubernetes-*/kubectl | head -1)" --kubeconfig "$GRPOJOB_TEST_KUBECONFIG" "$@"; }
 save_logs() {
-  tar czf "$OUT/cluster-logs.tgz" -C "$HOME/.cache/grpojob/clusters/gpu" logs 2>/dev/null
+  # The cluster's programs' logs, and every container's on the node (kept after a pod ends, until it is deleted).
+  tar czf "$OUT/cluster-logs.tgz" -C "$HOME/.cache/grpojob/clusters/gpu" logs node/pod-logs 2>/dev/null
   kubectl get grpojobs,rayclusters,pods -A -o wide >"$OUT/objects.txt" 2>&1
   kubectl describe pods -A >"$OUT/pods.txt" 2>&1
 }

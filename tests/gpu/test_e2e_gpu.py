@@ -121,6 +121,25 @@ def why_it_is_stuck(kube: Kube, namespace: str, name: str) -> str:
     return f"pods:\n{pods}\nwarnings:\n{events[-3000:]}\nthe Ray head's dashboard agent:\n{agent[-3000:]}"
 
 
+def what_the_job_logged(kube: Kube, namespace: str, name: str) -> str:
+    """The ends of every trainer attempt's log and of the Ray workers' error logs (where an engine's or a policy
+    rank's own traceback goes), taken before the test's namespace, and the pods with it, are deleted."""
+    trainers = kube.run(
+        "logs", "-n", namespace, "-l", f"job-name={name}-trainer", "--tail=40", "--prefix", "--max-log-requests=10",
+        check=False,
+    )  # fmt: skip
+    workers = []
+    for pod in kube.run("get", "pods", "-n", namespace, "-l", f"ray.io/cluster={name}", "-o", "name").split():
+        errors = kube.run(
+            "exec", "-n", namespace, pod.removeprefix("pod/"), "--", "sh", "-c",
+            "cd /tmp/ray/session_latest/logs && grep -hE '(Error|Exception|Killed|OOM)' worker-*.err raylet.out "
+            "2>/dev/null | tail -n 30",
+            check=False,
+        )  # fmt: skip
+        workers.append(f"{pod}:\n{errors}")
+    return f"the trainer's attempts:\n{trainers[-6000:]}\nthe Ray pods' errors:\n" + "\n".join(workers)[-6000:]
+
+
 def watch(kube: Kube, namespace: str, name: str, group: str, timeout: float) -> Seen:
     """Poll the job to a terminal phase, recording its progress and, while it runs, the worker pod's view."""
     seen = Seen()
@@ -148,6 +167,7 @@ def watch(kube: Kube, namespace: str, name: str, group: str, timeout: float) -> 
             pytest.fail(
                 f"GRPOJob {namespace}/{name} still Initializing after {STARTUP_TIMEOUT_S}s\n"
                 + why_it_is_stuck(kube, namespace, name)
+                + what_the_job_logged(kube, namespace, name)
             )
         time.sleep(2)
     pytest.fail(f"GRPOJob {namespace}/{name} did not finish in {timeout:.0f}s: {seen}")
@@ -186,7 +206,8 @@ def run_job(kube: Kube, namespace: str, job: dict[str, Any], group: str, timeout
     print(
         f"nvidia-smi in the worker pod: {seen.gpu_from_pod.strip()}\nvLLM in the worker pod: {seen.engine_log.strip()}"
     )
-    assert status["phase"] == "Succeeded", json.dumps(status, indent=2)
+    if status["phase"] != "Succeeded":
+        pytest.fail(json.dumps(status, indent=2) + "\n" + what_the_job_logged(kube, namespace, name))
     return seen
 
 

@@ -19,6 +19,10 @@ class EnvironmentNotReady(RuntimeError):
     """An environment server did not come up: it exited during start-up, or did not answer in time."""
 
 
+class EngineStartFailed(RuntimeError):
+    """A generation engine did not start; the message says why in one line (`generation.engine_start`)."""
+
+
 class RayHeadLost(RuntimeError):
     """The Ray head this trainer joined stopped answering or was replaced: without GCS fault tolerance
     Ray keeps no state across a head restart, so the attempt ends (its retry resumes from a checkpoint)."""

@@ -36,6 +36,7 @@ from grpojob_trainer.generation.backend import (
     GenerationResult,
     SamplingParams,
 )
+from grpojob_trainer.generation.engine_start import EngineStartWatch
 
 WORKER_EXTENSION = "grpojob_trainer.generation.vllm_extension.WeightSyncExtension"
 T = TypeVar("T")
@@ -102,8 +103,13 @@ class VLLMBackend(ContinuousBatchingBackend):
             # halved throughput at 256 concurrent rollouts.
             return AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.LLM_CLASS)
 
-        self.async_llm = self._run(start())
-        """vLLM's own engine (`AsyncLLM`), which this backend, one of our generation engines, drives."""
+        watch = EngineStartWatch.now()
+        try:
+            self.async_llm = self._run(start())
+            """vLLM's own engine (`AsyncLLM`), which this backend, one of our generation engines, drives."""
+        except Exception as error:  # vLLM's says "see root cause above": the cause, in one line
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise watch.explain(error) from error
         self._tokenizer = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
         self._max_model_len = max_model_len
         self._weights_version = 0

@@ -1,0 +1,86 @@
+"""A generation engine that fails to start says why in one line (the job's status), not "see root cause
+above": the cause is read from the log the engine's own processes share with ours, or from the container's
+out-of-memory kills."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from grpojob_trainer.errors import EngineStartFailed
+from grpojob_trainer.generation.engine_start import EngineStartWatch, root_cause
+
+VLLM_FAILED = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+
+# What vLLM's engine process writes when it cannot start (its process tag and log prefix on every line).
+ENGINE_LOG = """\
+(EngineCore_DP0 pid=4242) INFO 12-07 16:12:31 [core.py:93] Initializing a V1 LLM engine (v0.26.0)
+(EngineCore_DP0 pid=4242) ERROR 12-07 16:12:40 [core.py:708] EngineCore failed to start.
+(EngineCore_DP0 pid=4242) ERROR 12-07 16:12:40 [core.py:708] Traceback (most recent call last):
+(EngineCore_DP0 pid=4242) ERROR 12-07 16:12:40 [core.py:708]   File "vllm/v1/engine/core.py", line 699, in run
+(EngineCore_DP0 pid=4242) ERROR 12-07 16:12:40 [core.py:708]     raise ValueError(msg)
+(EngineCore_DP0 pid=4242) ERROR 12-07 16:12:40 [core.py:708] ValueError: Free memory on device (20.1/79.1 GiB) \
+on startup is less than desired GPU memory utilization (0.35, 27.7 GiB).
+Traceback (most recent call last):
+  File "vllm/v1/engine/async_llm.py", line 140, in from_engine_args
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+
+def test_the_root_cause_is_the_engine_processs_last_exception_not_vllms_see_above():
+    assert root_cause(ENGINE_LOG) == (
+        "ValueError: Free memory on device (20.1/79.1 GiB) on startup is less than desired GPU memory "
+        "utilization (0.35, 27.7 GiB)."
+    )
+    assert root_cause("INFO starting\nRuntimeError: Engine core initialization failed. See root cause above.") is None
+
+
+def test_processes_killed_for_memory_while_the_engine_started_are_named_with_the_field_to_raise(tmp_path: Path):
+    events = tmp_path / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n")
+    watch = EngineStartWatch.now(oom_files=(events,))
+    events.write_text("low 0\nhigh 0\nmax 40\noom 3\noom_kill 3\n")
+    failed = watch.explain(VLLM_FAILED)
+    assert isinstance(failed, EngineStartFailed)
+    assert "killed 2 process(es) of its container for memory" in str(failed)
+    assert "spec.training.resources.memory" in str(failed) and "\n" not in str(failed)
+
+
+def test_without_a_log_or_a_memory_count_the_engines_own_error_is_kept(tmp_path: Path):
+    watch = EngineStartWatch(log=None, log_offset=0, oom_kills=None, oom_files=(tmp_path / "absent",))
+    assert str(watch.explain(VLLM_FAILED)) == (
+        "the vLLM engine did not start: RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}"
+    )
+
+
+def test_a_process_logging_to_a_file_as_a_ray_worker_does_reads_its_engine_processs_cause(tmp_path: Path):
+    # The engine's process inherits our stderr, a file (a Ray worker's log); an error logged before the start
+    # began is not this start's cause.
+    engine_log = tmp_path / "engine.log"
+    engine_log.write_text(ENGINE_LOG)
+    script = textwrap.dedent(
+        f"""
+        import subprocess, sys
+        from pathlib import Path
+        from grpojob_trainer.generation.engine_start import EngineStartWatch
+        print("ValueError: an older failure, before this engine", file=sys.stderr, flush=True)
+        watch = EngineStartWatch.now(oom_files=(Path({str(tmp_path / "none")!r}),))
+        engine = "import sys; sys.stderr.write(open(sys.argv[1]).read())"
+        subprocess.run([sys.executable, "-c", engine, {str(engine_log)!r}])
+        print(watch.explain(RuntimeError("Engine core initialization failed. See root cause above.")))
+        later = EngineStartWatch.now(oom_files=watch.oom_files)  # nothing logged since: no cause of its own
+        print(later.explain(RuntimeError("Engine core initialization failed. See root cause above.")))
+        """
+    )
+    log = tmp_path / "worker.err"
+    with log.open("w") as stderr:
+        done = subprocess.run([sys.executable, "-c", script], stderr=stderr, stdout=subprocess.PIPE, text=True)
+    assert done.returncode == 0, log.read_text()
+    assert done.stdout.splitlines() == [
+        "the vLLM engine did not start: ValueError: Free memory on device (20.1/79.1 GiB) on startup is less than "
+        "desired GPU memory utilization (0.35, 27.7 GiB).",
+        "the vLLM engine did not start: RuntimeError: Engine core initialization failed. See root cause above.",
+    ]
