@@ -46,7 +46,10 @@ class WorkerResources(ApiModel):
     Default: 4 per GPU, 2 for a CPU pod."""
     memory: Quantity | None = None
     """Memory the pod requests, which is also its limit (Ray sizes its object store from it). Default: 24Gi
-    per GPU, 8Gi for a CPU pod. A model loads through host memory: a 7B model's full fine-tune needs more."""
+    per GPU, 8Gi for a CPU pod. A model loads through host memory, and a full fine-tune's checkpoint copies its
+    parameters and AdamW moments there (12 bytes a parameter: about 18 GB for a 1.5B model) beside the engine's
+    and the policy's processes, so a full fine-tune of 1.5B parameters or more needs more (48Gi for 1.5B on one
+    GPU); a LoRA adapter's checkpoint is small."""
     shared_memory: Quantity | None = None
     """Size of the pod's /dev/shm (memory-backed, counted against `memory`), where Ray keeps its object
     store. Default: 8Gi per GPU, 3Gi for a CPU pod."""
