@@ -25,11 +25,13 @@
 #   logs                 the cluster's logs and the jobs' pods into $OUT (a failed step saves them too)
 #
 # Which calls, in order (carry = the folders each names):
-#   1. caps && part .gpuparts/node/p0     2. part .gpuparts/node/p1
-#   3. part .gpuparts/all/p0 .. 10. part .gpuparts/all/p7 (the base layers' import is not running yet: no hurry)
-#   11. part .gpuparts/node/p2 && part .gpuparts/all/p8 && node && install (carry both; about 80 s)
-#   12. up (waits for the base layers' import, about 3 minutes from `node`), then test -k 1_5b, bench, test -k 7b
-# On an H100 machine each part's call took about 5 s, `node` 45 s (the node Ready in 14 s) and `install` 34 s.
+#   1. caps; part .gpuparts/all/p0        2.-8. part .gpuparts/all/p1 .. p7
+#   9. part .gpuparts/all/p8 && install (&& FOLLOW=0 interval ... or another benchmark that needs no cluster)
+#   10. part .gpuparts/node/p0            11. part .gpuparts/node/p1
+#   12. part .gpuparts/node/p2 && node && install (the operator's wheels, which came with the node's parts)
+#   13. up (waits for the base layers' import, about 3 minutes from `node`), then test -k 1_5b, bench, test -k 7b
+# On an H100 machine each part's call took about 5 s, `install` 30-45 s, `node` 48 s (the node Ready in 14 s) and
+# `up` 310 s; a benchmark started at step 9 runs on the GPU while steps 10-13 set the cluster up.
 set -uo pipefail
 export PYTHONPATH=/tmp/site-packages:/root/operator-site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
 export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
