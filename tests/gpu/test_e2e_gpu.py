@@ -122,8 +122,9 @@ def why_it_is_stuck(kube: Kube, namespace: str, name: str) -> str:
 
 
 def what_the_job_logged(kube: Kube, namespace: str, name: str) -> str:
-    """The ends of every trainer attempt's log and of the Ray workers' error logs (where an engine's or a policy
-    rank's own traceback goes), taken before the test's namespace, and the pods with it, are deleted."""
+    """The end of the trainer's log (its latest attempt: the operator deletes an attempt's Job before the next, and
+    keeps each attempt's reason in the job's events) and the Ray pods' error lines (an engine's or a policy rank's
+    own traceback goes there), taken before the test's namespace, and the pods with it, are deleted."""
     trainers = kube.run(
         "logs", "-n", namespace, "-l", f"job-name={name}-trainer", "--tail=40", "--prefix", "--max-log-requests=10",
         check=False,
