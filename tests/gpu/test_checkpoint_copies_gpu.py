@@ -94,3 +94,33 @@ def test_a_lora_policys_checkpoint_on_the_gpu_holds_its_adapter_and_optimizer_as
     assert all(t.is_pinned() for t in snapshot.model_state.values())
     written = write_checkpoint(snapshot)
     assert (written / "adapter_model.safetensors").is_file() and (written / "optimizer.pt").is_file()
+
+
+def test_a_full_fine_tunes_state_that_would_not_fit_host_memory_is_written_from_the_gpu(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from grpojob_trainer.models.tiny import SHAPES, write_tiny_model
+    from grpojob_trainer.policy.checkpoint import load_checkpoint, snapshot_checkpoint, write_checkpoint
+
+    path = write_tiny_model(tmp_path / "model", SHAPES["small"])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loss = sum((p.float() ** 2).sum() for p in model.parameters())
+    loss.backward()
+    optimizer.step()
+
+    snapshot = snapshot_checkpoint(
+        tmp_path / "checkpoints", step=1, model=model, optimizer=optimizer, data_position={}, config={},
+        host=HostCopies(available=lambda: 0),
+    )  # fmt: skip
+    assert snapshot is not None and snapshot.live
+    assert all(t.device.type == "cuda" for t in snapshot.model_state.values()), "no copy in host memory"
+    written = write_checkpoint(snapshot)
+
+    resumed = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    resumed_optimizer = torch.optim.AdamW(resumed.parameters(), lr=1e-2)
+    load_checkpoint(written, model=resumed, optimizer=resumed_optimizer, restore_rng=False)
+    for (name, trained), loaded in zip(model.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(trained.cpu(), loaded), name
+    moments = [s["exp_avg_sq"] for s in resumed_optimizer.state.values()]
+    assert moments and all(m.device.type == "cpu" and m.abs().sum() > 0 for m in moments)

@@ -226,8 +226,8 @@ def test_a_colocated_full_fine_tune_of_the_1_5b_shape_succeeds_on_the_gpu(kube: 
     steps = 16
     host_dir = data_claim(kube, namespace, "qwen2.5-1.5b", rows=32 * (steps + 2))
     try:
-        # The checkpoint copies the fp32 parameters and AdamW moments to host memory (18 GB for 1.5B) beside the
-        # engine's and the policy's processes: more than the default 24Gi a GPU holds (spec.training.resources).
+        # Room for the checkpoint's copy of the fp32 parameters and AdamW moments (18 GB for 1.5B) beside the engine
+        # and the policy, which the default 24Gi a GPU has not (its checkpoint would be written from the GPU).
         job = grpo_job("full-1-5b", steps=steps, learning_rate=5e-5, placement="colocated", memory="48Gi")
         seen = run_job(kube, namespace, job, group="colocated", timeout=1500)
         assert seen.worker_groups == ["colocated"], "one group: each GPU holds an engine and a policy rank"

@@ -46,10 +46,11 @@ class WorkerResources(ApiModel):
     Default: 4 per GPU, 2 for a CPU pod."""
     memory: Quantity | None = None
     """Memory the pod requests, which is also its limit (Ray sizes its object store from it). Default: 24Gi
-    per GPU, 8Gi for a CPU pod. A model loads through host memory, and a full fine-tune's checkpoint copies its
-    parameters and AdamW moments there (12 bytes a parameter: about 18 GB for a 1.5B model) beside the engine's
-    and the policy's processes, so a full fine-tune of 1.5B parameters or more needs more (48Gi for 1.5B on one
-    GPU); a LoRA adapter's checkpoint is small."""
+    per GPU, 8Gi for a CPU pod. A model loads through host memory: a 7B model's full fine-tune needs more. A
+    checkpoint copies the policy's state into host memory and is written while training goes on; a full
+    fine-tune's state (its parameters and AdamW moments, 12 bytes a parameter: about 18 GB for a 1.5B model) that
+    would not fit beside the pod's processes is written from the GPU tensor by tensor instead, and its step waits
+    for the write: give such a pod that much more (48Gi for 1.5B on one GPU) to keep checkpoints off the steps."""
     shared_memory: Quantity | None = None
     """Size of the pod's /dev/shm (memory-backed, counted against `memory`), where Ray keeps its object
     store. Default: 8Gi per GPU, 3Gi for a CPU pod."""

@@ -57,6 +57,7 @@ from grpojob_trainer.policy.state import (
     sharded,
     storages,
 )
+from grpojob_trainer.policy.tensor_file import write_safetensors
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -103,7 +104,8 @@ class CheckpointRequest:
 @dataclass
 class CheckpointSnapshot:
     """Everything a checkpoint of one step holds, in host memory of its own (no tensor shares memory with the
-    policy, which trains on meanwhile): what `write_checkpoint` writes."""
+    policy, which trains on meanwhile), or with ``live`` the policy's own tensors: what `write_checkpoint`
+    writes."""
 
     directory: Path
     step: int
@@ -118,6 +120,9 @@ class CheckpointSnapshot:
     base_model: str | None
     keep: int | None = None
     kept_step: int | None = None
+    live: bool = False
+    """The tensors are the policy's own, not copies (a copy would not fit the host memory left): the checkpoint
+    must be written before the policy trains on."""
 
     @property
     def path(self) -> Path:
@@ -141,7 +146,9 @@ def snapshot_checkpoint(
     memory of its own, with the random-number generators' states as they are now; the training may go on once it
     returns. A collective on a sharded model: every rank calls it, rank 0 gets the snapshot and the others None.
     ``data_position`` and ``config`` must be JSON-serialisable. ``host``: the host memory to copy into, kept from
-    one checkpoint to the next (the snapshot's tensors are valid until its next copy)."""
+    one checkpoint to the next (the snapshot's tensors are valid until its next copy). Where a copy would not fit
+    the host memory left (`HostCopies.fits`), the snapshot holds the policy's own tensors (``live``) and its
+    write copies them one at a time."""
     lora = is_lora(model)
     model_config = model.config.to_dict() if hasattr(model, "config") and hasattr(model.config, "to_dict") else None
     meta = {
@@ -158,7 +165,12 @@ def snapshot_checkpoint(
     if not model_state:  # not rank 0
         return None
     live = storages([*model.state_dict().values(), *(t for s in optimizer.state.values() for t in s.values())])
-    copied = (host or HostCopies()).copy({"model": model_state, "optimizer": optimizer_state}, live)
+    host = host or HostCopies()
+    states = {"model": model_state, "optimizer": optimizer_state}
+    streamed = not host.fits(states, live)
+    if streamed:
+        host.release()
+    copied = states if streamed else host.copy(states, live)
     return CheckpointSnapshot(
         directory=Path(directory),
         step=step,
@@ -170,6 +182,7 @@ def snapshot_checkpoint(
         base_model=None if base_model is None else str(base_model),
         keep=keep,
         kept_step=kept_step,
+        live=streamed,
     )
 
 
@@ -185,8 +198,8 @@ def write_checkpoint(snapshot: CheckpointSnapshot) -> Path:
         if snapshot.adapter_config is not None:
             write_adapter_files(temp, snapshot.model_state, snapshot.adapter_config)
         else:
-            safetensors.torch.save_file(snapshot.model_state, str(temp / MODEL), metadata={"format": "pt"})
-        torch.save(snapshot.optimizer_state, temp / OPTIMIZER)
+            write_safetensors(temp / MODEL, snapshot.model_state, metadata={"format": "pt"})
+        torch.save(snapshot.optimizer_state, temp / OPTIMIZER)  # one storage at a time, off any device
         torch.save(snapshot.rng, temp / RNG)
         if snapshot.base_model is not None and snapshot.adapter_config is None:
             copy_model_files(snapshot.base_model, temp, "float32")

@@ -9,6 +9,8 @@ it, rank 0 gets the full state and the others empty dicts.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,9 @@ from grpojob_trainer.policy.lora import adapter_weights
 KEPT_HOST_BYTES = 4 << 30
 """`HostCopies` keeps pinned buffers for a state on the GPU of at most this many bytes (4 GiB: a 7B model's LoRA
 adapter of rank 64 with its AdamW moments is about 1.9 GB)."""
+HOST_COPY_SHARE = 0.8
+"""`HostCopies.fits`: the share of the host memory still available that a checkpoint's copies may take (the rest
+for what the pod's other processes allocate meanwhile)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -183,6 +188,30 @@ def storages(tensors: list[torch.Tensor]) -> set[int]:
     return found
 
 
+def available_host_bytes() -> int | None:
+    """Host memory this process may still allocate: the least of what its memory cgroup (the container's limit
+    less its usage, cgroup v2 or v1) and the machine (``MemAvailable``) have left; None where neither says."""
+    found = []
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            limit, usage = (Path(name).read_text().strip() for name in (limit_file, usage_file))
+            if limit != "max" and int(limit) < 1 << 60:  # cgroup v1 writes "no limit" as about 2^63
+                found.append(int(limit) - int(usage))
+                break
+        except (OSError, ValueError):
+            continue
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(0, min(found)) if found else None
+
+
 class HostCopies:
     """Copies of a policy's state in host memory the copies own, for a checkpoint to write while the policy trains
     on (`grpojob_trainer.policy.checkpoint.snapshot_checkpoint`).
@@ -197,9 +226,32 @@ class HostCopies:
     with the policy (``live``: `storages`) is cloned; one that does not (gathered out of shards) is taken as is.
     """
 
-    def __init__(self, keep_bytes: int = KEPT_HOST_BYTES) -> None:
+    def __init__(
+        self, keep_bytes: int = KEPT_HOST_BYTES, available: Callable[[], int | None] = available_host_bytes
+    ) -> None:
         self.keep_bytes = keep_bytes
+        self.available = available
+        """Host memory still free to allocate (`available_host_bytes`), asked by `fits`."""
         self._buffers: dict[str, torch.Tensor] = {}
+
+    def fits(self, states: dict[str, Any], live: set[int]) -> bool:
+        """Whether copying ``states`` (as `copy` would) takes at most `HOST_COPY_SHARE` of the host memory still
+        available, counting the buffers kept from the last copy as free. A state that does not fit (a full
+        fine-tune's in a pod sized for the model, not for a second copy of its optimizer) is written from the
+        policy's own tensors instead (`grpojob_trainer.policy.checkpoint.snapshot_checkpoint`)."""
+        tensors = _tensors(states)
+        needed = sum(
+            t.numel() * t.element_size()
+            for t in tensors
+            if t.device.type != "cpu" or t.untyped_storage().data_ptr() in live
+        )
+        needed -= sum(b.numel() * b.element_size() for b in self._buffers.values())
+        available = self.available()
+        return needed <= 0 or available is None or needed <= HOST_COPY_SHARE * available
+
+    def release(self) -> None:
+        """Drop the buffers kept from the last copy (their memory goes back once no snapshot holds them)."""
+        self._buffers.clear()
 
     def copy(self, states: dict[str, Any], live: set[int]) -> dict[str, Any]:
         """``states`` (named trees of dicts, lists and tuples of tensors) copied into host memory of their own."""

@@ -294,7 +294,8 @@ class PolicyWorker:
         host memory of its own and writes the checkpoint ``request`` asks for on its writer's thread, which then
         keeps the newest ``request.keep`` and that of ``request.kept_step``. Returns once the state is copied,
         before the write (`checkpoints_written` says when it is on disk), with the writes finished since the last
-        report (rank 0's); raises the error of one that failed."""
+        report (rank 0's); raises the error of one that failed. A state whose copy would not fit the host memory
+        left is written from the policy's own tensors, and this returns once it is written."""
         from grpojob_trainer.policy.checkpoint import snapshot_checkpoint
 
         # One snapshot in host memory at a time. The gather below is a collective: a failed write before this
@@ -315,6 +316,8 @@ class PolicyWorker:
         written = self.writer.finished()
         if snapshot is not None:
             self.writer.start(snapshot)
+            if snapshot.live:  # the policy's own tensors: written before it trains on
+                self.writer.wait()
         return written
 
     def checkpoints_written(self, wait: bool = False) -> list[WrittenCheckpoint]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 
 from grpojob_api.v1alpha1 import AdvantageSpec, OptimizerSpec
@@ -25,6 +26,7 @@ from grpojob_trainer.policy.checkpoint import (
     write_checkpoint,
 )
 from grpojob_trainer.policy.learner import PolicyLearner
+from grpojob_trainer.policy.state import HostCopies, available_host_bytes
 
 from .models import tiny_causal_lm
 
@@ -166,3 +168,59 @@ def test_a_snapshot_stays_as_it_was_saved_while_the_policy_trains_on(tmp_path: P
     resumed = new_trainer()
     info = load_checkpoint(write_checkpoint(snapshot), model=resumed.model, optimizer=resumed.optimizer)
     assert info.step == 1 and info.data_position == {"row": 2}
+
+
+def test_a_state_whose_copy_would_not_fit_the_host_memory_left_is_written_from_the_policy_itself(tmp_path: Path):
+    # A full fine-tune's state in a pod sized for the model: no second copy in host memory, the same checkpoint.
+    seed_everything(1)
+    policy = new_trainer()
+    train(policy, 2)
+    snapshots = {
+        name: snapshot_checkpoint(
+            tmp_path / name,
+            step=2,
+            model=policy.model,
+            optimizer=policy.optimizer,
+            data_position={"row": 4},
+            config=CONFIG,
+            host=HostCopies(available=available),
+        )
+        for name, available in (("copied", lambda: 1 << 40), ("streamed", lambda: 0))
+    }
+    copied, streamed = snapshots["copied"], snapshots["streamed"]
+    assert copied is not None and streamed is not None and not copied.live and streamed.live
+    policy_storages = {t.untyped_storage().data_ptr() for t in policy.model.state_dict().values()}
+    assert all(t.untyped_storage().data_ptr() in policy_storages for t in streamed.model_state.values())
+    assert not any(t.untyped_storage().data_ptr() in policy_storages for t in copied.model_state.values())
+
+    written = {name: write_checkpoint(snapshot) for name, snapshot in snapshots.items()}
+    models = {name: safetensors.torch.load_file(str(path / "model.safetensors")) for name, path in written.items()}
+    assert models["copied"].keys() == models["streamed"].keys()
+    assert all(torch.equal(models["copied"][key], models["streamed"][key]) for key in models["copied"])
+    resumed = {name: new_trainer() for name in written}
+    for name, path in written.items():
+        load_checkpoint(path, model=resumed[name].model, optimizer=resumed[name].optimizer, restore_rng=False)
+    seed_everything(3)
+    train(resumed["copied"], 1)
+    seed_everything(3)
+    train(resumed["streamed"], 1)  # the optimizer's moments came back alike too
+    for (name, a), b in zip(
+        resumed["copied"].model.named_parameters(), resumed["streamed"].model.parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+def test_copies_count_against_the_host_memory_left_less_the_buffers_they_reuse():
+    live_cpu = torch.zeros(100, dtype=torch.float32)  # 400 bytes of the policy's own, cloned by a copy
+    states = {"model": {"w": live_cpu}}
+    live = {live_cpu.untyped_storage().data_ptr()}
+    assert HostCopies(available=lambda: 1000).fits(states, live)
+    assert not HostCopies(available=lambda: 400).fits(states, live)  # 400 > 0.8 x 400
+    assert HostCopies(available=lambda: None).fits(states, live)  # nothing says: copy, as before
+    assert HostCopies(available=lambda: 0).fits(states, set())  # a gathered tensor is taken as is, not copied
+
+
+def test_the_host_memory_left_is_read_from_this_machine():
+    left = available_host_bytes()
+    total = int(next(line for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line).split()[1])
+    assert left is not None and 0 < left <= total * 1024
