@@ -133,8 +133,8 @@ def what_the_job_logged(kube: Kube, namespace: str, name: str) -> str:
     for pod in kube.run("get", "pods", "-n", namespace, "-l", f"ray.io/cluster={name}", "-o", "name").split():
         errors = kube.run(
             "exec", "-n", namespace, pod.removeprefix("pod/"), "--", "sh", "-c",
-            "cd /tmp/ray/session_latest/logs && grep -hE '(Error|Exception|Killed|OOM)' worker-*.err raylet.out "
-            "2>/dev/null | tail -n 30",
+            "cd /tmp/ray/session_latest/logs && grep -hE '(Error|Exception|Killed|OOM)' "
+            "worker-*.err worker-*.out raylet.out 2>/dev/null | tail -n 30",
             check=False,
         )  # fmt: skip
         workers.append(f"{pod}:\n{errors}")

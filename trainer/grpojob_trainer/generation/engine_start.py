@@ -1,12 +1,13 @@
 """Why a generation engine did not start, in one line a job's status can carry.
 
-vLLM reports a failed start as ``Engine core initialization failed. See root cause above``: the cause is in
-its engine process's log, on the stderr it shares with the process that started it. In a Ray worker that
-stderr is a log file in the worker's pod, so neither the trainer's log nor the job's status would say
-why. `EngineStartWatch` notes where that log and the container's out-of-memory kills stood before the
-start; `EngineStartWatch.explain` reads what came after: the last exception the engine logged, or that
-the kernel killed a process of the container for memory (as an engine's compile workers can be, in a pod
-whose memory limit holds the engine and the policy together).
+vLLM reports a failed start in its engine process as ``Engine core initialization failed. See root cause
+above``: the cause is in that process's log, on the stdout and stderr it shares with the process that started
+it. In a Ray worker those are log files in the worker's pod, so neither the trainer's log nor the job's status
+would say why. `EngineStartWatch` notes where those logs and the container's out-of-memory kills stood before
+the start; `EngineStartWatch.explain` reads what came after: the last exception the engine logged, and whether
+the kernel killed a process of the container for memory meanwhile (as an engine's compile workers can be, in a
+pod whose memory limit holds the engine and the policy together). An error that already says why (one raised
+in this process, such as vLLM refusing a configuration) is left as it is.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ LOG_PREFIX = re.compile(
     r"^(?:\([^)]*\)\s+)?"  # vLLM's process tag, "(EngineCore_DP0 pid=123) "
     r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s?)?"  # "ERROR 12-07 16:12:40 [core.py:7] "
 )
-EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit)(?::\s.*)?$")
-VLLM_WRAPPER = "Engine core initialization failed"
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Exit)(?:\([\w.]*\))?(?::\s.*)?$")
+WRAPPERS = ("Engine core initialization failed", "WorkerProc initialization failed", "See stack trace for root cause")
+"""vLLM's own words for "the cause is in the log": the errors `explain` looks behind, and lines it skips there."""
 LOG_TAIL_BYTES = 256 * 1024
 OOM_EVENT_FILES = (
     Path("/sys/fs/cgroup/memory.events"),  # cgroup v2: the container's own, under a cgroup namespace
@@ -36,7 +38,7 @@ def root_cause(log: str) -> str | None:
     own "see root cause above", or None."""
     for line in reversed(log.splitlines()):
         text = LOG_PREFIX.sub("", line.strip()).strip()
-        if EXCEPTION_LINE.match(text) and VLLM_WRAPPER not in text:
+        if EXCEPTION_LINE.match(text) and not any(wrapper in text for wrapper in WRAPPERS):
             return text
     return None
 
@@ -55,55 +57,68 @@ def oom_kills(files: tuple[Path, ...] = OOM_EVENT_FILES) -> int | None:
     return None
 
 
-def stderr_log() -> Path | None:
-    """The regular file this process's stderr writes to (a Ray worker's log, a redirected run), or None
-    (a terminal or a pipe, whose reader sees the engine's log already)."""
-    try:
-        target = Path(os.readlink("/proc/self/fd/2"))
-    except OSError:
-        return None
-    return target if target.is_file() else None
+def output_logs() -> list[Path]:
+    """The regular files this process's stdout and stderr write to (a Ray worker's logs, a redirected run; vLLM
+    logs to stdout, Python's tracebacks go to stderr), not a terminal or a pipe, whose reader sees them already."""
+    found = []
+    for descriptor in (1, 2):
+        try:
+            target = Path(os.readlink(f"/proc/self/fd/{descriptor}"))
+        except OSError:
+            continue
+        if target.is_file() and target not in found:
+            found.append(target)
+    return found
 
 
 @dataclass
 class EngineStartWatch:
-    """Where the stderr log and the out-of-memory kills stood when an engine began to start."""
+    """Where the output logs and the out-of-memory kills stood when an engine began to start."""
 
-    log: Path | None
-    log_offset: int
+    log_offsets: dict[Path, int]
     oom_kills: int | None
     oom_files: tuple[Path, ...] = OOM_EVENT_FILES
 
     @classmethod
     def now(cls, oom_files: tuple[Path, ...] = OOM_EVENT_FILES) -> EngineStartWatch:
-        log = stderr_log()
-        offset = log.stat().st_size if log is not None else 0
-        return cls(log=log, log_offset=offset, oom_kills=oom_kills(oom_files), oom_files=oom_files)
+        offsets = {}
+        for log in output_logs():
+            try:
+                offsets[log] = log.stat().st_size
+            except OSError:
+                continue
+        return cls(log_offsets=offsets, oom_kills=oom_kills(oom_files), oom_files=oom_files)
 
     def logged_since(self) -> str:
-        """What the stderr log gained since the start began (its last ``LOG_TAIL_BYTES``)."""
-        if self.log is None:
-            return ""
-        try:
-            with self.log.open("rb") as file:
-                size = file.seek(0, os.SEEK_END)
-                file.seek(max(self.log_offset, size - LOG_TAIL_BYTES))
-                return file.read().decode(errors="replace")
-        except OSError:
-            return ""
+        """What the output logs gained since the start began (the last ``LOG_TAIL_BYTES`` of each)."""
+        text = []
+        for log, offset in self.log_offsets.items():
+            try:
+                with log.open("rb") as file:
+                    size = file.seek(0, os.SEEK_END)
+                    file.seek(max(offset, size - LOG_TAIL_BYTES))
+                    text.append(file.read().decode(errors="replace"))
+            except OSError:
+                continue
+        return "\n".join(text)
 
-    def explain(self, error: BaseException, engine: str = "vLLM") -> EngineStartFailed:
-        """``error`` (the engine's own) as one line that says why: memory when the container lost processes
-        to the kernel's out-of-memory killer meanwhile, else the last exception the engine logged."""
-        kills = oom_kills(self.oom_files)
+    def explain(self, error: BaseException, engine: str = "vLLM") -> BaseException:
+        """``error`` as one line that says why, when it is the engine's "see the log" (`WRAPPERS`): the last
+        exception the engine logged, and processes of the container the kernel killed for memory meanwhile
+        (with the field to raise); any other error as it is."""
         said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if not any(wrapper in said for wrapper in WRAPPERS):
+            return error
+        found = []
+        kills = oom_kills(self.oom_files)
         if kills is not None and self.oom_kills is not None and kills > self.oom_kills:
-            return EngineStartFailed(
-                f"the {engine} engine did not start: the kernel killed {kills - self.oom_kills} process(es) of its "
-                f"container for memory meanwhile; give the pod more memory (spec.training.resources.memory, or "
-                f"spec.generation.resources.memory where engines have pods of their own) ({engine}: {said})"
+            found.append(
+                f"the kernel killed {kills - self.oom_kills} process(es) of its container for memory meanwhile; give "
+                f"the pod more memory (spec.training.resources.memory, or spec.generation.resources.memory where "
+                f"engines have pods of their own)"
             )
         cause = root_cause(self.logged_since())
         if cause is not None:
-            return EngineStartFailed(f"the {engine} engine did not start: {cause}")
-        return EngineStartFailed(f"the {engine} engine did not start: {type(error).__name__}: {said}")
+            found.append(cause)
+        text = "; ".join(found) or f"{type(error).__name__}: {said}"
+        return EngineStartFailed(f"the {engine} engine did not start: {text}")

@@ -109,7 +109,11 @@ class VLLMBackend(ContinuousBatchingBackend):
             """vLLM's own engine (`AsyncLLM`), which this backend, one of our generation engines, drives."""
         except Exception as error:  # vLLM's says "see root cause above": the cause, in one line
             self._loop.call_soon_threadsafe(self._loop.stop)
-            raise watch.explain(error) from error
+            self._thread.join(timeout=5)
+            explained = watch.explain(error)
+            if explained is error:
+                raise
+            raise explained from error
         self._tokenizer = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
         self._max_model_len = max_model_len
         self._weights_version = 0

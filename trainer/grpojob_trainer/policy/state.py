@@ -190,17 +190,21 @@ def storages(tensors: list[torch.Tensor]) -> set[int]:
 
 def available_host_bytes() -> int | None:
     """Host memory this process may still allocate: the least of what its memory cgroup (the container's limit
-    less its usage, cgroup v2 or v1) and the machine (``MemAvailable``) have left; None where neither says."""
+    less its working set, cgroup v2 or v1) and the machine (``MemAvailable``) have left; None where neither says.
+    The working set, as the kubelet counts it, leaves out the file cache the kernel can reclaim (a checkpoint
+    just written, the model's files just read)."""
     found = []
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    for root, limit_name, usage_name, cache_name in (
+        ("/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
     ):
         try:
-            limit, usage = (Path(name).read_text().strip() for name in (limit_file, usage_file))
-            if limit != "max" and int(limit) < 1 << 60:  # cgroup v1 writes "no limit" as about 2^63
-                found.append(int(limit) - int(usage))
-                break
+            limit, usage = (Path(root, name).read_text().strip() for name in (limit_name, usage_name))
+            if limit == "max" or int(limit) >= 1 << 60:  # cgroup v1 writes "no limit" as about 2^63
+                continue
+            stat = dict(line.split() for line in Path(root, "memory.stat").read_text().splitlines())
+            found.append(int(limit) - int(usage) + int(stat.get(cache_name, 0)))
+            break
         except (OSError, ValueError):
             continue
     try:
@@ -240,17 +244,20 @@ class HostCopies:
         fine-tune's in a pod sized for the model, not for a second copy of its optimizer) is written from the
         policy's own tensors instead (`grpojob_trainer.policy.checkpoint.snapshot_checkpoint`)."""
         tensors = _tensors(states)
-        needed = sum(
+        on_device = sum(t.numel() * t.element_size() for t in tensors if t.device.type != "cpu")
+        needed = on_device + sum(
             t.numel() * t.element_size()
             for t in tensors
-            if t.device.type != "cpu" or t.untyped_storage().data_ptr() in live
+            if t.device.type == "cpu" and t.untyped_storage().data_ptr() in live
         )
-        needed -= sum(b.numel() * b.element_size() for b in self._buffers.values())
+        if on_device <= self.keep_bytes:  # `copy` reuses the kept buffers
+            needed -= sum(b.numel() * b.element_size() for b in self._buffers.values())
         available = self.available()
         return needed <= 0 or available is None or needed <= HOST_COPY_SHARE * available
 
     def release(self) -> None:
-        """Drop the buffers kept from the last copy (their memory goes back once no snapshot holds them)."""
+        """Drop the buffers kept from the last copy (PyTorch's pinned-memory cache may keep their blocks for the
+        next pinned allocation)."""
         self._buffers.clear()
 
     def copy(self, states: dict[str, Any], live: set[int]) -> dict[str, Any]:

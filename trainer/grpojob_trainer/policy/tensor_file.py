@@ -30,14 +30,26 @@ DTYPES = {
     torch.bool: "BOOL",
     torch.float8_e4m3fn: "F8_E4M3",
     torch.float8_e5m2: "F8_E5M2",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
 }
 
 
+def file_order(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """The names in the order the format's own writer lays tensors out: wider elements first, then by name, so
+    that every tensor starts aligned to its element size."""
+    return sorted(tensors, key=lambda name: (-tensors[name].element_size(), name))
+
+
 def safetensors_header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
-    """The header of a file holding ``tensors`` in their order: its length, then its JSON padded to 8 bytes."""
+    """The header of a file holding ``tensors`` in `file_order`: its length, then its JSON padded to 8 bytes."""
+    if metadata and not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError(f"safetensors metadata holds strings only: {dict(metadata)}")
     entries: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
-    for name, tensor in tensors.items():
+    for name in file_order(tensors):
+        tensor = tensors[name]
         if tensor.dtype not in DTYPES:
             raise ValueError(f"{name}: safetensors holds no {tensor.dtype}")
         size = tensor.numel() * tensor.element_size()
@@ -57,9 +69,11 @@ def write_safetensors(
 ) -> None:
     """Write ``tensors`` (on any device) to ``path`` as safetensors, copying one tensor at a time to the host:
     the host holds at most the largest tensor beside what it held already."""
+    header = safetensors_header(tensors, metadata)  # what it refuses, it refuses before the file exists
     with open(path, "wb") as file:
-        file.write(safetensors_header(tensors, metadata))
-        for tensor in tensors.values():
+        file.write(header)
+        for name in file_order(tensors):
+            tensor = tensors[name].detach()
             if tensor.numel():
-                host = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-                file.write(host.numpy().data)
+                host = (tensor if tensor.is_contiguous() else tensor.contiguous()).to("cpu")
+                file.write(host.reshape(-1).view(torch.uint8).numpy().data)

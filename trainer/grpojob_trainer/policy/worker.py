@@ -316,8 +316,8 @@ class PolicyWorker:
         written = self.writer.finished()
         if snapshot is not None:
             self.writer.start(snapshot)
-            if snapshot.live:  # the policy's own tensors: written before it trains on
-                self.writer.wait()
+            if snapshot.live:  # the policy's own tensors: written (or failed) before it trains on
+                written += self.writer.finished(wait=True)
         return written
 
     def checkpoints_written(self, wait: bool = False) -> list[WrittenCheckpoint]:

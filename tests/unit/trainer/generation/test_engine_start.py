@@ -49,11 +49,34 @@ def test_processes_killed_for_memory_while_the_engine_started_are_named_with_the
 
 
 def test_without_a_log_or_a_memory_count_the_engines_own_error_is_kept(tmp_path: Path):
-    watch = EngineStartWatch(log=None, log_offset=0, oom_kills=None, oom_files=(tmp_path / "absent",))
+    watch = EngineStartWatch(log_offsets={}, oom_kills=None, oom_files=(tmp_path / "absent",))
     assert str(watch.explain(VLLM_FAILED)) == (
         "the vLLM engine did not start: RuntimeError: Engine core initialization failed. See root cause above. "
         "Failed core proc(s): {}"
     )
+
+
+def test_an_error_that_says_why_itself_is_left_as_it_is(tmp_path: Path):
+    # vLLM refusing a configuration in this process (the LoRA fallback looks for these), whatever the log holds.
+    log = tmp_path / "worker.err"
+    watch = EngineStartWatch(log_offsets={log: 0}, oom_kills=None, oom_files=())
+    log.write_text("ModuleNotFoundError: No module named 'flash_attn'\n")
+    refused = ValueError("LoRA is not supported for this model")
+    assert watch.explain(refused) is refused
+
+
+def test_vllms_log_on_stdout_and_a_memory_kill_are_both_named(tmp_path: Path):
+    # vLLM logs to stdout; a process killed for memory and the exception the engine logged go into one line.
+    out, events = tmp_path / "worker.out", tmp_path / "memory.events"
+    out.write_text("INFO an earlier engine\nValueError: an earlier failure\n")
+    events.write_text("oom_kill 0\n")
+    watch = EngineStartWatch(log_offsets={out: out.stat().st_size}, oom_kills=0, oom_files=(events,))
+    with out.open("a") as file:
+        file.write("(EngineCore_DP0 pid=7) ERROR 12-07 16:12:40 [core.py:708] Exception: compile worker died\n")
+    events.write_text("oom_kill 1\n")
+    failed = str(watch.explain(RuntimeError("Engine core initialization failed. See root cause above.")))
+    assert failed.startswith("the vLLM engine did not start: the kernel killed 1 process(es) of its container")
+    assert failed.endswith("; Exception: compile worker died")
 
 
 def test_a_process_logging_to_a_file_as_a_ray_worker_does_reads_its_engine_processs_cause(tmp_path: Path):

@@ -3,6 +3,7 @@ went in: every dtype a checkpoint holds, scalars, empty and non-contiguous tenso
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,8 @@ def test_what_is_written_tensor_by_tensor_reads_back_through_safetensors(tmp_pat
         "empty": torch.empty(0, 4),
         "transposed": torch.randn(4, 3, generator=generator).t(),
         "bytes": torch.arange(5, dtype=torch.uint8),
+        "counts": torch.tensor([1, 2, 60000]).to(torch.uint16),
+        "odd_bf16": torch.ones(3, dtype=torch.bfloat16),  # 6 bytes: what follows it must still start aligned
     }
     path = tmp_path / "model.safetensors"
     write_safetensors(path, tensors, metadata={"format": "pt"})
@@ -36,7 +39,16 @@ def test_what_is_written_tensor_by_tensor_reads_back_through_safetensors(tmp_pat
         assert torch.equal(read[name], tensor), name
     with safetensors.safe_open(str(path), framework="pt") as opened:
         assert opened.metadata() == {"format": "pt"}
-    assert int.from_bytes(path.read_bytes()[:8], "little") % 8 == 0  # the data starts 8-byte aligned
+    header_size = int.from_bytes(path.read_bytes()[:8], "little")
+    assert (8 + header_size) % 8 == 0  # the data starts 8-byte aligned, and so does each tensor in its own element
+    header = json.loads(path.read_bytes()[8 : 8 + header_size])
+    assert all(header[name]["data_offsets"][0] % tensor.element_size() == 0 for name, tensor in tensors.items())
+
+
+def test_metadata_that_safetensors_would_not_read_back_is_refused_before_writing(tmp_path: Path):
+    with pytest.raises(ValueError, match="metadata holds strings only"):
+        write_safetensors(tmp_path / "x.safetensors", {"w": torch.zeros(2)}, metadata={"step": 3})  # type: ignore[dict-item]
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 def test_a_dtype_safetensors_cannot_hold_is_refused_by_name(tmp_path: Path):
