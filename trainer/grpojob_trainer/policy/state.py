@@ -244,14 +244,12 @@ class HostCopies:
         fine-tune's in a pod sized for the model, not for a second copy of its optimizer) is written from the
         policy's own tensors instead (`grpojob_trainer.policy.checkpoint.snapshot_checkpoint`)."""
         tensors = _tensors(states)
-        on_device = sum(t.numel() * t.element_size() for t in tensors if t.device.type != "cpu")
-        needed = on_device + sum(
-            t.numel() * t.element_size()
-            for t in tensors
-            if t.device.type == "cpu" and t.untyped_storage().data_ptr() in live
+        on_device = [t for t in tensors if t.device.type != "cpu"]
+        needed = _bytes(on_device) + _bytes(
+            [t for t in tensors if t.device.type == "cpu" and t.untyped_storage().data_ptr() in live]
         )
-        if on_device <= self.keep_bytes:  # `copy` reuses the kept buffers
-            needed -= sum(b.numel() * b.element_size() for b in self._buffers.values())
+        if self._reuses(on_device):
+            needed -= _bytes(list(self._buffers.values()))
         available = self.available()
         return needed <= 0 or available is None or needed <= HOST_COPY_SHARE * available
 
@@ -263,15 +261,17 @@ class HostCopies:
     def copy(self, states: dict[str, Any], live: set[int]) -> dict[str, Any]:
         """``states`` (named trees of dicts, lists and tuples of tensors) copied into host memory of their own."""
         on_device = [t for t in _tensors(states) if t.device.type != "cpu"]
-        keep = sum(t.numel() * t.element_size() for t in on_device) <= self.keep_bytes and all(
-            t.device.type == "cuda" for t in on_device
-        )
+        keep = self._reuses(on_device)
         if not keep:
             self._buffers.clear()
         copied = {name: self._copy(state, name, live, keep) for name, state in states.items()}
         if on_device and keep:
             torch.cuda.synchronize()  # the copies were queued without waiting
         return copied
+
+    def _reuses(self, on_device: list[torch.Tensor]) -> bool:
+        """Whether `copy` keeps pinned buffers for these GPU tensors (and reuses those kept from the last copy)."""
+        return _bytes(on_device) <= self.keep_bytes and all(t.device.type == "cuda" for t in on_device)
 
     def _copy(self, state: Any, path: str, live: set[int], keep: bool) -> Any:
         if isinstance(state, torch.Tensor):
@@ -288,6 +288,10 @@ class HostCopies:
         if isinstance(state, list | tuple):
             return type(state)(self._copy(value, f"{path}/{i}", live, keep) for i, value in enumerate(state))
         return state
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _tensors(state: Any) -> list[torch.Tensor]:
