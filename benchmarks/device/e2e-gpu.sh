@@ -3,7 +3,7 @@
 # Each step is one device call; the machine is handed back 30 s after a call ends, so call them back to back.
 #
 #   caps                 first call: what the kernel allows (cgroups, netfilter, bridge, overlay, ...)
-#   part DIR             copy one part (carry it): the node's (.gpuparts/node/p*), the wheels' (.gpuparts/all/p*: the
+#   part DIR...          copy parts (carry them): the node's (.gpuparts/node/p*), the wheels' (.gpuparts/all/p*: the
 #                        vLLM/Ray set and TRL's together; .gpuparts/p* and .gpuparts/trl, as for h200.sh, also do), all
 #                        made here by `bash benchmarks/device/pack-parts.sh`
 #   node                 with the node's parts: install them (programs, containerd/runc/CNI/iptables; the operator's
@@ -24,14 +24,17 @@
 #                        (base); FOLLOW=0 before test, bench or interval starts it without following it
 #   logs                 the cluster's logs and the jobs' pods into $OUT (a failed step saves them too)
 #
-# Which calls, in order (carry = the folders each names):
-#   1. caps; part .gpuparts/all/p0        2.-8. part .gpuparts/all/p1 .. p7
-#   9. part .gpuparts/all/p8 && install (&& FOLLOW=0 interval ... or another benchmark that needs no cluster)
-#   10. part .gpuparts/node/p0            11. part .gpuparts/node/p1
-#   12. part .gpuparts/node/p2 && node && install (the operator's wheels, which came with the node's parts)
-#   13. up (waits for the base layers' import, about 3 minutes from `node`), then test -k 1_5b, bench, test -k 7b
+# Which calls, in order (carry = the folders each names; a call carries at most 64 MiB, so one part, or
+# the two small last ones together):
+#   1. caps; part .gpuparts/node/p0       2. part .gpuparts/node/p1
+#   3. part .gpuparts/node/p2 .gpuparts/all/p8 && node   (the base layers' import starts: about 4 minutes)
+#   4.-10. part .gpuparts/all/p0 .. p6     11. part .gpuparts/all/p7 && install
+#   12. up (waits for the base layers, then the image layer and the chart), then test -k 1_5b, bench, test -k 7b
+# Node first lets the base layers' import run while the wheels come. To keep the GPU busy meanwhile instead
+# (a benchmark that needs no cluster), carry the wheels first: part .gpuparts/all/p0 .. p8 && install &&
+# FOLLOW=0 interval ..., then the node's parts, node && install (the operator's wheels), up.
 # On an H100 machine each part's call took about 5 s, `install` 30-45 s, `node` 48 s (the node Ready in 14 s) and
-# `up` 310 s; a benchmark started at step 9 runs on the GPU while steps 10-13 set the cluster up.
+# `up` 310 s when it came right after `node`.
 set -uo pipefail
 export PYTHONPATH=/tmp/site-packages:/root/operator-site-packages:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testing
 export VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -70,10 +73,13 @@ case $1 in
   caps) python3 -m grpojob_testing.gpu_node capabilities 2>&1 | tee "$OUT/capabilities.txt" ;;
   part)
     # A node part goes beside the others of its kind; the wheels' parts where h200.sh expects them.
-    case $2 in
-      *node*) mkdir -p /root/node-parts && cp "$2"/* /root/node-parts/ && ls /root/node-parts | wc -l ;;
-      *) benchmarks/device/h200.sh part "$2" ;;
-    esac ;;
+    shift
+    for dir in "$@"; do
+      case $dir in
+        *node*) mkdir -p /root/node-parts && cp "$dir"/* /root/node-parts/ && ls /root/node-parts | wc -l ;;
+        *) benchmarks/device/h200.sh part "$dir" ;;
+      esac || exit 1
+    done ;;
   node)
     set -e
     time python3 -m grpojob_testing.gpu_node unpack /root/node-parts --site-packages /root/operator-site-packages
