@@ -132,8 +132,6 @@ EXCLUDED_PACKAGES = (
     "equinox",
     "lineax",
     "optimistix",
-    "cv2",
-    "opencv_*",
     "sentence_transformers",
     "pytorch_lightning",
     "lightning",
@@ -143,13 +141,11 @@ EXCLUDED_PACKAGES = (
     "scikit_image*",
     "statsmodels",
     "xarray",
-    "torchaudio",
-    "torchvision",
     "torch_geometric*",
 )
 """Top-level entries of site-packages (modules, their ``*.dist-info`` and ``*.libs``) that no part of a job
-imports: the GPU machine's image is a general one. vLLM imports torchvision and torchaudio only for
-multimodal models."""
+imports: the GPU machine's image is a general one. Nothing vLLM requires is among them: its engine imports
+torchvision at start, and its lock (images/vllm-requirements.txt) holds torchaudio and OpenCV too."""
 IMAGE_ENV = {
     "PYTHONUNBUFFERED": "1",
     "HOME": "/tmp/home",

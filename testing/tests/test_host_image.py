@@ -3,9 +3,11 @@ three images sharing their layers, written in one stream, with what is left out 
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -171,3 +173,16 @@ def test_the_base_layers_go_ahead_and_the_images_import_then_sends_only_ours(
     )
     assert host_image.TRAINER in digests
     assert "/usr/lib/libc.so.6 char-device=false" in run.stdout, run.stdout + run.stderr
+
+
+def test_nothing_vllm_requires_is_left_out_of_the_image():
+    """The packages left out of the machine's Python are none of vLLM's requirements (its engine imports
+    torchvision as it starts): none of the distributions the GPU image's vLLM lock installs matches them."""
+    lock = (host_image.REPO / "images/vllm-requirements.txt").read_text()
+    required = {
+        re.sub(r"[-_.]+", "_", match.group(1)).lower()
+        for match in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)==", lock, re.MULTILINE)
+    }
+    assert {"vllm", "torchvision", "opencv_python_headless"} <= required, "the lock names vLLM's requirements"
+    left_out = {name for name in required for pattern in host_image.EXCLUDED_PACKAGES if fnmatch.fnmatch(name, pattern)}
+    assert not left_out
