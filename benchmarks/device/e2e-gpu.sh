@@ -89,7 +89,7 @@ case $1 in
     python3 -m grpojob_testing.host_image plan | tee "$OUT/image-plan.txt"
     # The largest folders of the image's trees (what the base layers' import spends its minutes on).
     du -x --max-depth=4 /usr "$(python3 -c 'import sys; print(sys.prefix)')" 2>/dev/null | sort -n | tail -40 \
-      >"$OUT/image-sizes.txt"
+      >"$OUT/image-sizes.txt" || true
     background base python3 -m grpojob_testing.gpu_cluster base
     kubectl get nodes -o wide
     kubectl get node grpojob-node -o jsonpath='{.status.allocatable}'; echo ;;
