@@ -117,7 +117,6 @@ EXCLUDED_PACKAGES = (
     "onnx_ir",
     "onnxruntime",
     "onnxscript",
-    "torch_geometric",
     "tensorstore",
     "flax",
     "optax",

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from grpojob_trainer.policy.lora import adapter_weights
+from grpojob_trainer.weight_sync.buckets import tensor_bytes
 
 KEPT_HOST_BYTES = 4 << 30
 """`HostCopies` keeps pinned buffers for a state on the GPU of at most this many bytes (4 GiB: a 7B model's LoRA
@@ -291,7 +292,7 @@ class HostCopies:
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(tensor_bytes(t) for t in tensors)
 
 
 def _tensors(state: Any) -> list[torch.Tensor]:

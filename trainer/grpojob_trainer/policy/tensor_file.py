@@ -17,6 +17,8 @@ from collections.abc import Mapping
 
 import torch
 
+from grpojob_trainer.weight_sync.buckets import tensor_bytes
+
 DTYPES = {
     torch.float64: "F64",
     torch.float32: "F32",
@@ -52,7 +54,7 @@ def safetensors_header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[st
         tensor = tensors[name]
         if tensor.dtype not in DTYPES:
             raise ValueError(f"{name}: safetensors holds no {tensor.dtype}")
-        size = tensor.numel() * tensor.element_size()
+        size = tensor_bytes(tensor)
         entries[name] = {
             "dtype": DTYPES[tensor.dtype],
             "shape": list(tensor.shape),
