@@ -3,6 +3,8 @@ of their process, and with cluster networking (Services through kube-proxy, name
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kubernetes import client
 
@@ -40,6 +42,24 @@ def ready_endpoints(api_client, namespace: str, service: str) -> list[str]:
         if endpoint.conditions and endpoint.conditions.ready
         for address in endpoint.addresses
     ]
+
+
+def run_probe(core, namespace: str, node: str, name: str, args: list[str], timeout: float = 60) -> tuple[object, str]:
+    """Run a probe pod to its end and return it with its log; run it again (``name-2``, ...) while it fails at
+    HTTP, for up to ``timeout`` seconds. A new Service's EndpointSlice lists its ready pod a moment before
+    kube-proxy has written the Service's rules, and until then its cluster IP, reused from a deleted Service,
+    may still lead to that Service's pods, which answer 404."""
+    deadline = time.monotonic() + timeout
+    attempt = 1
+    while True:
+        pod_name = name if attempt == 1 else f"{name}-{attempt}"
+        core.create_namespaced_pod(namespace, probe_pod(pod_name, node, args))
+        finished = wait_for_pod(core, namespace, pod_name, {"Succeeded", "Failed"}, 60)
+        log = core.read_namespaced_pod_log(pod_name, namespace)
+        if finished.status.phase == "Succeeded" or "answered" not in log or time.monotonic() > deadline:
+            return finished, log
+        attempt += 1
+        time.sleep(1)
 
 
 def exit_code(pod) -> int:
@@ -83,14 +103,14 @@ def test_a_pod_resolves_a_service_name_and_reaches_the_pod_behind_it(api_client,
     wait_until(lambda: ready_endpoints(api_client, namespace, "web"), "the web Service to list its ready pod", 60)
     name = f"web.{namespace}.svc.cluster.local"
 
-    core.create_namespaced_pod(namespace, probe_pod("lookup", real_node, ["lookup", name]))
-    core.create_namespaced_pod(namespace, probe_pod("get", real_node, ["get", f"http://{name}/"]))
-    core.create_namespaced_pod(namespace, probe_pod("get-short", real_node, ["get", "http://web/"]))
-
-    for pod in ("lookup", "get", "get-short"):
-        finished = wait_for_pod(core, namespace, pod, {"Succeeded", "Failed"}, 60)
-        log = core.read_namespaced_pod_log(pod, namespace)
-        assert finished.status.phase == "Succeeded", f"{pod}: {log}"
-    assert core.read_namespaced_pod_log("lookup", namespace).split() == [service.spec.cluster_ip]
-    assert core.read_namespaced_pod_log("get", namespace).strip() == "hello from web"
-    assert core.read_namespaced_pod_log("get-short", namespace).strip() == "hello from web"
+    logs = {}
+    for pod, args in (
+        ("lookup", ["lookup", name]),
+        ("get", ["get", f"http://{name}/"]),
+        ("get-short", ["get", "http://web/"]),
+    ):
+        finished, logs[pod] = run_probe(core, namespace, real_node, pod, args)
+        assert finished.status.phase == "Succeeded", f"{pod}: {logs[pod]}"
+    assert logs["lookup"].split() == [service.spec.cluster_ip]
+    assert logs["get"].strip() == "hello from web"
+    assert logs["get-short"].strip() == "hello from web"
