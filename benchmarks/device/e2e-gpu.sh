@@ -2,7 +2,9 @@
 # A GRPOJob on a real node with a real GPU, on the device machine (`make e2e-gpu` by hand).
 # Each step is one device call; the machine is handed back 30 s after a call ends, so call them back to back.
 #
-#   caps                 first call: what the kernel allows (cgroups, netfilter, bridge, overlay, ...)
+#   caps                 first call: what the kernel allows (cgroups, netfilter, bridge, overlay, ...); starts
+#                        describing the machine's Python layer (its digest: about 50 s) in the background, so that
+#                        `node`'s import of the base layers only sends it
 #   part DIR...          copy parts (carry them): the node's (.gpuparts/node/p*), the wheels' (.gpuparts/all/p*: the
 #                        vLLM/Ray set and TRL's together; .gpuparts/p* and .gpuparts/trl, as for h200.sh, also do), all
 #                        made here by `bash benchmarks/device/pack-parts.sh`
@@ -70,7 +72,9 @@ follow() {
 # A step that fails leaves the cluster's logs in $OUT: the machine may be gone before another call.
 trap 'rc=$?; [ "$rc" -eq 0 ] || [ "$1" = caps ] || save_logs; exit "$rc"' EXIT
 case $1 in
-  caps) python3 -m grpojob_testing.gpu_node capabilities 2>&1 | tee "$OUT/capabilities.txt" ;;
+  caps)
+    background describe python3 -m grpojob_testing.host_image describe-base
+    python3 -m grpojob_testing.gpu_node capabilities 2>&1 | tee "$OUT/capabilities.txt" ;;
   part)
     # A node part goes beside the others of its kind; the wheels' parts where h200.sh expects them.
     shift
@@ -90,7 +94,9 @@ case $1 in
     # The largest folders of the image's trees (what the base layers' import spends its minutes on).
     du -x --max-depth=4 /usr "$(python3 -c 'import sys; print(sys.prefix)')" 2>/dev/null | sort -n | tail -40 \
       >"$OUT/image-sizes.txt" || true
-    background base python3 -m grpojob_testing.gpu_cluster base
+    # The import waits for the layers' descriptors if `caps` is still making them (without them it makes its own).
+    background base bash -c 'while [ -f /root/describe.log ] && [ ! -f /root/describe.rc ]; do sleep 1; done
+      exec python3 -m grpojob_testing.gpu_cluster base' 
     kubectl get nodes -o wide
     kubectl get node grpojob-node -o jsonpath='{.status.allocatable}'; echo ;;
   install)

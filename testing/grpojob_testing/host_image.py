@@ -2,6 +2,7 @@
 machine's own user space and imported into the real node's containerd (`make e2e-gpu`).
 
     python -m grpojob_testing.host_image plan                  # what goes in, and how big each tree is
+    python -m grpojob_testing.host_image describe-base             # their digests, before containerd runs
     python -m grpojob_testing.host_image import-base CONTAINERD_SOCKET   # the machine's own layers, ahead
     python -m grpojob_testing.host_image import CONTAINERD_SOCKET
     python -m grpojob_testing.host_image write ARCHIVE         # the same OCI archive into a file
@@ -50,10 +51,12 @@ two passes (one to learn each layer's digest and size, one to send it) write the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import hashlib
 import io
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -62,6 +65,7 @@ import sysconfig
 import tarfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -384,16 +388,25 @@ def _blob(out: BinaryIO, blob: bytes) -> None:
     _pad(out, len(blob))
 
 
-def describe(layer: Layer, log=sys.stderr) -> dict:
+def describe(layer: Layer) -> dict:
     """The layer's descriptor (digest and size): a pass over its files that writes nothing."""
     started = time.monotonic()
     digest = _Digest()
     write_layer(layer, digest)
-    print(f"layer {layer.name}: {digest.size / 2**30:.2f} GiB ({time.monotonic() - started:.0f}s)", file=log)
+    print(f"layer {layer.name}: {digest.size / 2**30:.2f} GiB ({time.monotonic() - started:.0f}s)", file=sys.stderr)
     return {"mediaType": oci.LAYER_MEDIA_TYPE, "digest": f"sha256:{digest.hash.hexdigest()}", "size": digest.size}
 
 
-def send_layer(out: BinaryIO, layer: Layer, descriptor: dict, log=sys.stderr) -> None:
+def describe_all(built: list[Layer]) -> list[dict]:
+    """The layers' descriptors, each layer described in a process of its own (each pass reads and hashes
+    gigabytes on one core, and the GPU machine has sixteen)."""
+    if len(built) < 2:
+        return [describe(layer) for layer in built]
+    with ProcessPoolExecutor(max_workers=len(built), mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(describe, built))
+
+
+def send_layer(out: BinaryIO, layer: Layer, descriptor: dict) -> None:
     """The layer's blob, under the name of its digest: a second pass over its files."""
     started = time.monotonic()
     _entry(out, f"blobs/sha256/{descriptor['digest'].removeprefix('sha256:')}", descriptor["size"])
@@ -402,7 +415,7 @@ def send_layer(out: BinaryIO, layer: Layer, descriptor: dict, log=sys.stderr) ->
     if counter.size != descriptor["size"]:
         raise RuntimeError(f"layer {layer.name} changed between the passes: a file of it is being written")
     _pad(out, descriptor["size"])
-    print(f"sent layer {layer.name} ({time.monotonic() - started:.0f}s)", file=log)
+    print(f"sent layer {layer.name} ({time.monotonic() - started:.0f}s)", file=sys.stderr)
 
 
 def write_images(out: BinaryIO, images: dict[str, tuple], descriptors: list[dict]) -> dict[str, str]:
@@ -451,28 +464,36 @@ def _start_archive(out: BinaryIO) -> None:
     _pad(out, len(layout))
 
 
-def write_archive(out: BinaryIO, site_packages: Path, log=sys.stderr, base: list[dict] | None = None) -> dict[str, str]:
+def write_archive(out: BinaryIO, site_packages: Path, base: list[dict] | None = None) -> dict[str, str]:
     """Stream the OCI archive of the three images to ``out``; return their manifest digests by name.
 
     ``base``: the descriptors of the machine's layers (system, python) that the containerd already holds
     (`write_base_archive`); their blobs are left out of the stream, and only ours is read and sent."""
     built = layers(site_packages)
     known = list(base or [])
-    descriptors = known + [describe(layer, log) for layer in built[len(known) :]]
+    descriptors = known + [describe(layer) for layer in built[len(known) :]]
     _start_archive(out)
     for layer, descriptor in zip(built[len(known) :], descriptors[len(known) :], strict=True):
-        send_layer(out, layer, descriptor, log)
+        send_layer(out, layer, descriptor)
     return write_images(out, IMAGES, descriptors)
 
 
-def write_base_archive(out: BinaryIO, log=sys.stderr) -> list[dict]:
+def base_layers() -> list[Layer]:
+    """The machine's own layers (system, python), which do not depend on the wheels."""
+    return layers(Path("/nonexistent"))[:BASE_LAYERS]
+
+
+def write_base_archive(out: BinaryIO, described: dict[str, dict] | None = None) -> list[dict]:
     """Stream the OCI archive of ``BASE``, the machine's own layers (system, python) that do not change as
-    the wheels arrive; return their descriptors."""
-    built = layers(Path("/nonexistent"))[:BASE_LAYERS]
-    descriptors = [describe(layer, log) for layer in built]
+    the wheels arrive; return their descriptors (``described``: some of them by layer name, from
+    `describe_base`, so that only the sending pass reads those layers' files now)."""
+    built = base_layers()
+    ahead = described or {}
+    fresh = iter(describe_all([layer for layer in built if layer.name not in ahead]))
+    descriptors = [ahead[layer.name] if layer.name in ahead else next(fresh) for layer in built]
     _start_archive(out)
     for layer, descriptor in zip(built, descriptors, strict=True):
-        send_layer(out, layer, descriptor, log)
+        send_layer(out, layer, descriptor)
     write_images(out, {BASE: (None, ["python3", "--version"])}, descriptors)
     return descriptors
 
@@ -503,8 +524,11 @@ def _import(address: str, namespace: str, write):
     try:
         result = write(importer.stdin)
     finally:
-        importer.stdin.close()
-    if importer.wait() != 0:
+        # A stream cut short ends the importer (with an error) rather than leaving it waiting.
+        with contextlib.suppress(BrokenPipeError):
+            importer.stdin.close()
+        importer.wait()
+    if importer.returncode != 0:
         raise RuntimeError(f"ctr images import failed ({importer.returncode})")
     images.discard_layer_blobs(ctr)
     return result
@@ -515,11 +539,47 @@ def base_record() -> Path:
     return build.cache_root() / "host-image-base.json"
 
 
-def import_base(address: str, namespace: str = "k8s.io", record: Path | None = None) -> list[dict]:
-    """Import ``BASE`` (the machine's own layers) into the containerd at ``address``; record its layers'
-    descriptors for `import_into_containerd`."""
+def described_base_record() -> Path:
+    """Where `describe_base` leaves the base layers' descriptors for the next `import_base`."""
+    return build.cache_root() / "host-image-base-described.json"
+
+
+AHEAD_LAYERS = ("python",)
+"""The base layers `describe_base` describes: the GPU node's set-up installs its packages (dpkg) into the
+system layer's trees, so that one is described when it is imported."""
+
+
+def describe_base(described: Path | None = None) -> dict[str, dict]:
+    """Describe the base layers in ``AHEAD_LAYERS`` ahead of their import, while nothing else needs the
+    machine's disks and cores (on the GPU machine: before the node is set up), and leave their descriptors,
+    by layer name, for `import_base`."""
+    path = described or described_base_record()
+    built = [layer for layer in base_layers() if layer.name in AHEAD_LAYERS]
+    descriptors = {layer.name: descriptor for layer, descriptor in zip(built, describe_all(built), strict=True)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".partial").write_text(json.dumps(descriptors))
+    path.with_suffix(".partial").replace(path)
+    return descriptors
+
+
+def import_base(
+    address: str, namespace: str = "k8s.io", record: Path | None = None, described: Path | None = None
+) -> list[dict]:
+    """Import ``BASE`` (the machine's own layers) into the containerd at ``address``, with the descriptors
+    `describe_base` left where there are some (used once); record its layers' descriptors for
+    `import_into_containerd`."""
     started = time.monotonic()
-    descriptors = _import(address, namespace, write_base_archive)
+    path = described or described_base_record()
+    ahead = json.loads(path.read_text()) if path.exists() else None
+    path.unlink(missing_ok=True)
+    try:
+        descriptors = _import(address, namespace, lambda out: write_base_archive(out, described=ahead))
+    except (RuntimeError, OSError):
+        if ahead is None:
+            raise
+        # A file of the layers changed after they were described: containerd refused the stream.
+        print("the base layers changed since they were described: describing them again", file=sys.stderr)
+        descriptors = _import(address, namespace, write_base_archive)
     (record or base_record()).write_text(json.dumps({"address": address, "layers": descriptors}))
     print(f"imported {BASE} in {time.monotonic() - started:.0f}s", file=sys.stderr)
     return descriptors
@@ -574,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("plan", help="the trees of each layer and their sizes")
     import_command = commands.add_parser("import", help="stream the images into a containerd")
     import_command.add_argument("address", help="containerd's socket")
+    commands.add_parser("describe-base", help="describe the machine's own layers ahead of their import")
     base_command = commands.add_parser("import-base", help="stream the machine's own layers into a containerd")
     base_command.add_argument("address", help="containerd's socket")
     write_command = commands.add_parser("write", help="write the OCI archive into a file")
@@ -582,6 +643,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         for layer, tree, size in plan(args.site_packages):
             print(f"{layer:8} {size:>6}  {tree}")
+    elif args.command == "describe-base":
+        for name, descriptor in describe_base().items():
+            print(name, descriptor["digest"], descriptor["size"])
     elif args.command == "import-base":
         for descriptor in import_base(args.address):
             print(descriptor["digest"], descriptor["size"])

@@ -150,7 +150,7 @@ def test_the_base_layers_go_ahead_and_the_images_import_then_sends_only_ours(
     (small_machine / "usr/lib/libbig.so").write_bytes(os.urandom(2 << 20))  # a layer blob that is dropped
     probe = oci.ImageFile("/usr/local/bin/grpojob-probe", node_images.probe_binary().read_bytes(), 0o755)
     host_image.layers(tmp_path)[2].files.append(probe)
-    base = host_image.import_base(containerd, record=record)
+    base = host_image.import_base(containerd, record=record, described=tmp_path / "described.json")
     assert host_image.imported_base(containerd, record=record) == base
     assert host_image.imported_base("/elsewhere.sock", record=record) is None, "another containerd lacks it"
     ctr = ["ctr", f"--address={containerd}", "--namespace=k8s.io"]
@@ -173,6 +173,40 @@ def test_the_base_layers_go_ahead_and_the_images_import_then_sends_only_ours(
     )
     assert host_image.TRAINER in digests
     assert "/usr/lib/libc.so.6 char-device=false" in run.stdout, run.stdout + run.stderr
+
+
+def test_the_python_layer_described_ahead_spares_the_import_its_first_pass(
+    small_machine: Path, tmp_path: Path, containerd: str, capfd: pytest.CaptureFixture[str]
+):
+    """Described before the node is set up, the python layer is then only sent (the system layer, where the
+    node's packages go, is described at import); the descriptors are used once, and are the ones a pass at
+    import time would find."""
+    described = tmp_path / "described.json"
+    python = host_image.base_layers()[1]
+    assert host_image.describe_base(described) == {"python": host_image.describe(python)}
+    capfd.readouterr()
+
+    imported = host_image.import_base(containerd, record=tmp_path / "base.json", described=described)
+    log = capfd.readouterr().err
+    assert imported == [host_image.describe(layer) for layer in host_image.base_layers()]
+    assert "layer system:" in log and "layer python:" not in log, "the import reads the python layer once"
+    assert not described.exists(), "descriptors are used once"
+
+
+def test_a_base_layer_changed_after_it_was_described_is_described_again(
+    small_machine: Path, tmp_path: Path, containerd: str, capfd: pytest.CaptureFixture[str]
+):
+    described = tmp_path / "described.json"
+    ahead = host_image.describe_base(described)
+    (small_machine / "venv/site-packages/torch/__init__.py").write_text("x = 2\n")  # same size, other bytes
+
+    imported = host_image.import_base(containerd, record=tmp_path / "base.json", described=described)
+    assert imported[1]["digest"] != ahead["python"]["digest"]
+    assert imported == [host_image.describe(layer) for layer in host_image.base_layers()]
+    assert "describing them again" in capfd.readouterr().err
+    ctr = ["ctr", f"--address={containerd}", "--namespace=k8s.io"]
+    listed = subprocess.run([*ctr, "images", "ls", "-q"], capture_output=True, text=True, check=True).stdout.split()
+    assert host_image.BASE in listed
 
 
 def test_nothing_vllm_requires_is_left_out_of_the_image():
