@@ -61,6 +61,10 @@ PREEMPTED_EXIT_CODE = 143
 """The trainer's exit code once it stopped on notice (128 + SIGTERM) with its last completed step checkpointed."""
 WORKER_LOST_EXIT_CODE = 75
 """The trainer's exit code after a Ray worker's node left the cluster (EX_TEMPFAIL: a retry may succeed)."""
+CANNOT_RUN_EXIT_CODE = 78
+"""The trainer's exit code when the job cannot run as it is specified or packaged (EX_CONFIG): its image lacks a
+module its engine needs, its policy does not fit its GPU. A retry would fail the same way, so the operator fails
+the job without one."""
 PREEMPTION_EXIT_CODES = (PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE)
 """Exit codes the trainer Job's pod failure policy names in the Job's Failed condition, which outlives the pod:
 the operator tells a preemption by them when the pod, and its termination message, are gone (a deleted pod)."""
@@ -70,6 +74,11 @@ def preempted_exit(job_failure: str) -> bool:
     """Whether the Job's Failed condition message names one of `PREEMPTION_EXIT_CODES` (Kubernetes: "Container
     trainer for pod N/P failed with exit code 143 matching FailJob rule at index 1")."""
     return any(f"exit code {code} matching" in job_failure for code in PREEMPTION_EXIT_CODES)
+
+
+def cannot_run_exit(job_failure: str) -> bool:
+    """Whether the Job's Failed condition message names `CANNOT_RUN_EXIT_CODE`."""
+    return f"exit code {CANNOT_RUN_EXIT_CODE} matching" in job_failure
 
 
 _WORKER_LOST = re.compile(rf"^an? \w+ worker {WORKER_LOST} at step \d+ ")

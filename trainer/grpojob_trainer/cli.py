@@ -22,12 +22,12 @@ import sys
 import traceback
 from pathlib import Path
 
-from grpojob_api.progress import WORKER_LOST_EXIT_CODE
+from grpojob_api.progress import CANNOT_RUN_EXIT_CODE, WORKER_LOST_EXIT_CODE
 from grpojob_trainer.cluster.connection import ask_for_token_auth
 from grpojob_trainer.commands.downloads import download_repos, download_step
 from grpojob_trainer.commands.local import run_local
 from grpojob_trainer.commands.train import train_in_cluster
-from grpojob_trainer.errors import AllRolloutsFailed, EnvironmentNotReady, RayHeadLost, UsageError
+from grpojob_trainer.errors import AllRolloutsFailed, EnvironmentNotReady, RayHeadLost, UsageError, cannot_run
 from grpojob_trainer.models.tiny import SHAPES
 from grpojob_trainer.observability.console import LOG_FORMAT, wants_bar
 from grpojob_trainer.training.stop import Interrupted, StopRequest, WorkerLost, trainer_pod_line
@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """`grpojob`: parse the arguments, run the subcommand, and report a failure the user can act on in one line
     (exit status 2 for a usage error, 1 for a run that failed, 75 for one whose Ray worker's node left the
-    cluster, 128 + the signal's number for one stopped on a signal), a bug with its traceback."""
+    cluster, 78 for a job that cannot run as specified or packaged, 128 + the signal's number for one stopped on
+    a signal), a bug with its traceback."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -171,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
 
         exit_without_ray(1)
     except Exception as error:  # a bug or an unexpected failure: its traceback goes to the log
+        if (reason := cannot_run(error)) is not None:
+            _failed(str(reason), termination_log)
+            return CANNOT_RUN_EXIT_CODE
         exception = "".join(traceback.format_exception_only(error)).strip().splitlines()
         write_termination_message(termination_log, exception[-1] if exception else type(error).__name__)
         raise

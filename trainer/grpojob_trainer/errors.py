@@ -19,8 +19,31 @@ class EnvironmentNotReady(RuntimeError):
     """An environment server did not come up: it exited during start-up, or did not answer in time."""
 
 
+class CannotRun(RuntimeError):
+    """The job cannot run as it is specified or packaged (its image lacks a module its engine needs, its policy
+    does not fit its GPU): a retry would fail the same way. The trainer exits with `CANNOT_RUN_EXIT_CODE`, and
+    the operator fails the job at once."""
+
+
 class EngineStartFailed(RuntimeError):
     """A generation engine did not start; the message says why in one line (`generation.engine_start`)."""
+
+
+class EngineCannotStart(EngineStartFailed, CannotRun):
+    """A generation engine did not start for a reason a retry meets again: its image lacks a module."""
+
+
+def cannot_run(error: BaseException | None) -> CannotRun | None:
+    """The `CannotRun` behind ``error``: itself, what it was raised from, or what a Ray worker raised (Ray's
+    task error carries it as ``cause``)."""
+    while error is not None:
+        cause = getattr(error, "cause", None)
+        if isinstance(cause, CannotRun):
+            return cause
+        if isinstance(error, CannotRun):
+            return error
+        error = error.__cause__
+    return None
 
 
 class RayHeadLost(RuntimeError):

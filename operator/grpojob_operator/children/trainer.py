@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from grpojob_api import endpoints, kubeyaml
 from grpojob_api import v1alpha1 as api
-from grpojob_api.progress import PREEMPTION_EXIT_CODES
+from grpojob_api.progress import CANNOT_RUN_EXIT_CODE, PREEMPTION_EXIT_CODES
 from grpojob_operator import names
 from grpojob_operator.children import claims, pod
 from grpojob_operator.children.endpoints import endpoints_env_from, endpoints_volume, pod_attempt_env
@@ -203,12 +203,14 @@ def build_trainer_job(
     manifest = pod.run_once_job(metadata(job, child.trainer, "trainer", attempt_label), template)
     # A pod ended by a disruption (eviction, preemption, a node drain), or a trainer that stopped on notice or
     # lost a Ray worker's node (its exit codes), says so in the Job's Failed condition, which outlives the pod: the
-    # operator then retries without counting it against spec.backoffLimit.
+    # operator then retries without counting it against spec.backoffLimit. A trainer that cannot run as specified
+    # says so by its exit code there too, and the operator fails the job without a retry.
     preempted = {"containerName": "trainer", "operator": "In", "values": sorted(PREEMPTION_EXIT_CODES)}  # API: ordered
     manifest["spec"]["podFailurePolicy"] = {
         "rules": [
             {"action": "FailJob", "onPodConditions": [DISRUPTED]},
             {"action": "FailJob", "onExitCodes": preempted},
+            {"action": "FailJob", "onExitCodes": {**preempted, "values": [CANNOT_RUN_EXIT_CODE]}},
         ]
     }
     return manifest

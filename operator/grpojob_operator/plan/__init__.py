@@ -6,7 +6,7 @@ actions to take and the status to write. Pure: no API calls, no clock (``now`` i
                    │   ▲          │
                    │   └─ retry ──┤ (trainer failed or stalled, attempt ≤ backoffLimit)
                    ▼              ▼
-                 Failed ◀──── Failed (InvalidSpec, DeadlineExceeded, a stuck pod, BackoffLimitExceeded)
+                 Failed ◀──── Failed (InvalidSpec, DeadlineExceeded, a stuck pod, BackoffLimitExceeded, CannotRun)
     any non-terminal phase ◀─▶ Suspended (spec.suspend)
     any non-terminal phase ◀─▶ Queued (label kueue.x-k8s.io/queue-name: until Kueue admits the job's
                                Workload, and again when Kueue evicts or preempts it)

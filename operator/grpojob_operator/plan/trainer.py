@@ -12,7 +12,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from grpojob_api import v1alpha1 as api
-from grpojob_api.progress import is_preemption, is_worker_lost, parse_progress, parse_stopped, preempted_exit
+from grpojob_api.progress import (
+    CANNOT_RUN_EXIT_CODE,
+    cannot_run_exit,
+    is_preemption,
+    is_worker_lost,
+    parse_progress,
+    parse_stopped,
+    preempted_exit,
+)
 from grpojob_api.v1alpha1 import ConditionType, Phase
 from grpojob_operator.children.claims import output_model_status
 from grpojob_operator.children.trainer import DISRUPTED, build_trainer_job
@@ -79,7 +87,16 @@ def trainer(pass_: Pass) -> bool:
         config = pass_.observed.get("ConfigMap", child.config)
         stopped = parse_stopped(config.as_dict()) if config is not None else None
         said = stopped.message if stopped is not None and stopped.attempt == job.attempt else None
-        retry_or_fail(pass_, trainer_failure(job, pods, said), preempted=preempted(job, pods, said))
+        cause = trainer_failure(job, pods, said)
+        if cannot_run(job, pods):
+            fail(
+                plan,
+                "CannotRun",
+                f"the trainer cannot run as specified: {cause}; not retried (it would fail the same way)",
+                now,
+            )
+        else:
+            retry_or_fail(pass_, cause, preempted=preempted(job, pods, said))
         return STOP
     current = [p for p in pods if p.attempt == status.attempt and not p.deleting]
     running = [p for p in current if p.phase == "Running"]
@@ -155,6 +172,13 @@ def preempted(job: TrainerJobInfo, pods: list[PodInfo], stopped: str | None = No
     ended = [detail for pod in pods if pod.attempt == job.attempt for _, code, detail in pod.terminated if code != 0]
     said = any(is_preemption(detail) or is_worker_lost(detail) for detail in [*ended, stopped or ""])
     return said or DISRUPTED["type"] in job.failure_message or preempted_exit(job.failure_message)
+
+
+def cannot_run(job: TrainerJobInfo, pods: list[PodInfo]) -> bool:
+    """Whether the attempt's trainer exited with `CANNOT_RUN_EXIT_CODE` (its pod's exit, or the Job's Failed
+    condition naming it, which outlives a deleted pod): the job cannot run as it is specified or packaged."""
+    codes = [code for pod in pods if pod.attempt == job.attempt for _, code, _ in pod.terminated]
+    return CANNOT_RUN_EXIT_CODE in codes or cannot_run_exit(job.failure_message)
 
 
 def trainer_failure(job: TrainerJobInfo, pods: list[PodInfo], stopped: str | None = None) -> str:

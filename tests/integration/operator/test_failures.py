@@ -65,6 +65,18 @@ def test_a_preempted_trainer_is_retried_without_using_up_the_backoff_limit(opera
     assert failed["reason"] == "BackoffLimitExceeded" and "failed its only attempt" in failed["message"]
 
 
+def test_a_trainer_that_cannot_run_as_specified_fails_the_job_at_once(operator, jobs):
+    jobs.create(job_manifest("no-fit", backoffLimit=3))
+    jobs.wait_phase("no-fit", "Running")
+    first = jobs.wait_trainer_pod("no-fit", attempt=1)
+    said = "the policy does not fit its GPU: it needs 61.0 GiB for micro-batch 8, and 40.2 GiB of the GPU is free"
+    jobs.exit_pod(first.metadata.name, 78, message=said)  # what the trainer writes when the job cannot run
+
+    failed = jobs.wait_phase("no-fit", "Failed")
+    assert failed["reason"] == "CannotRun" and said in failed["message"]
+    assert jobs.status("no-fit")["attempt"] == 1, "no retry: it would fail the same way"
+
+
 def test_a_pod_stuck_in_image_pull_backoff_fails_the_job_naming_the_pod(operator, jobs):
     manifest = job_manifest("badimage")
     manifest["spec"]["environments"][0]["image"] = UNPULLABLE_IMAGE

@@ -17,13 +17,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpojob_trainer.errors import EngineStartFailed
+from grpojob_trainer.errors import EngineCannotStart, EngineStartFailed
 
 LOG_PREFIX = re.compile(
     r"^(?:\([^)]*\)\s+)?"  # vLLM's process tag, "(EngineCore_DP0 pid=123) "
     r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s?)?"  # "ERROR 12-07 16:12:40 [core.py:7] "
 )
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Exit)(?:\([\w.]*\))?(?::\s.*)?$")
+MISSING_MODULE = re.compile(r"^(?:ModuleNotFoundError|ImportError)\b")
+"""A cause a retry meets again: the image lacks a module the engine imports."""
 WRAPPERS = ("Engine core initialization failed", "WorkerProc initialization failed", "See stack trace for root cause")
 """vLLM's own words for "the cause is in the log": the errors `explain` looks behind, and lines it skips there."""
 LOG_TAIL_BYTES = 256 * 1024
@@ -105,13 +107,17 @@ class EngineStartWatch:
     def explain(self, error: BaseException, engine: str = "vLLM") -> BaseException:
         """``error`` as one line that says why, when it is the engine's "see the log" (`WRAPPERS`): the last
         exception the engine logged, and processes of the container the kernel killed for memory meanwhile
-        (with the field to raise); any other error as it is."""
+        (with the field to raise); any other error as it is. A module the engine could not import (the image
+        lacks it) comes back as `EngineCannotStart`: a retry would meet it again."""
         said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if isinstance(error, ImportError):
+            return EngineCannotStart(f"the {engine} engine did not start: {type(error).__name__}: {said}")
         if not any(wrapper in said for wrapper in WRAPPERS):
             return error
         found = []
         kills = oom_kills(self.oom_files)
-        if kills is not None and self.oom_kills is not None and kills > self.oom_kills:
+        killed = kills is not None and self.oom_kills is not None and kills > self.oom_kills
+        if killed:
             found.append(
                 f"the kernel killed {kills - self.oom_kills} process(es) of its container for memory meanwhile; give "
                 f"the pod more memory (spec.training.resources.memory, or spec.generation.resources.memory where "
@@ -121,4 +127,7 @@ class EngineStartWatch:
         if cause is not None:
             found.append(cause)
         text = "; ".join(found) or f"{type(error).__name__}: {said}"
-        return EngineStartFailed(f"the {engine} engine did not start: {text}")
+        missing_module = cause is not None and MISSING_MODULE.match(cause) is not None and not killed
+        return (EngineCannotStart if missing_module else EngineStartFailed)(
+            f"the {engine} engine did not start: {text}"
+        )

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpojob_trainer.errors import CannotRun
+
 GIB = float(1 << 30)
 
 HEAD_WORKSPACE_BYTES = (1 << 30) + (2 << 28)
@@ -117,7 +119,7 @@ def estimate_policy_memory(
     )
 
 
-class PolicyDoesNotFit(ValueError):
+class PolicyDoesNotFit(CannotRun, ValueError):
     """The policy cannot fit its GPU, whatever its rollouts' lengths."""
 
 

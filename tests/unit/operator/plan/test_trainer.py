@@ -105,6 +105,33 @@ def test_the_last_allowed_failure_fails_the_job_with_the_cause():
     assert plan.status.completion_time == NOW
 
 
+def test_a_trainer_that_cannot_run_as_specified_fails_the_job_without_a_retry():
+    children = with_endpoints(base_children(), attempt=1)
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, False, True, "BackoffLimitExceeded", False)}
+    said = "the vLLM engine did not start: ModuleNotFoundError: No module named 'torchvision'"
+    children["Pod"]["demo-trainer-a"] = pod(
+        "demo-trainer-a", "trainer", attempt=1, phase="Failed", terminated=(("trainer", 78, said),)
+    )
+
+    plan = run(job_body(status={"attempt": 1, "phase": "Running"}), children)  # backoffLimit 1: a retry is left
+
+    assert (plan.status.phase, plan.status.reason, plan.status.attempt) == ("Failed", "CannotRun", 1)
+    assert said in plan.status.message and "not retried" in plan.status.message
+    assert not [a for a in plan.actions if type(a).__name__ == "Create"], "no next attempt"
+
+
+def test_a_deleted_trainer_pod_that_could_not_run_is_known_by_its_jobs_condition():
+    children = with_endpoints(base_children(), attempt=1)
+    reason = (
+        "Container trainer for pod default/demo-trainer-a failed with exit code 78 matching FailJob rule at index 2"
+    )
+    children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 1, False, True, reason, False)}
+
+    plan = run(job_body(status={"attempt": 1, "phase": "Running"}), children)
+
+    assert (plan.status.phase, plan.status.reason) == ("Failed", "CannotRun")
+
+
 def test_a_preempted_trainer_is_retried_without_counting_against_the_backoff_limit():
     children = with_endpoints(base_children(), attempt=2)
     children["Job"] = {"demo-trainer": TrainerJobInfo("demo-trainer", 2, False, True, "BackoffLimitExceeded", False)}

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from grpojob_trainer.errors import EngineStartFailed
+from grpojob_trainer.errors import CannotRun, EngineStartFailed, cannot_run
 from grpojob_trainer.generation.engine_start import EngineStartWatch, root_cause
 
 VLLM_FAILED = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
@@ -107,3 +107,42 @@ def test_a_process_logging_to_a_file_as_a_ray_worker_does_reads_its_engine_proce
         "desired GPU memory utilization (0.35, 27.7 GiB).",
         "the vLLM engine did not start: RuntimeError: Engine core initialization failed. See root cause above.",
     ]
+
+
+def test_a_module_the_image_lacks_is_a_start_no_retry_would_mend(tmp_path: Path):
+    log = tmp_path / "worker.err"
+    log.write_text("")
+    watch = EngineStartWatch(log_offsets={log: 0}, oom_kills=None, oom_files=())
+    log.write_text(
+        "(EngineCore_DP0 pid=9) ERROR 12-07 19:33:02 [core.py:708] ModuleNotFoundError: No module named 'torchvision'\n"
+    )
+    failed = watch.explain(VLLM_FAILED)
+    assert isinstance(failed, CannotRun) and isinstance(failed, EngineStartFailed)
+    assert str(failed) == "the vLLM engine did not start: ModuleNotFoundError: No module named 'torchvision'"
+    raised_here = watch.explain(ModuleNotFoundError("No module named 'vllm'"))
+    assert isinstance(raised_here, CannotRun), "an import that fails in this process is the same"
+
+
+def test_a_start_that_ran_out_of_memory_may_be_retried_whatever_it_logged(tmp_path: Path):
+    log, events = tmp_path / "worker.err", tmp_path / "memory.events"
+    events.write_text("oom_kill 0\n")
+    watch = EngineStartWatch(log_offsets={log: 0}, oom_kills=0, oom_files=(events,))
+    log.write_text("ImportError: a compile worker died while importing\n")
+    events.write_text("oom_kill 1\n")
+    failed = watch.explain(VLLM_FAILED)
+    assert isinstance(failed, EngineStartFailed) and not isinstance(failed, CannotRun)
+    assert not isinstance(
+        watch.explain(RuntimeError("Engine core initialization failed. See root cause above.")), CannotRun
+    )
+
+
+def test_a_start_no_retry_would_mend_is_found_behind_the_error_ray_raises_in_the_trainer():
+    from ray.exceptions import RayTaskError
+
+    from grpojob_trainer.policy.memory import PolicyDoesNotFit
+
+    refused = PolicyDoesNotFit("the policy does not fit its GPU: it needs 61.0 GiB for micro-batch 8")
+    raised = RayTaskError("PolicyWorker.start", "Traceback (most recent call last): ...", refused)
+    assert cannot_run(raised.as_instanceof_cause()) is refused
+    assert cannot_run(raised) is refused
+    assert cannot_run(RayTaskError("f", "...", ValueError("a bug"))) is None
