@@ -67,18 +67,19 @@ module its engine needs, its policy does not fit its GPU. A retry would fail the
 the job without one."""
 PREEMPTION_EXIT_CODES = (PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE)
 """Exit codes the trainer Job's pod failure policy names in the Job's Failed condition, which outlives the pod:
-the operator tells a preemption by them when the pod, and its termination message, are gone (a deleted pod)."""
+the operator tells a preemption by them (and a job that cannot run by `CANNOT_RUN_EXIT_CODE`) when the pod, and
+its termination message, are gone (a deleted pod)."""
 
 
-def preempted_exit(job_failure: str) -> bool:
-    """Whether the Job's Failed condition message names one of `PREEMPTION_EXIT_CODES` (Kubernetes: "Container
-    trainer for pod N/P failed with exit code 143 matching FailJob rule at index 1")."""
-    return any(f"exit code {code} matching" in job_failure for code in PREEMPTION_EXIT_CODES)
+_MATCHED_EXIT = re.compile(r"exit code (\d+) matching")
 
 
-def cannot_run_exit(job_failure: str) -> bool:
-    """Whether the Job's Failed condition message names `CANNOT_RUN_EXIT_CODE`."""
-    return f"exit code {CANNOT_RUN_EXIT_CODE} matching" in job_failure
+def matched_exit_code(job_failure: str) -> int | None:
+    """The trainer's exit code that a rule of its Job's pod failure policy matched, as the Job's Failed condition
+    message names it (Kubernetes: "Container trainer for pod N/P failed with exit code 143 matching FailJob rule
+    at index 1"), or None."""
+    found = _MATCHED_EXIT.search(job_failure)
+    return int(found.group(1)) if found else None
 
 
 _WORKER_LOST = re.compile(rf"^an? \w+ worker {WORKER_LOST} at step \d+ ")

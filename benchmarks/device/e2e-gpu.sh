@@ -96,7 +96,7 @@ case $1 in
       >"$OUT/image-sizes.txt" || true
     # The import waits for the layers' descriptors if `caps` is still making them (without them it makes its own).
     background base bash -c 'while [ -f /root/describe.log ] && [ ! -f /root/describe.rc ]; do sleep 1; done
-      exec python3 -m grpojob_testing.gpu_cluster base' 
+      exec python3 -m grpojob_testing.gpu_cluster base'
     kubectl get nodes -o wide
     kubectl get node grpojob-node -o jsonpath='{.status.allocatable}'; echo ;;
   install)

@@ -577,8 +577,8 @@ def import_base(
     except (RuntimeError, OSError):
         if ahead is None:
             raise
-        # A file of the layers changed after they were described: containerd refused the stream.
-        print("the base layers changed since they were described: describing them again", file=sys.stderr)
+        # Most likely a file of the layers changed after they were described, and containerd refused the stream.
+        print("the import with the layers described ahead failed: describing them again", file=sys.stderr)
         descriptors = _import(address, namespace, write_base_archive)
     (record or base_record()).write_text(json.dumps({"address": address, "layers": descriptors}))
     print(f"imported {BASE} in {time.monotonic() - started:.0f}s", file=sys.stderr)

@@ -3,7 +3,7 @@ RoleBinding, and the ConfigMap of its config (the job itself), which it also rep
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from grpojob_api import endpoints, kubeyaml
 from grpojob_api import v1alpha1 as api
@@ -205,15 +205,19 @@ def build_trainer_job(
     # lost a Ray worker's node (its exit codes), says so in the Job's Failed condition, which outlives the pod: the
     # operator then retries without counting it against spec.backoffLimit. A trainer that cannot run as specified
     # says so by its exit code there too, and the operator fails the job without a retry.
-    preempted = {"containerName": "trainer", "operator": "In", "values": sorted(PREEMPTION_EXIT_CODES)}  # API: ordered
     manifest["spec"]["podFailurePolicy"] = {
         "rules": [
             {"action": "FailJob", "onPodConditions": [DISRUPTED]},
-            {"action": "FailJob", "onExitCodes": preempted},
-            {"action": "FailJob", "onExitCodes": {**preempted, "values": [CANNOT_RUN_EXIT_CODE]}},
+            {"action": "FailJob", "onExitCodes": trainer_exits(PREEMPTION_EXIT_CODES)},
+            {"action": "FailJob", "onExitCodes": trainer_exits([CANNOT_RUN_EXIT_CODE])},
         ]
     }
     return manifest
+
+
+def trainer_exits(codes: Iterable[int]) -> Manifest:
+    """A pod failure policy rule's match of the trainer container exiting with one of ``codes``."""
+    return {"containerName": "trainer", "operator": "In", "values": sorted(codes)}  # the API wants them ordered
 
 
 DISRUPTED = {"type": "DisruptionTarget", "status": "True"}

@@ -14,12 +14,12 @@ from datetime import datetime, timedelta
 from grpojob_api import v1alpha1 as api
 from grpojob_api.progress import (
     CANNOT_RUN_EXIT_CODE,
-    cannot_run_exit,
+    PREEMPTION_EXIT_CODES,
     is_preemption,
     is_worker_lost,
+    matched_exit_code,
     parse_progress,
     parse_stopped,
-    preempted_exit,
 )
 from grpojob_api.v1alpha1 import ConditionType, Phase
 from grpojob_operator.children.claims import output_model_status
@@ -171,14 +171,18 @@ def preempted(job: TrainerJobInfo, pods: list[PodInfo], stopped: str | None = No
     whose process died on a node that stayed is the job's own failure, and counts."""
     ended = [detail for pod in pods if pod.attempt == job.attempt for _, code, detail in pod.terminated if code != 0]
     said = any(is_preemption(detail) or is_worker_lost(detail) for detail in [*ended, stopped or ""])
-    return said or DISRUPTED["type"] in job.failure_message or preempted_exit(job.failure_message)
+    return (
+        said
+        or DISRUPTED["type"] in job.failure_message
+        or matched_exit_code(job.failure_message) in PREEMPTION_EXIT_CODES
+    )
 
 
 def cannot_run(job: TrainerJobInfo, pods: list[PodInfo]) -> bool:
     """Whether the attempt's trainer exited with `CANNOT_RUN_EXIT_CODE` (its pod's exit, or the Job's Failed
     condition naming it, which outlives a deleted pod): the job cannot run as it is specified or packaged."""
     codes = [code for pod in pods if pod.attempt == job.attempt for _, code, _ in pod.terminated]
-    return CANNOT_RUN_EXIT_CODE in codes or cannot_run_exit(job.failure_message)
+    return CANNOT_RUN_EXIT_CODE in [*codes, matched_exit_code(job.failure_message)]
 
 
 def trainer_failure(job: TrainerJobInfo, pods: list[PodInfo], stopped: str | None = None) -> str:
